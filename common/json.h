@@ -1,0 +1,41 @@
+// Strict JSON parsing and RFC 8785 (JCS) canonical serialisation.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+namespace assay::common {
+
+using Json = nlohmann::json;
+
+struct ParseLimits {
+  std::size_t max_bytes = 16 * 1024 * 1024;
+  int max_depth = 64;
+  // Reject integers outside +-2^53 (they do not survive a round trip through a double).
+  bool exact_integers = true;
+};
+
+// Parses `text` or throws Error("json.invalid", ...) naming the JSON pointer and the reason.
+// Rejects: duplicate keys, NaN/Infinity (and numbers that overflow a double), nesting deeper
+// than max_depth, documents larger than max_bytes, invalid UTF-8, trailing data.
+Json parse_strict(std::string_view text, const ParseLimits& limits = {});
+
+// RFC 8785 canonical form: keys sorted by UTF-16 code units, no whitespace, ECMAScript number
+// form, minimal escaping, raw UTF-8. Throws Error("json.not_canonicalizable") on a non-finite
+// number or invalid UTF-8.
+std::string canonical(const Json& value);
+
+// The value at `key` of an object, or throws Error(code, "<where>: missing/wrong type ...").
+const Json& require(const Json& object, std::string_view key, std::string_view where);
+std::string require_string(const Json& object, std::string_view key, std::string_view where);
+std::int64_t require_int(const Json& object, std::string_view key, std::string_view where);
+
+// Throws Error("json.unknown_field") if `object` has a key not in `allowed`.
+void reject_unknown_fields(const Json& object, std::initializer_list<std::string_view> allowed,
+                           std::string_view where);
+
+}  // namespace assay::common

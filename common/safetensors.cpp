@@ -1,0 +1,248 @@
+#include "common/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+
+#include "common/error.h"
+#include "common/fs.h"
+#include "common/json.h"
+
+namespace assay::common {
+namespace {
+
+struct DtypeInfo {
+  Dtype dtype;
+  std::string_view name;
+  std::size_t size;
+};
+
+constexpr DtypeInfo kDtypes[] = {
+    {Dtype::kBool, "BOOL", 1}, {Dtype::kU8, "U8", 1},     {Dtype::kI8, "I8", 1},
+    {Dtype::kI16, "I16", 2},   {Dtype::kU16, "U16", 2},   {Dtype::kI32, "I32", 4},
+    {Dtype::kU32, "U32", 4},   {Dtype::kI64, "I64", 8},   {Dtype::kU64, "U64", 8},
+    {Dtype::kF16, "F16", 2},   {Dtype::kBF16, "BF16", 2}, {Dtype::kF32, "F32", 4},
+    {Dtype::kF64, "F64", 8},
+};
+
+const DtypeInfo& info(Dtype d) {
+  for (const auto& i : kDtypes)
+    if (i.dtype == d) return i;
+  throw Error("safetensors.dtype", "unknown dtype value");
+}
+
+[[noreturn]] void invalid(const std::string& message) {
+  throw Error("safetensors.invalid", "invalid safetensors: " + message);
+}
+
+std::uint64_t read_le64(const std::byte* p) {
+  std::uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | static_cast<std::uint8_t>(p[i]);
+  return v;
+}
+
+std::uint64_t checked_offset(const Json& v, const std::string& name) {
+  if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<std::int64_t>() >= 0))
+    invalid("tensor \"" + name + "\": data_offsets must be non-negative integers");
+  return v.get<std::uint64_t>();
+}
+
+}  // namespace
+
+std::size_t dtype_size(Dtype d) { return info(d).size; }
+std::string_view dtype_name(Dtype d) { return info(d).name; }
+
+Dtype dtype_from_name(std::string_view name) {
+  for (const auto& i : kDtypes)
+    if (i.name == name) return i.dtype;
+  throw Error("safetensors.dtype", "unknown safetensors dtype \"" + std::string(name) + "\"");
+}
+
+std::int64_t TensorView::numel() const {
+  std::int64_t n = 1;
+  for (auto d : shape) n *= d;
+  return n;
+}
+
+const TensorView* SafetensorsIndex::find(std::string_view name) const {
+  for (const auto& t : tensors)
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+SafetensorsIndex parse_safetensors(std::span<const std::byte> image, std::size_t max_header_bytes) {
+  if (image.size() < 8) invalid("file of " + std::to_string(image.size()) + " bytes has no header length");
+  std::uint64_t header_len = read_le64(image.data());
+  if (header_len > max_header_bytes)
+    invalid("header length " + std::to_string(header_len) + " exceeds the limit of " +
+            std::to_string(max_header_bytes));
+  if (header_len > image.size() - 8)
+    invalid("header length " + std::to_string(header_len) + " runs past the end of the file (" +
+            std::to_string(image.size()) + " bytes)");
+  std::string_view header(reinterpret_cast<const char*>(image.data() + 8), header_len);
+  Json doc;
+  try {
+    doc = parse_strict(header, ParseLimits{max_header_bytes, 64, true});
+  } catch (const Error& e) {
+    invalid(std::string("header: ") + e.what());
+  }
+  if (!doc.is_object()) invalid("header is not a JSON object");
+
+  const std::byte* data = image.data() + 8 + header_len;
+  const std::uint64_t data_size = image.size() - 8 - header_len;
+  SafetensorsIndex index;
+  for (auto it = doc.begin(); it != doc.end(); ++it) {
+    const std::string& name = it.key();
+    const Json& entry = it.value();
+    if (name == "__metadata__") {
+      if (!entry.is_object()) invalid("__metadata__ is not an object");
+      for (auto m = entry.begin(); m != entry.end(); ++m) {
+        if (!m.value().is_string())
+          invalid("__metadata__ value for \"" + m.key() + "\" is not a string");
+        index.metadata[m.key()] = m.value().get<std::string>();
+      }
+      continue;
+    }
+    if (!entry.is_object()) invalid("tensor \"" + name + "\" is not an object");
+    for (auto f = entry.begin(); f != entry.end(); ++f)
+      if (f.key() != "dtype" && f.key() != "shape" && f.key() != "data_offsets")
+        invalid("tensor \"" + name + "\" has unknown field \"" + f.key() + "\"");
+    if (!entry.contains("dtype") || !entry["dtype"].is_string())
+      invalid("tensor \"" + name + "\" has no dtype string");
+    if (!entry.contains("shape") || !entry["shape"].is_array())
+      invalid("tensor \"" + name + "\" has no shape array");
+    if (!entry.contains("data_offsets") || !entry["data_offsets"].is_array() ||
+        entry["data_offsets"].size() != 2)
+      invalid("tensor \"" + name + "\" has no [begin, end] data_offsets");
+    TensorView view;
+    view.name = name;
+    try {
+      view.dtype = dtype_from_name(entry["dtype"].get<std::string>());
+    } catch (const Error& e) {
+      invalid("tensor \"" + name + "\": " + e.what());
+    }
+    std::uint64_t numel = 1;
+    for (const Json& d : entry["shape"]) {
+      if (!d.is_number_integer() || d.get<std::int64_t>() < 0)
+        invalid("tensor \"" + name + "\" has a shape entry that is not a non-negative integer");
+      auto dim = d.get<std::uint64_t>();
+      if (dim != 0 && numel > std::numeric_limits<std::uint64_t>::max() / dim)
+        invalid("tensor \"" + name + "\" shape overflows");
+      numel *= dim;
+      view.shape.push_back(static_cast<std::int64_t>(dim));
+    }
+    std::uint64_t esize = dtype_size(view.dtype);
+    if (numel > std::numeric_limits<std::uint64_t>::max() / esize)
+      invalid("tensor \"" + name + "\" byte size overflows");
+    std::uint64_t begin = checked_offset(entry["data_offsets"][0], name);
+    std::uint64_t end = checked_offset(entry["data_offsets"][1], name);
+    if (begin > end) invalid("tensor \"" + name + "\" has begin > end in data_offsets");
+    if (end > data_size)
+      invalid("tensor \"" + name + "\" ends at " + std::to_string(end) +
+              ", past the data section of " + std::to_string(data_size) + " bytes");
+    if (numel * esize != end - begin)
+      invalid("tensor \"" + name + "\" has shape x dtype size " + std::to_string(numel * esize) +
+              " but data_offsets span " + std::to_string(end - begin) + " bytes");
+    view.data = data + begin;
+    view.nbytes = static_cast<std::size_t>(end - begin);
+    index.tensors.push_back(std::move(view));
+  }
+  std::sort(index.tensors.begin(), index.tensors.end(),
+            [](const TensorView& a, const TensorView& b) { return a.data < b.data; });
+  for (std::size_t i = 1; i < index.tensors.size(); ++i) {
+    const auto& prev = index.tensors[i - 1];
+    const auto& cur = index.tensors[i];
+    if (cur.data < prev.data + prev.nbytes)
+      invalid("tensors \"" + prev.name + "\" and \"" + cur.name + "\" overlap");
+  }
+  return index;
+}
+
+SafetensorsFile SafetensorsFile::open(const std::filesystem::path& path) {
+  UniqueFd fd = open_nofollow(path, O_RDONLY);
+  struct stat st{};
+  if (fstat(fd.get(), &st) != 0) throw_errno("fs.stat", "stat " + path.string(), errno);
+  if (!S_ISREG(st.st_mode)) throw Error("fs.not_regular", path.string() + " is not a regular file");
+  SafetensorsFile f;
+  f.path_ = path;
+  f.size_ = static_cast<std::size_t>(st.st_size);
+  if (f.size_ > 0) {
+    void* m = ::mmap(nullptr, f.size_, PROT_READ, MAP_PRIVATE, fd.get(), 0);
+    if (m == MAP_FAILED) throw_errno("fs.mmap", "mmap " + path.string(), errno);
+    f.map_ = m;
+  }
+  try {
+    f.index_ = parse_safetensors({static_cast<const std::byte*>(f.map_), f.size_});
+  } catch (const Error& e) {
+    throw Error(e.code(), path.string() + ": " + e.what());
+  }
+  return f;
+}
+
+SafetensorsFile::~SafetensorsFile() {
+  if (map_) ::munmap(map_, size_);
+}
+
+SafetensorsFile::SafetensorsFile(SafetensorsFile&& o) noexcept
+    : path_(std::move(o.path_)), map_(o.map_), size_(o.size_), index_(std::move(o.index_)) {
+  o.map_ = nullptr;
+  o.size_ = 0;
+}
+
+SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&& o) noexcept {
+  if (this != &o) {
+    if (map_) ::munmap(map_, size_);
+    path_ = std::move(o.path_);
+    map_ = o.map_;
+    size_ = o.size_;
+    index_ = std::move(o.index_);
+    o.map_ = nullptr;
+    o.size_ = 0;
+  }
+  return *this;
+}
+
+std::string serialize_safetensors(const std::vector<TensorToWrite>& tensors,
+                                  const std::map<std::string, std::string>& metadata) {
+  Json header = Json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::uint64_t offset = 0;
+  for (const auto& t : tensors) {
+    std::uint64_t numel = 1;
+    for (auto d : t.shape) {
+      if (d < 0) throw Error("safetensors.write", "tensor \"" + t.name + "\" has a negative dim");
+      numel *= static_cast<std::uint64_t>(d);
+    }
+    if (numel * dtype_size(t.dtype) != t.data.size())
+      throw Error("safetensors.write", "tensor \"" + t.name + "\" has " +
+                                           std::to_string(t.data.size()) + " bytes for shape x dtype " +
+                                           std::to_string(numel * dtype_size(t.dtype)));
+    if (t.name == "__metadata__" || header.contains(t.name))
+      throw Error("safetensors.write", "duplicate or reserved tensor name \"" + t.name + "\"");
+    header[t.name] = {{"dtype", dtype_name(t.dtype)},
+                      {"shape", t.shape},
+                      {"data_offsets", {offset, offset + t.data.size()}}};
+    offset += t.data.size();
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  std::string out;
+  out.reserve(8 + text.size() + offset);
+  std::uint64_t n = text.size();
+  for (int i = 0; i < 8; ++i) out += static_cast<char>((n >> (8 * i)) & 0xff);
+  out += text;
+  for (const auto& t : tensors) out.append(reinterpret_cast<const char*>(t.data.data()), t.data.size());
+  return out;
+}
+
+void write_safetensors(const std::filesystem::path& path, const std::vector<TensorToWrite>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  atomic_write_file(path, serialize_safetensors(tensors, metadata));
+}
+
+}  // namespace assay::common

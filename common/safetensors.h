@@ -1,0 +1,82 @@
+// safetensors: a validating zero-copy reader (mmap) and an atomic writer.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace assay::common {
+
+enum class Dtype { kBool, kU8, kI8, kI16, kU16, kI32, kU32, kI64, kU64, kF16, kBF16, kF32, kF64 };
+
+std::size_t dtype_size(Dtype d);
+std::string_view dtype_name(Dtype d);  // "F32", "BF16", ...
+// Throws Error("safetensors.dtype") for an unknown name.
+Dtype dtype_from_name(std::string_view name);
+
+struct TensorView {
+  std::string name;
+  Dtype dtype;
+  std::vector<std::int64_t> shape;
+  const std::byte* data;  // points into the mapping (or the caller's buffer)
+  std::size_t nbytes;
+  std::int64_t numel() const;
+};
+
+// Parses and validates a safetensors image held in memory. Every check happens before any
+// tensor is exposed: header length bound, strict JSON header, known dtypes, shape x dtype size
+// == end - begin, offsets inside the buffer, no overlaps, __metadata__ strings only.
+// Throws Error("safetensors.invalid", ...) naming the tensor and the reason.
+struct SafetensorsIndex {
+  std::vector<TensorView> tensors;  // sorted by data offset
+  std::map<std::string, std::string> metadata;
+  const TensorView* find(std::string_view name) const;
+};
+SafetensorsIndex parse_safetensors(std::span<const std::byte> image,
+                                   std::size_t max_header_bytes = 100 * 1024 * 1024);
+
+// A read-only mmap of a safetensors file; views stay valid while the object lives.
+class SafetensorsFile {
+ public:
+  static SafetensorsFile open(const std::filesystem::path& path);
+  ~SafetensorsFile();
+  SafetensorsFile(SafetensorsFile&&) noexcept;
+  SafetensorsFile& operator=(SafetensorsFile&&) noexcept;
+  SafetensorsFile(const SafetensorsFile&) = delete;
+  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
+
+  const std::vector<TensorView>& tensors() const { return index_.tensors; }
+  const std::map<std::string, std::string>& metadata() const { return index_.metadata; }
+  const TensorView* find(std::string_view name) const { return index_.find(name); }
+  const std::filesystem::path& path() const { return path_; }
+  std::size_t file_size() const { return size_; }
+
+ private:
+  SafetensorsFile() = default;
+  std::filesystem::path path_;
+  void* map_ = nullptr;
+  std::size_t size_ = 0;
+  SafetensorsIndex index_;
+};
+
+struct TensorToWrite {
+  std::string name;
+  Dtype dtype;
+  std::vector<std::int64_t> shape;
+  std::span<const std::byte> data;
+};
+
+// Serialises tensors (in the given order) with the header padded with spaces to 8 bytes.
+std::string serialize_safetensors(const std::vector<TensorToWrite>& tensors,
+                                  const std::map<std::string, std::string>& metadata = {});
+// serialize_safetensors + atomic_write_file.
+void write_safetensors(const std::filesystem::path& path,
+                       const std::vector<TensorToWrite>& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
+
+}  // namespace assay::common

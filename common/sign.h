@@ -1,0 +1,65 @@
+// Ed25519 keys, DSSE v1 envelopes and in-toto Statement v1.
+#pragma once
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/json.h"
+
+namespace assay::common {
+
+inline constexpr std::string_view kInTotoPayloadType = "application/vnd.in-toto+json";
+inline constexpr std::string_view kInTotoStatementType = "https://in-toto.io/Statement/v1";
+
+class SigningKey {
+ public:
+  static SigningKey generate();
+  // Loads a PKCS#8 PEM private key; refuses a file readable by group or others.
+  static SigningKey load_pem(const std::filesystem::path& path);
+  // Loads the key at `path`, or generates one and saves it (0600) when there is none.
+  static SigningKey load_or_create(const std::filesystem::path& path);
+  ~SigningKey();
+  SigningKey(SigningKey&&) noexcept;
+  SigningKey& operator=(SigningKey&&) noexcept;
+
+  void save_pem(const std::filesystem::path& path) const;  // mode 0600, atomic
+  std::string public_key_pem() const;                        // SubjectPublicKeyInfo PEM
+  std::string public_key_raw() const;                        // 32 bytes
+  std::string key_id() const;                                // sha256: of the raw public key
+  std::string sign(std::string_view message) const;          // 64-byte signature
+
+ private:
+  SigningKey() = default;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Verifies an Ed25519 signature with a raw 32-byte or PEM public key.
+bool ed25519_verify(std::string_view public_key, std::string_view message,
+                    std::string_view signature);
+// Public key from a SubjectPublicKeyInfo PEM, as 32 raw bytes; throws Error("sign.key").
+std::string public_key_raw_from_pem(std::string_view pem);
+
+std::string base64_encode(std::string_view bytes);
+// Throws Error("sign.base64") on malformed input.
+std::string base64_decode(std::string_view text);
+
+// DSSE pre-authentication encoding: "DSSEv1 <len(type)> <type> <len(body)> <body>".
+std::string dsse_pae(std::string_view payload_type, std::string_view payload);
+// {"payload": b64, "payloadType": type, "signatures": [{"keyid", "sig": b64}]}
+Json dsse_sign(std::string_view payload_type, std::string_view payload, const SigningKey& key);
+// Returns the decoded payload if a signature by `public_key` verifies, else throws
+// Error("sign.verify_failed").
+std::string dsse_verify(const Json& envelope, std::string_view public_key);
+
+struct Subject {
+  std::string name;
+  std::string sha256_hex;  // 64 lowercase hex, no prefix
+};
+Json intoto_statement(const std::vector<Subject>& subjects, std::string_view predicate_type,
+                      const Json& predicate);
+
+}  // namespace assay::common

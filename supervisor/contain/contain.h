@@ -1,0 +1,87 @@
+// Containment runtime: each worker runs in a fresh leaf cgroup, in a private network and
+// mount namespace, under a hard timeout; the supervisor reads what the kernel counted.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <boost/asio/io_context.hpp>
+#include <sys/types.h>
+
+#include "common/json.h"
+
+namespace assay::contain {
+
+enum class Mode { kAuto, kV2, kV1, kNone };
+
+struct RuntimeOptions {
+  Mode mode = Mode::kAuto;
+  // v2 without systemd delegation, or v1: the cgroup (relative to the hierarchy root) below
+  // which worker cgroups are made. Empty: the process's own cgroup.
+  std::string base_cgroup;
+  // Move assayd into <own>/supervisor and make <own>/workers (v2 under Delegate=yes).
+  bool delegated = false;
+};
+
+struct Limits {
+  std::optional<std::uint64_t> memory_max;
+  std::optional<std::uint64_t> memory_high;
+  std::optional<std::uint64_t> swap_max;
+  std::optional<std::uint64_t> pids_max;
+  std::chrono::milliseconds timeout{std::chrono::minutes(10)};
+  std::chrono::milliseconds kill_grace{std::chrono::seconds(2)};
+};
+
+struct SpawnSpec {
+  std::string name;                 // unique leaf name, e.g. "<job>-oracle"
+  std::vector<std::string> argv;    // argv[0] is an absolute path
+  std::filesystem::path workdir;    // cwd of the worker
+  std::vector<std::string> env;     // KEY=VALUE, the whole environment
+  std::filesystem::path stdout_path;
+  std::filesystem::path stderr_path;
+  std::uint64_t output_cap_bytes = 8 * 1024 * 1024;
+  std::vector<std::filesystem::path> hidden_paths;  // made unreachable in the worker
+  std::optional<uid_t> uid;
+  std::optional<gid_t> gid;
+  Limits limits;
+};
+
+// A started, contained process. Destroying it before completion kills it.
+class Running {
+ public:
+  virtual ~Running() = default;
+  // Kills the whole cgroup now (cancel); the completion handler still runs with the evidence.
+  virtual void kill() = 0;
+  virtual pid_t pid() const = 0;
+};
+
+// Evidence is an assay.process-containment.v1 document (schemas/process-containment.schema.json).
+using CompletionHandler = std::function<void(common::Json evidence)>;
+
+class Runtime {
+ public:
+  virtual ~Runtime() = default;
+  // Detects the backend from /proc/self/cgroup and /proc/self/mountinfo; throws
+  // common::Error("contain.unavailable", ...) when no usable memory controller is writable.
+  static std::unique_ptr<Runtime> create(const RuntimeOptions& options);
+
+  virtual std::string backend() const = 0;  // "cgroup-v2", "cgroup-v1", "none"
+  virtual common::Json describe() const = 0;
+  // Finds worker cgroups left by an earlier assayd, kills, reads and removes them; returns
+  // their evidence keyed by name.
+  virtual std::vector<common::Json> cleanup_orphans() = 0;
+  // Starts the process; `done` runs on `io` once it exited (or was killed) and was measured.
+  // Throws common::Error("contain.spawn_failed", ...) if it could not be started.
+  virtual std::shared_ptr<Running> start(boost::asio::io_context& io, const SpawnSpec& spec,
+                                         CompletionHandler done) = 0;
+  // Blocking convenience for tools and tests.
+  common::Json run(const SpawnSpec& spec);
+};
+
+}  // namespace assay::contain

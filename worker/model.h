@@ -1,0 +1,72 @@
+// What every architecture file provides, and what it gets: config, weights, options.
+#pragma once
+
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+
+#include "common/json.h"
+
+namespace assay::oracle {
+
+struct ExecOptions {
+  c10::ScalarType dtype = c10::kBFloat16;  // execution dtype of the model
+  c10::Device device{c10::kCPU};
+  // Qwen3.5 Gated DeltaNet: "current" (fp32 l2norm, triangular solve) or "legacy"
+  // (bf16 l2norm, forward substitution).
+  std::string gdn_variant = "current";
+};
+
+// Tensors of a checkpoint, mmapped; each is handed out at most once and checked.
+class Weights {
+ public:
+  virtual ~Weights() = default;
+  // The tensor `name` with exactly `shape`, as a tensor of the execution dtype on the execution
+  // device (no copy when stored dtype and device already match). Throws
+  // common::Error("model.missing_tensor" / "model.bad_shape" / "model.bad_dtype") naming it.
+  virtual at::Tensor get(const std::string& name, const std::vector<int64_t>& shape) = 0;
+  // Same, but keeps the stored dtype converted to `dtype` (e.g. fp32 parameters such as A_log).
+  virtual at::Tensor get_as(const std::string& name, const std::vector<int64_t>& shape,
+                            c10::ScalarType dtype) = 0;
+  virtual bool has(const std::string& name) const = 0;
+  // Names never fetched with get/get_as.
+  virtual std::vector<std::string> unused() const = 0;
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  // input_ids: int64 [1, T] on the execution device. Returns logits [1, T, vocab] in the
+  // execution dtype, computed as transformers' eager forward computes them.
+  virtual at::Tensor forward(const at::Tensor& input_ids) = 0;
+  virtual int64_t vocab_size() const = 0;
+  virtual std::string architecture() const = 0;             // e.g. "Qwen3ForCausalLM"
+  virtual std::string attention_implementation() const = 0;  // e.g. "eager"
+  virtual std::string linear_attention_implementation() const { return "none"; }
+};
+
+// One per architecture file. `config` is the parsed config.json. Throws
+// common::Error("model.unsupported", ...) naming the field and value it does not support.
+using ModelFactory = std::function<std::unique_ptr<Model>(const common::Json& config,
+                                                          Weights& weights,
+                                                          const ExecOptions& options)>;
+
+struct ArchitectureEntry {
+  std::vector<std::string> model_types;  // config.json "model_type" values it accepts
+  ModelFactory make;
+  // Weight-name prefixes that belong to the checkpoint but not to the text model (ignored).
+  std::vector<std::string> ignored_prefixes;
+};
+
+// Defined in each architecture file; the registry lists them explicitly (no static init).
+ArchitectureEntry llama_family_architecture();  // llama, qwen2, qwen3
+ArchitectureEntry spark2_5_architecture();
+ArchitectureEntry qwen3_5_architecture();
+
+}  // namespace assay::oracle

@@ -1,0 +1,82 @@
+// Next-token oracle requests: assay's own `assay.next-token-request.v1` and Kiln's
+// `kiln.hf-next-token-request.v1` (schemas/next-token-request.schema.json,
+// schemas/kiln-next-token-request.schema.json), parsed strictly and checked for internal
+// consistency. Everything here is offline: nothing touches the model directory.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/json.h"
+
+namespace assay::common {
+
+enum class RequestKind { kAssay, kKiln };
+
+struct Candidate {
+  std::string engine;  // unique within a request; "neither" is reserved
+  std::int64_t token_id = 0;
+  std::string text;
+};
+
+struct RequestLimits {
+  std::optional<double> timeout_seconds;      // per worker run
+  std::optional<std::uint64_t> memory_bytes;  // per worker cgroup memory.max
+};
+
+// Request limits the parser enforces.
+inline constexpr std::size_t kMaxRequestBytes = 16 * 1024 * 1024;
+inline constexpr std::size_t kMaxInputTokens = 1'000'000;
+inline constexpr std::size_t kMaxCandidates = 64;
+inline constexpr std::int64_t kMaxTokenId = (std::int64_t{1} << 31) - 1;
+
+struct NextTokenRequest {
+  RequestKind kind = RequestKind::kAssay;
+  std::string schema;  // protocol::kNextTokenRequest or protocol::kKilnNextTokenRequest
+  std::string id;
+  std::optional<std::string> model_dir;  // absolute; Kiln requests never carry one
+  // The expected Kiln-compatible model identity {id, config_hash, tokenizer_hash,
+  // chat_template_hash, weight_files, content_sha256}; content_sha256 already re-checked.
+  std::optional<Json> model_identity;
+  std::vector<std::int64_t> input_token_ids;
+  std::string input_token_ids_sha256;  // recomputed (and equal to the document's, if given)
+  std::vector<Candidate> candidates;
+  RequestLimits limits;
+  Json source;  // Kiln's source pair, passed through untouched; null for assay requests
+  std::string request_sha256;  // sha256 of the canonical form of the whole document
+  Json document;               // the document as parsed
+
+  // {"schema", "request_sha256", "input_token_ids_sha256", "model_content_sha256" (or null)}:
+  // what `assay request check` prints.
+  Json check_report() const;
+  // Throws Error("request.invalid_token_id") naming the first input or candidate token id
+  // that is >= vocab_size.
+  void check_vocab(std::int64_t vocab_size) const;
+};
+
+// Parses `text` strictly (common::parse_strict: duplicate keys, depth, size) and validates it.
+// Throws Error with a stable code naming the offending value:
+//   json.invalid                   malformed JSON, duplicate key, too large
+//   request.unknown_schema         "schema" is not one of the two request schemas
+//   request.invalid                a missing, mistyped, unknown or out-of-range field
+//   request.invalid_token_id       a negative or too large token id
+//   request.inconsistent_token_ids Kiln: input_token_ids != prompt + continuation_prefix
+//   request.sha_mismatch           input_token_ids_sha256 or model_identity.content_sha256
+//                                  differs from the value recomputed from the document
+NextTokenRequest parse_request(std::string_view text);
+NextTokenRequest validate_request(const Json& document);
+
+// sha256 of the canonical JSON array of the ids ("[1,2,3]"), as Kiln publishes it.
+std::string token_ids_sha256(std::span<const std::int64_t> ids);
+// Recomputes a Kiln-compatible identity's content_sha256: the canonical hash of
+// {id, config_hash, tokenizer_hash, chat_template_hash, weight_files}. Throws
+// Error("request.invalid") when the identity is malformed (names the field).
+std::string model_content_sha256(const Json& model_identity);
+// Checks the identity's shape and its content_sha256; throws as above.
+void validate_model_identity(const Json& model_identity, std::string_view where);
+
+}  // namespace assay::common

@@ -1,0 +1,469 @@
+#include "fingerprint/fingerprint.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <exception>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <utility>
+
+#include "common/error.h"
+#include "common/fs.h"
+#include "common/identity.h"
+
+namespace assay::fingerprint {
+namespace {
+
+using common::Error;
+using common::Json;
+using common::UniqueFd;
+using Clock = std::chrono::steady_clock;
+
+// Measured here: 64 KiB reads cost a quarter of the kernel time of 256 KiB-1 MiB reads (the
+// copy stays cache-hot for the hash) and match openssl dgst.
+constexpr std::size_t kReadChunk = 64 * 1024;
+constexpr std::size_t kMaxJsonBytes = 64 * 1024 * 1024;
+constexpr std::string_view kIndexName = "model.safetensors.index.json";
+
+// Printable ASCII only: there RFC 8785 and json.dumps(ensure_ascii=True) write the same bytes.
+void require_plain_ascii(std::string_view what, std::string_view value) {
+  if (value.empty()) throw Error("fingerprint.bad_name", std::string(what) + " is empty");
+  for (unsigned char c : value)
+    if (c < 0x20 || c > 0x7e)
+      throw Error("fingerprint.bad_name",
+                  std::string(what) + " '" + std::string(value) +
+                      "' has a non-ASCII or control byte; its canonical JSON would differ "
+                      "from Kiln's ensure_ascii form");
+}
+
+// A relative path below the model directory: no absolute path, no '.', '..' or empty part.
+std::vector<std::string> split_relative(const std::string& rel) {
+  require_plain_ascii("shard path", rel);
+  if (rel.front() == '/')
+    throw Error("fingerprint.bad_name", "shard path '" + rel + "' is absolute");
+  std::vector<std::string> parts;
+  std::size_t start = 0;
+  for (;;) {
+    std::size_t slash = rel.find('/', start);
+    std::string part = rel.substr(start, slash == std::string::npos ? slash : slash - start);
+    if (part.empty() || part == "." || part == "..")
+      throw Error("fingerprint.bad_name",
+                  "shard path '" + rel + "' has an empty, '.' or '..' component");
+    parts.push_back(std::move(part));
+    if (slash == std::string::npos) break;
+    start = slash + 1;
+  }
+  return parts;
+}
+
+bool same_file_state(const struct stat& a, const struct stat& b) {
+  return a.st_dev == b.st_dev && a.st_ino == b.st_ino && a.st_size == b.st_size &&
+         a.st_mtim.tv_sec == b.st_mtim.tv_sec && a.st_mtim.tv_nsec == b.st_mtim.tv_nsec &&
+         a.st_ctim.tv_sec == b.st_ctim.tv_sec && a.st_ctim.tv_nsec == b.st_ctim.tv_nsec;
+}
+
+// Opens a directory one component at a time, refusing a symlink anywhere on the way.
+UniqueFd open_dir_no_symlinks(int parent, const std::string& shown_parent,
+                              const std::vector<std::string>& parts) {
+  UniqueFd current(::dup(parent));
+  if (!current) common::throw_errno("fingerprint.open", "dup directory " + shown_parent, errno);
+  std::string shown = shown_parent;
+  for (const auto& part : parts) {
+    shown = (shown == "/") ? "/" + part : shown + "/" + part;
+    struct stat st {};
+    if (::fstatat(current.get(), part.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
+      if (errno == ENOENT) throw Error("fingerprint.missing", shown + " does not exist");
+      common::throw_errno("fingerprint.stat", "stat " + shown, errno);
+    }
+    if (S_ISLNK(st.st_mode))
+      throw Error("fingerprint.symlink", shown + " is a symbolic link; refusing to follow it");
+    if (!S_ISDIR(st.st_mode))
+      throw Error("fingerprint.not_directory", shown + " is not a directory");
+    int fd = ::openat(current.get(), part.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) common::throw_errno("fingerprint.open", "open directory " + shown, errno);
+    current = UniqueFd(fd);
+  }
+  return current;
+}
+
+// One file of the model, checked (lstat) before anything is read.
+struct FileRef {
+  std::string rel;    // as it appears in the identity or error messages
+  std::string shown;  // model_dir/rel, for error messages
+  int dirfd = -1;     // borrowed from Run::dirs
+  std::string leaf;
+  struct stat before {};
+};
+
+class RateLimiter {
+ public:
+  explicit RateLimiter(double mib_per_second) : bytes_per_second_(mib_per_second * 1048576.0) {}
+  // Reserves a slot for n bytes and sleeps until it starts; the first chunk goes at once.
+  void acquire(std::size_t n) {
+    if (bytes_per_second_ <= 0) return;
+    Clock::time_point start;
+    {
+      std::lock_guard lock(mutex_);
+      start = std::max(Clock::now(), next_);
+      next_ = start + std::chrono::duration_cast<Clock::duration>(
+                          std::chrono::duration<double>(n / bytes_per_second_));
+    }
+    std::this_thread::sleep_until(start);
+  }
+
+ private:
+  double bytes_per_second_;
+  std::mutex mutex_;
+  Clock::time_point next_{};
+};
+
+struct Run {
+  std::string model_dir;
+  UniqueFd root;
+  std::map<std::string, UniqueFd> dirs;  // by relative directory path ("" = root)
+  std::map<std::pair<dev_t, ino_t>, std::string> seen_names;
+  const Options& options;
+  RateLimiter limiter;
+  std::atomic<bool> cancelled{false};
+
+  explicit Run(const Options& o) : options(o), limiter(o.max_read_mib_per_second) {}
+
+  int dir_for(const std::vector<std::string>& parts) {
+    std::string key;
+    for (std::size_t i = 0; i + 1 < parts.size(); ++i) key += (i ? "/" : "") + parts[i];
+    auto it = dirs.find(key);
+    if (it != dirs.end()) return it->second.get();
+    std::vector<std::string> dir_parts(parts.begin(), parts.end() - 1);
+    UniqueFd fd = open_dir_no_symlinks(root.get(), model_dir, dir_parts);
+    int raw = fd.get();
+    dirs.emplace(key, std::move(fd));
+    return raw;
+  }
+
+  // True if the top-level name exists in any form (a symlink too: probe() then refuses it).
+  bool present(const std::string& name) {
+    struct stat st {};
+    if (::fstatat(root.get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) return true;
+    if (errno != ENOENT)
+      common::throw_errno("fingerprint.stat", "stat " + model_dir + "/" + name, errno);
+    return false;
+  }
+
+  // Stats `rel` without following links; nullopt if it does not exist and is optional.
+  std::optional<FileRef> probe(const std::string& rel, bool required) {
+    auto parts = split_relative(rel);
+    FileRef f;
+    f.rel = rel;
+    f.shown = model_dir + "/" + rel;
+    f.dirfd = dir_for(parts);
+    f.leaf = parts.back();
+    if (::fstatat(f.dirfd, f.leaf.c_str(), &f.before, AT_SYMLINK_NOFOLLOW) != 0) {
+      if (errno == ENOENT) {
+        if (!required) return std::nullopt;
+        throw Error("fingerprint.missing", f.shown + " does not exist");
+      }
+      common::throw_errno("fingerprint.stat", "stat " + f.shown, errno);
+    }
+    if (S_ISLNK(f.before.st_mode))
+      throw Error("fingerprint.symlink", f.shown + " is a symbolic link; refusing to follow it");
+    if (!S_ISREG(f.before.st_mode))
+      throw Error("fingerprint.not_regular", f.shown + " is not a regular file");
+    auto key = std::make_pair(f.before.st_dev, f.before.st_ino);
+    auto [it, inserted] = seen_names.emplace(key, rel);
+    if (!inserted)
+      throw Error("fingerprint.duplicate_inode", f.shown + " and " + model_dir + "/" + it->second +
+                                                     " are two names for one file (same device "
+                                                     "and inode)");
+    return f;
+  }
+
+  UniqueFd open_checked(const FileRef& f) {
+    int fd = ::openat(f.dirfd, f.leaf.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) {
+      if (errno == ELOOP)
+        throw Error("fingerprint.symlink", f.shown + " is a symbolic link; refusing to follow it");
+      common::throw_errno("fingerprint.open", "open " + f.shown, errno);
+    }
+    UniqueFd out(fd);
+    struct stat now {};
+    if (::fstat(fd, &now) != 0) common::throw_errno("fingerprint.stat", "fstat " + f.shown, errno);
+    if (!same_file_state(f.before, now))
+      throw Error("fingerprint.changed", f.shown + " changed between stat and open");
+    return out;
+  }
+
+  void check_unchanged(const FileRef& f, int fd, std::uint64_t got) {
+    if (options.after_read) options.after_read(f.rel);
+    struct stat after {};
+    if (::fstat(fd, &after) != 0)
+      common::throw_errno("fingerprint.stat", "fstat " + f.shown, errno);
+    if (!same_file_state(f.before, after) || got != static_cast<std::uint64_t>(f.before.st_size))
+      throw Error("fingerprint.changed",
+                  f.shown + " changed while it was read (size, mtime, ctime or inode differ; " +
+                      std::to_string(f.before.st_size) + " bytes at stat, " + std::to_string(got) +
+                      " read)");
+  }
+
+  // Reads the file once, in large sequential chunks, feeding the hash (and `keep` if given).
+  std::string hash_file(const FileRef& f, std::vector<char>& buf, std::string* keep = nullptr) {
+    UniqueFd fd = open_checked(f);
+    ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
+    common::Sha256 h;
+    std::uint64_t got = 0;
+    for (;;) {
+      if (cancelled.load(std::memory_order_relaxed))
+        throw Error("fingerprint.cancelled", "cancelled after another file failed");
+      limiter.acquire(buf.size());
+      ssize_t n = ::read(fd.get(), buf.data(), buf.size());
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        common::throw_errno("fingerprint.read", "read " + f.shown, errno);
+      }
+      if (n == 0) break;
+      h.update(buf.data(), static_cast<std::size_t>(n));
+      if (keep) {
+        if (keep->size() + static_cast<std::size_t>(n) > kMaxJsonBytes)
+          throw Error("fingerprint.too_large",
+                      f.shown + " is larger than " + std::to_string(kMaxJsonBytes) + " bytes");
+        keep->append(buf.data(), static_cast<std::size_t>(n));
+      }
+      got += static_cast<std::uint64_t>(n);
+    }
+    check_unchanged(f, fd.get(), got);
+    return common::identity(h.finish());
+  }
+
+  std::string read_json_file(const FileRef& f, std::vector<char>& buf, std::uint64_t& bytes) {
+    if (static_cast<std::uint64_t>(f.before.st_size) > kMaxJsonBytes)
+      throw Error("fingerprint.too_large", f.shown + " has " + std::to_string(f.before.st_size) +
+                                               " bytes, more than " +
+                                               std::to_string(kMaxJsonBytes));
+    std::string text;
+    hash_file(f, buf, &text);
+    bytes += text.size();
+    return text;
+  }
+};
+
+Json parse_json(const std::string& text, const std::string& shown) {
+  common::ParseLimits limits;
+  limits.max_bytes = kMaxJsonBytes;
+  try {
+    return common::parse_strict(text, limits);
+  } catch (const Error& e) {
+    throw Error("fingerprint.bad_json", shown + ": " + e.what());
+  }
+}
+
+// The index's weight_map values in first-occurrence order, deduplicated.
+std::vector<std::string> shards_from_index(const std::string& text, const std::string& shown) {
+  Json strict = parse_json(text, shown);  // rejects duplicate keys and every other ambiguity
+  if (!strict.is_object() || !strict.contains("weight_map") || !strict["weight_map"].is_object())
+    throw Error("fingerprint.bad_index", shown + " has no 'weight_map' object");
+  // nlohmann::json sorts keys; the ordered variant keeps the file's order.
+  auto ordered = nlohmann::ordered_json::parse(text);
+  std::vector<std::string> shards;
+  std::set<std::string> seen;
+  for (const auto& [tensor, file] : ordered["weight_map"].items()) {
+    if (!file.is_string())
+      throw Error("fingerprint.bad_index",
+                  shown + ": weight_map['" + tensor + "'] is not a string");
+    auto name = file.get<std::string>();
+    if (seen.insert(name).second) shards.push_back(name);
+  }
+  if (shards.empty()) throw Error("fingerprint.bad_index", shown + " has an empty weight_map");
+  return shards;
+}
+
+std::vector<std::string> list_safetensors(int dirfd, const std::string& shown) {
+  int fd = ::dup(dirfd);
+  if (fd < 0) common::throw_errno("fingerprint.open", "dup directory " + shown, errno);
+  DIR* dir = ::fdopendir(fd);
+  if (!dir) {
+    int err = errno;
+    ::close(fd);
+    common::throw_errno("fingerprint.open", "list directory " + shown, err);
+  }
+  ::rewinddir(dir);
+  std::vector<std::string> names;
+  constexpr std::string_view kSuffix = ".safetensors";
+  errno = 0;
+  while (struct dirent* e = ::readdir(dir)) {
+    std::string_view name = e->d_name;
+    if (name.size() > kSuffix.size() && name.ends_with(kSuffix)) names.emplace_back(name);
+  }
+  int err = errno;
+  ::closedir(dir);
+  if (err) common::throw_errno("fingerprint.read", "list directory " + shown, err);
+  std::sort(names.begin(), names.end());  // std::string compares as unsigned bytes
+  return names;
+}
+
+}  // namespace
+
+std::string content_sha256(const ModelIdentity& identity) {
+  Json j = to_json(identity);
+  j.erase("content_sha256");
+  return common::sha256_canonical_id(j);
+}
+
+Json to_json(const ModelIdentity& identity) {
+  Json files = Json::array();
+  for (const auto& w : identity.weight_files)
+    files.push_back({{"path", w.path}, {"bytes", w.bytes}, {"sha256", w.sha256}});
+  Json j = {{"id", identity.id},
+            {"config_hash", identity.config_hash},
+            {"tokenizer_hash", identity.tokenizer_hash},
+            {"chat_template_hash",
+             identity.chat_template_hash ? Json(*identity.chat_template_hash) : Json(nullptr)},
+            {"weight_files", std::move(files)},
+            {"content_sha256", identity.content_sha256}};
+  return j;
+}
+
+Fingerprint fingerprint_model(const std::filesystem::path& model_dir, std::string_view id,
+                              const Options& options) {
+  auto t0 = Clock::now();
+  require_plain_ascii("model id", id);
+  if (options.max_read_mib_per_second < 0)
+    throw Error("fingerprint.bad_option", "max_read_mib_per_second " +
+                                              std::to_string(options.max_read_mib_per_second) +
+                                              " is negative");
+  Run run(options);
+  std::filesystem::path abs = std::filesystem::absolute(model_dir).lexically_normal();
+  run.model_dir = abs.string();
+  if (run.model_dir.size() > 1 && run.model_dir.back() == '/') run.model_dir.pop_back();
+  {
+    std::vector<std::string> parts;
+    for (const auto& p : abs.relative_path()) {
+      if (!p.empty()) parts.push_back(p.string());
+    }
+    UniqueFd slash(::open("/", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (!slash) common::throw_errno("fingerprint.open", "open /", errno);
+    run.root = open_dir_no_symlinks(slash.get(), "/", parts);
+  }
+
+  std::vector<char> buf(kReadChunk);
+  Fingerprint out;
+  out.identity.id = std::string(id);
+
+  // Every file is located and lstat'ed before a byte is read, so refusals come first.
+  FileRef config = *run.probe("config.json", true);
+  FileRef tokenizer = *run.probe("tokenizer.json", true);
+  std::optional<FileRef> jinja = run.probe("chat_template.jinja", false);
+  std::optional<FileRef> tokenizer_config;
+  if (!jinja) tokenizer_config = run.probe("tokenizer_config.json", false);
+  std::optional<FileRef> index = run.probe(std::string(kIndexName), false);
+
+  std::uint64_t small_bytes = 0;
+  std::size_t small_files = 0;
+  if (index) {
+    out.shard_order = shards_from_index(run.read_json_file(*index, buf, small_bytes), index->shown);
+    ++small_files;
+  } else if (run.present("model.safetensors")) {
+    out.shard_order = {"model.safetensors"};
+  } else {
+    out.shard_order = list_safetensors(run.root.get(), run.model_dir);
+    if (out.shard_order.empty())
+      throw Error("fingerprint.no_shards", run.model_dir + " has no " + std::string(kIndexName) +
+                                               ", no model.safetensors and no *.safetensors file");
+  }
+  std::vector<FileRef> shards;
+  for (const auto& rel : out.shard_order) {
+    FileRef f = *run.probe(rel, true);
+    if (f.before.st_size == 0) throw Error("fingerprint.empty_shard", f.shown + " is empty");
+    shards.push_back(std::move(f));
+  }
+
+  if (tokenizer_config) {
+    std::string text = run.read_json_file(*tokenizer_config, buf, small_bytes);
+    ++small_files;
+    Json tc = parse_json(text, tokenizer_config->shown);
+    if (!tc.is_object())
+      throw Error("fingerprint.bad_tokenizer_config",
+                  tokenizer_config->shown + " is not a JSON object");
+    auto it = tc.find("chat_template");
+    if (it != tc.end() && !it->is_null()) {
+      if (!it->is_string())
+        throw Error("fingerprint.bad_tokenizer_config",
+                    tokenizer_config->shown + ": chat_template is a " +
+                        std::string(it->type_name()) +
+                        ", not a string; which template applies is ambiguous");
+      out.identity.chat_template_hash = common::sha256_id(it->get_ref<const std::string&>());
+    }
+  }
+
+  // Jobs: the shards plus config, tokenizer and template, largest first so threads finish
+  // together.
+  struct Job {
+    const FileRef* file;
+    std::string digest;
+  };
+  std::vector<Job> jobs;
+  for (const auto& s : shards) jobs.push_back({&s, {}});
+  jobs.push_back({&config, {}});
+  jobs.push_back({&tokenizer, {}});
+  if (jinja) jobs.push_back({&*jinja, {}});
+  std::vector<Job*> order;
+  for (auto& j : jobs) order.push_back(&j);
+  std::stable_sort(order.begin(), order.end(), [](const Job* a, const Job* b) {
+    return a->file->before.st_size > b->file->before.st_size;
+  });
+
+  unsigned threads = options.threads ? options.threads : std::thread::hardware_concurrency();
+  threads = std::clamp<unsigned>(threads, 1, static_cast<unsigned>(order.size()));
+  std::atomic<std::size_t> next{0};
+  std::mutex error_mutex;
+  std::exception_ptr first_error;
+  auto worker = [&](std::vector<char>& local) {
+    for (;;) {
+      std::size_t i = next.fetch_add(1);
+      if (i >= order.size() || run.cancelled.load()) return;
+      try {
+        order[i]->digest = run.hash_file(*order[i]->file, local);
+      } catch (...) {
+        std::lock_guard lock(error_mutex);
+        if (!first_error) first_error = std::current_exception();
+        run.cancelled = true;
+        return;
+      }
+    }
+  };
+  {
+    std::vector<std::vector<char>> buffers(threads, std::vector<char>(kReadChunk));
+    std::vector<std::jthread> pool;
+    for (unsigned t = 1; t < threads; ++t) pool.emplace_back(worker, std::ref(buffers[t]));
+    worker(buffers[0]);
+  }
+  if (first_error) std::rethrow_exception(first_error);
+
+  std::uint64_t bytes = small_bytes;
+  for (std::size_t i = 0; i < shards.size(); ++i) {
+    auto size = static_cast<std::uint64_t>(shards[i].before.st_size);
+    out.identity.weight_files.push_back({shards[i].rel, size, jobs[i].digest});
+  }
+  for (const auto& j : jobs) bytes += static_cast<std::uint64_t>(j.file->before.st_size);
+  out.identity.config_hash = jobs[shards.size()].digest;
+  out.identity.tokenizer_hash = jobs[shards.size() + 1].digest;
+  if (jinja) out.identity.chat_template_hash = jobs[shards.size() + 2].digest;
+  std::sort(out.identity.weight_files.begin(), out.identity.weight_files.end(),
+            [](const WeightFile& a, const WeightFile& b) { return a.path < b.path; });
+  out.identity.content_sha256 = content_sha256(out.identity);
+
+  out.stats.bytes = bytes;
+  out.stats.files = jobs.size() + small_files;
+  out.stats.threads = threads;
+  out.stats.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  return out;
+}
+
+}  // namespace assay::fingerprint

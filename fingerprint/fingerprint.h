@@ -1,0 +1,74 @@
+// A model directory's content identity (Kiln-compatible), computed by reading every byte once.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/json.h"
+
+namespace assay::fingerprint {
+
+struct WeightFile {
+  std::string path;  // relative to the model directory, as the index (or directory) names it
+  std::uint64_t bytes = 0;
+  std::string sha256;  // "sha256:<hex>"
+  bool operator==(const WeightFile&) const = default;
+};
+
+// Exactly the identity Kiln publishes; nothing else belongs in it.
+struct ModelIdentity {
+  std::string id;
+  std::string config_hash;
+  std::string tokenizer_hash;
+  std::optional<std::string> chat_template_hash;
+  std::vector<WeightFile> weight_files;  // sorted by path bytes
+  std::string content_sha256;
+  bool operator==(const ModelIdentity&) const = default;
+};
+
+struct Options {
+  // Files hashed at once; 0 = one per CPU. Never more threads than files.
+  unsigned threads = 0;
+  // Cap on the summed read rate of all threads, in MiB/s; 0 = unlimited.
+  double max_read_mib_per_second = 0;
+  // Called with a file's relative path after its bytes were read and before its identity is
+  // checked again. Lets tests change a file at the worst moment.
+  std::function<void(const std::string& path)> after_read;
+};
+
+struct Stats {
+  std::uint64_t bytes = 0;  // every byte read: shards, config, tokenizer, template, index
+  std::size_t files = 0;
+  double seconds = 0;
+  unsigned threads = 0;  // threads that actually hashed
+};
+
+struct Fingerprint {
+  ModelIdentity identity;
+  // Shards in the order the index names them (first occurrence), else in identity order.
+  std::vector<std::string> shard_order;
+  Stats stats;
+};
+
+// Computes the identity of `model_dir` (absolute or relative to the working directory).
+// Throws common::Error with a `fingerprint.*` code naming the file for: a symlink in any path
+// component, a non-regular file, an empty shard, two names for one (dev, inode), a missing
+// required file or index-named shard, an invalid index or tokenizer_config.json, a non-ASCII or
+// control character in the id or a shard path (where RFC 8785 and Kiln's ensure_ascii JSON
+// differ), and a file that changed while it was read.
+Fingerprint fingerprint_model(const std::filesystem::path& model_dir, std::string_view id,
+                              const Options& options = {});
+
+// The identity object: {id, config_hash, tokenizer_hash, chat_template_hash, weight_files,
+// content_sha256}.
+common::Json to_json(const ModelIdentity& identity);
+// sha256 of the canonical form of {id, config_hash, tokenizer_hash, chat_template_hash,
+// weight_files}.
+std::string content_sha256(const ModelIdentity& identity);
+
+}  // namespace assay::fingerprint

@@ -211,6 +211,11 @@ struct Run {
                   f.shown + " changed while it was read (size, mtime, ctime or inode differ; " +
                       std::to_string(f.before.st_size) + " bytes at stat, " + std::to_string(got) +
                       " read)");
+    // A new file renamed over the name leaves our descriptor intact: look at the name too.
+    struct stat by_name {};
+    if (::fstatat(f.dirfd, f.leaf.c_str(), &by_name, AT_SYMLINK_NOFOLLOW) != 0 ||
+        !same_file_state(f.before, by_name))
+      throw Error("fingerprint.changed", f.shown + " was replaced or removed while it was read");
   }
 
   // Reads the file once, in large sequential chunks, feeding the hash (and `keep` if given).

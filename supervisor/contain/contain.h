@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include <boost/asio/io_context.hpp>
 #include <sys/types.h>
+#include <boost/asio/io_context.hpp>
 
 #include "common/json.h"
 
@@ -39,16 +39,17 @@ struct Limits {
 };
 
 struct SpawnSpec {
-  std::string name;                 // unique leaf name, e.g. "<job>-oracle"
-  std::vector<std::string> argv;    // argv[0] is an absolute path
-  std::filesystem::path workdir;    // cwd of the worker
-  std::vector<std::string> env;     // KEY=VALUE, the whole environment
+  std::string name;               // unique leaf name, e.g. "<job>-oracle"
+  std::vector<std::string> argv;  // argv[0] is an absolute path
+  std::filesystem::path workdir;  // cwd of the worker
+  std::vector<std::string> env;   // KEY=VALUE, the whole environment
   std::filesystem::path stdout_path;
   std::filesystem::path stderr_path;
   std::uint64_t output_cap_bytes = 8 * 1024 * 1024;
   std::vector<std::filesystem::path> hidden_paths;  // made unreachable in the worker
   std::optional<uid_t> uid;
   std::optional<gid_t> gid;
+  std::uint64_t nofile = 4096;  // RLIMIT_NOFILE (soft and hard); RLIMIT_CORE is always 0
   Limits limits;
 };
 

@@ -1,0 +1,100 @@
+// cgroup backends with the same verbs (create, attach, limit, kill, read counters, remove),
+// one implementation per kernel interface: cgroup_v2.cpp and cgroup_v1.cpp.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <sys/types.h>
+
+#include "common/json.h"
+#include "supervisor/contain/contain.h"
+
+namespace assay::contain::detail {
+
+// One worker's leaf cgroup (in every hierarchy the backend uses).
+class Cgroup {
+ public:
+  virtual ~Cgroup() = default;
+  virtual const std::string& name() const = 0;
+  // Path relative to the hierarchy root (the memory hierarchy's for v1), for the evidence.
+  virtual std::string path() const = 0;
+  virtual common::Json hierarchies() const = 0;  // controller -> absolute directory
+  // An O_PATH directory fd for clone3(CLONE_INTO_CGROUP), or -1 where the backend has none.
+  virtual int clone_into_fd() const = 0;
+  virtual void attach(pid_t pid) = 0;
+  virtual void set_limits(const Limits& limits) = 0;
+  // Kills every process in the cgroup (v2 cgroup.kill, v1 freeze + SIGKILL + thaw); returns
+  // how many processes it signalled (v2: how many were listed before the kill).
+  virtual int kill_all() = 0;
+  virtual std::vector<pid_t> pids() const = 0;
+  // Counters keyed by kernel file name; a file the kernel does not offer is null.
+  virtual common::Json counters() const = 0;
+  // Removes the directories; throws naming the directory and errno if rmdir fails.
+  virtual void remove() = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;  // "cgroup-v2" or "cgroup-v1"
+  virtual common::Json describe() const = 0;
+  virtual bool supports_clone_into_cgroup() const = 0;
+  virtual std::unique_ptr<Cgroup> create(const std::string& name) = 0;
+  // Worker cgroups left behind by a supervisor that is gone.
+  virtual std::vector<std::unique_ptr<Cgroup>> orphans() = 0;
+  // Removes this process's (empty) owner directory, if the backend made one.
+  virtual void release() = 0;
+};
+
+// One line of /proc/self/cgroup: hierarchy id, controllers ("" for v2), path.
+struct CgroupMembership {
+  int id = 0;
+  std::vector<std::string> controllers;
+  std::string path;
+};
+// One cgroup mount from /proc/self/mountinfo.
+struct CgroupMount {
+  std::string root;  // the hierarchy path mounted there
+  std::filesystem::path mountpoint;
+  bool v2 = false;
+  std::vector<std::string> controllers;  // v1 super options that name controllers
+};
+
+std::vector<CgroupMembership> parse_proc_cgroup(const std::string& text);
+std::vector<CgroupMount> parse_mountinfo_cgroups(const std::string& text);
+// Directory of hierarchy path `path` below `mount`; throws contain.unavailable when the mount
+// does not cover that path (a container that mounted only a sub-tree).
+std::filesystem::path cgroup_dir(const CgroupMount& mount, const std::string& path);
+
+// Small cgroupfs file helpers: each error names the file and the errno.
+std::optional<std::string> read_cgroup_file(const std::filesystem::path& file);
+void write_cgroup_file(const std::filesystem::path& file, const std::string& value);
+std::optional<std::uint64_t> read_u64(const std::filesystem::path& file);  // "max" -> nullopt
+std::vector<pid_t> read_pids(const std::filesystem::path& procs_file);
+// "key value" lines (memory.events, cpu.stat, memory.oom_control) -> {key: value}; null when
+// the file is absent; each requested key missing from the file is null.
+common::Json read_flat_keyed(const std::filesystem::path& file,
+                             const std::vector<std::string>& keys);
+common::Json u64_or_null(const std::optional<std::uint64_t>& value);
+
+// Owner directory name of this process: "assayd-<pid>-<start time in ticks>".
+std::string owner_dir_name();
+// True when `dir_name` is an owner directory whose process is gone (or was replaced).
+bool owner_is_gone(const std::string& dir_name);
+
+std::unique_ptr<Backend> make_v2_backend(const RuntimeOptions& options,
+                                         const std::vector<CgroupMembership>& membership,
+                                         const std::vector<CgroupMount>& mounts);
+std::unique_ptr<Backend> make_v1_backend(const RuntimeOptions& options,
+                                         const std::vector<CgroupMembership>& membership,
+                                         const std::vector<CgroupMount>& mounts);
+// True when the v2 hierarchy offers the memory controller at the cgroup workers would use.
+bool v2_has_memory(const RuntimeOptions& options, const std::vector<CgroupMembership>& membership,
+                   const std::vector<CgroupMount>& mounts);
+
+}  // namespace assay::contain::detail

@@ -1,0 +1,244 @@
+// cgroupfs helpers shared by both backends: /proc parsing, reading and writing control files.
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include "common/error.h"
+#include "common/fs.h"
+#include "supervisor/contain/cgroup.h"
+
+namespace assay::contain::detail {
+
+namespace {
+
+std::vector<std::string> split(const std::string& text, char sep) {
+  std::vector<std::string> out;
+  std::string::size_type start = 0;
+  while (true) {
+    auto pos = text.find(sep, start);
+    out.push_back(text.substr(start, pos - start));
+    if (pos == std::string::npos) break;
+    start = pos + 1;
+  }
+  return out;
+}
+
+std::optional<std::uint64_t> parse_u64(std::string_view s) {
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.remove_suffix(1);
+  std::uint64_t v = 0;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc() || p != s.data() + s.size() || s.empty()) return std::nullopt;
+  return v;
+}
+
+// Unescapes mountinfo's octal escapes (\040 for a space).
+std::string unescape_mountinfo(const std::string& s) {
+  std::string out;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '\\' && i + 3 < s.size()) {
+      int v = 0;
+      bool ok = true;
+      for (int k = 1; k <= 3; ++k) {
+        char c = s[i + k];
+        if (c < '0' || c > '7') ok = false;
+        v = v * 8 + (c - '0');
+      }
+      if (ok) {
+        out.push_back(static_cast<char>(v));
+        i += 3;
+        continue;
+      }
+    }
+    out.push_back(s[i]);
+  }
+  return out;
+}
+
+// Field 22 of /proc/<pid>/stat: start time in clock ticks since boot.
+std::optional<std::string> process_start_time(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!in || !std::getline(in, line)) return std::nullopt;
+  auto close = line.rfind(')');  // comm may contain spaces and parentheses
+  if (close == std::string::npos) return std::nullopt;
+  std::istringstream rest(line.substr(close + 2));
+  std::string field;
+  for (int i = 3; i <= 22; ++i) {
+    if (!(rest >> field)) return std::nullopt;
+  }
+  return field;
+}
+
+}  // namespace
+
+std::vector<CgroupMembership> parse_proc_cgroup(const std::string& text) {
+  std::vector<CgroupMembership> out;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    auto first = line.find(':');
+    auto second = line.find(':', first + 1);
+    if (first == std::string::npos || second == std::string::npos) {
+      throw common::Error("contain.unavailable",
+                          "malformed /proc/self/cgroup line \"" + line + "\"");
+    }
+    CgroupMembership m;
+    m.id = std::stoi(line.substr(0, first));
+    auto ctrls = line.substr(first + 1, second - first - 1);
+    if (!ctrls.empty()) m.controllers = split(ctrls, ',');
+    m.path = line.substr(second + 1);
+    out.push_back(std::move(m));
+  }
+  return out;
+}
+
+std::vector<CgroupMount> parse_mountinfo_cgroups(const std::string& text) {
+  std::vector<CgroupMount> out;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    auto dash = line.find(" - ");
+    if (dash == std::string::npos) continue;
+    std::istringstream pre(line.substr(0, dash));
+    std::istringstream post(line.substr(dash + 3));
+    std::string id, parent, devno, root, mountpoint, fstype, source, superopts;
+    if (!(pre >> id >> parent >> devno >> root >> mountpoint)) continue;
+    if (!(post >> fstype >> source >> superopts)) continue;
+    if (fstype != "cgroup" && fstype != "cgroup2") continue;
+    CgroupMount m;
+    m.root = unescape_mountinfo(root);
+    m.mountpoint = unescape_mountinfo(mountpoint);
+    m.v2 = fstype == "cgroup2";
+    if (!m.v2) {
+      for (const auto& opt : split(superopts, ',')) {
+        if (opt == "rw" || opt == "ro" || opt.find('=') != std::string::npos) continue;
+        m.controllers.push_back(opt);
+      }
+    }
+    out.push_back(std::move(m));
+  }
+  return out;
+}
+
+std::filesystem::path cgroup_dir(const CgroupMount& mount, const std::string& path) {
+  std::string rel;
+  if (mount.root == "/") {
+    rel = path;
+  } else if (path == mount.root || path.starts_with(mount.root + "/")) {
+    rel = path.substr(mount.root.size());
+  } else {
+    throw common::Error("contain.unavailable", "cgroup \"" + path +
+                                                   "\" is outside the hierarchy \"" + mount.root +
+                                                   "\" mounted at " + mount.mountpoint.string());
+  }
+  while (!rel.empty() && rel.front() == '/') rel.erase(0, 1);
+  return rel.empty() ? mount.mountpoint : mount.mountpoint / rel;
+}
+
+std::optional<std::string> read_cgroup_file(const std::filesystem::path& file) {
+  int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) return std::nullopt;
+    common::throw_errno("contain.cgroup_io", "open " + file.string(), errno);
+  }
+  common::UniqueFd guard(fd);
+  std::string out;
+  char buf[4096];
+  while (true) {
+    ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      // A counter the kernel does not implement for this cgroup reads as an error: absent.
+      if (errno == EOPNOTSUPP || errno == ENODEV) return std::nullopt;
+      common::throw_errno("contain.cgroup_io", "read " + file.string(), errno);
+    }
+    if (n == 0) break;
+    out.append(buf, static_cast<std::size_t>(n));
+  }
+  return out;
+}
+
+void write_cgroup_file(const std::filesystem::path& file, const std::string& value) {
+  int fd = ::open(file.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) common::throw_errno("contain.cgroup_io", "open " + file.string(), errno);
+  common::UniqueFd guard(fd);
+  ssize_t n;
+  do {
+    n = ::write(fd, value.data(), value.size());
+  } while (n < 0 && errno == EINTR);
+  if (n < 0) {
+    common::throw_errno("contain.cgroup_io", "write \"" + value + "\" to " + file.string(), errno);
+  }
+}
+
+std::optional<std::uint64_t> read_u64(const std::filesystem::path& file) {
+  auto text = read_cgroup_file(file);
+  if (!text) return std::nullopt;
+  auto v = parse_u64(*text);
+  if (!v) {
+    auto trimmed = text->substr(0, text->find('\n'));
+    if (trimmed == "max") return std::nullopt;
+    throw common::Error("contain.cgroup_io",
+                        "unexpected content \"" + trimmed + "\" in " + file.string());
+  }
+  return v;
+}
+
+std::vector<pid_t> read_pids(const std::filesystem::path& procs_file) {
+  std::vector<pid_t> out;
+  auto text = read_cgroup_file(procs_file);
+  if (!text) return out;
+  std::istringstream in(*text);
+  long pid;
+  while (in >> pid) out.push_back(static_cast<pid_t>(pid));
+  return out;
+}
+
+common::Json read_flat_keyed(const std::filesystem::path& file,
+                             const std::vector<std::string>& keys) {
+  auto text = read_cgroup_file(file);
+  if (!text) return nullptr;
+  common::Json out = common::Json::object();
+  for (const auto& k : keys) out[k] = nullptr;
+  std::istringstream in(*text);
+  std::string key, value;
+  while (in >> key >> value) {
+    for (const auto& k : keys) {
+      if (k == key) {
+        if (auto v = parse_u64(value)) out[k] = *v;
+      }
+    }
+  }
+  return out;
+}
+
+common::Json u64_or_null(const std::optional<std::uint64_t>& value) {
+  if (value) return *value;
+  return nullptr;
+}
+
+std::string owner_dir_name() {
+  pid_t self = ::getpid();
+  auto start = process_start_time(self);
+  if (!start) throw common::Error("contain.unavailable", "cannot read /proc/self/stat");
+  return "assayd-" + std::to_string(self) + "-" + *start;
+}
+
+bool owner_is_gone(const std::string& dir_name) {
+  if (!dir_name.starts_with("assayd-")) return false;
+  auto parts = split(dir_name.substr(7), '-');
+  if (parts.size() != 2) return false;
+  pid_t pid = 0;
+  auto [p, ec] = std::from_chars(parts[0].data(), parts[0].data() + parts[0].size(), pid);
+  if (ec != std::errc() || pid <= 0) return false;
+  auto start = process_start_time(pid);
+  return !start || *start != parts[1];
+}
+
+}  // namespace assay::contain::detail

@@ -1,0 +1,296 @@
+// cgroup v1 backend: a leaf per worker in the memory hierarchy, plus pids, freezer and cpuacct
+// where they are mounted and writable, all below the cgroup this process already belongs to
+// (or a configured base): <base>/assayd-<pid>-<start>/<name>.
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <thread>
+
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/error.h"
+#include "supervisor/contain/cgroup.h"
+
+namespace assay::contain::detail {
+
+namespace {
+
+namespace fs = std::filesystem;
+using common::Json;
+
+struct Hierarchy {
+  std::string controller;  // "memory", "pids", "freezer", "cpuacct"
+  fs::path base;           // directory of the base cgroup in this hierarchy
+};
+
+void rmdir_retrying(const fs::path& dir) {
+  // Processes that were just killed can take a moment to leave the cgroup.
+  for (int attempt = 0;; ++attempt) {
+    if (::rmdir(dir.c_str()) == 0 || errno == ENOENT) return;
+    if (errno != EBUSY || attempt >= 200) {
+      common::throw_errno("contain.cgroup_io", "rmdir " + dir.string(), errno);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+class V1Cgroup : public Cgroup {
+ public:
+  V1Cgroup(std::string name, std::string path, std::vector<Hierarchy> dirs, bool remove_parent)
+      : name_(std::move(name)),
+        path_(std::move(path)),
+        dirs_(std::move(dirs)),
+        remove_parent_(remove_parent) {}
+
+  const std::string& name() const override { return name_; }
+  std::string path() const override { return path_; }
+  Json hierarchies() const override {
+    Json out = Json::object();
+    for (const auto& h : dirs_) out[h.controller] = h.base.string();
+    return out;
+  }
+  int clone_into_fd() const override { return -1; }
+
+  void attach(pid_t pid) override {
+    for (const auto& h : dirs_) write_cgroup_file(h.base / "cgroup.procs", std::to_string(pid));
+  }
+
+  void set_limits(const Limits& limits) override {
+    if (limits.memory_high) {
+      throw common::Error("contain.unsupported_limit",
+                          "memory_high=" + std::to_string(*limits.memory_high) +
+                              ": cgroup v1 has no memory.high equivalent");
+    }
+    const fs::path& mem = dir("memory");
+    if (limits.memory_max) {
+      write_cgroup_file(mem / "memory.limit_in_bytes", std::to_string(*limits.memory_max));
+    }
+    if (limits.swap_max) {
+      if (!limits.memory_max) {
+        throw common::Error("contain.unsupported_limit",
+                            "swap_max=" + std::to_string(*limits.swap_max) +
+                                " needs memory_max on cgroup v1 (memory.memsw.limit_in_bytes is "
+                                "memory plus swap)");
+      }
+      if (!fs::exists(mem / "memory.memsw.limit_in_bytes")) {
+        throw common::Error("contain.unsupported_limit",
+                            "swap_max=" + std::to_string(*limits.swap_max) +
+                                ": swap accounting is off (no memory.memsw.limit_in_bytes in " +
+                                mem.string() + ")");
+      }
+      write_cgroup_file(mem / "memory.memsw.limit_in_bytes",
+                        std::to_string(*limits.memory_max + *limits.swap_max));
+    }
+    if (limits.pids_max) {
+      const fs::path* pids = find("pids");
+      if (!pids) {
+        throw common::Error(
+            "contain.unsupported_limit",
+            "pids_max=" + std::to_string(*limits.pids_max) + ": no writable pids hierarchy");
+      }
+      write_cgroup_file(*pids / "pids.max", std::to_string(*limits.pids_max));
+    }
+  }
+
+  int kill_all() override {
+    const fs::path* freezer = find("freezer");
+    int signalled = 0;
+    if (freezer) {
+      // Frozen tasks cannot fork, so one pass over cgroup.procs catches them all.
+      write_cgroup_file(*freezer / "freezer.state", "FROZEN");
+      for (int i = 0; i < 500; ++i) {
+        auto state = read_cgroup_file(*freezer / "freezer.state");
+        if (!state || state->starts_with("FROZEN")) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      }
+    }
+    for (int round = 0; round < 100; ++round) {
+      auto list = pids();
+      if (list.empty()) break;
+      for (pid_t p : list) {
+        if (::kill(p, SIGKILL) == 0) ++signalled;
+      }
+      if (freezer) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    if (freezer) write_cgroup_file(*freezer / "freezer.state", "THAWED");
+    return signalled;
+  }
+
+  std::vector<pid_t> pids() const override { return read_pids(dir("memory") / "cgroup.procs"); }
+
+  Json counters() const override {
+    const fs::path& mem = dir("memory");
+    Json c = Json::object();
+    c["memory.max_usage_in_bytes"] = u64_or_null(read_u64(mem / "memory.max_usage_in_bytes"));
+    c["memory.failcnt"] = u64_or_null(read_u64(mem / "memory.failcnt"));
+    c["memory.oom_control"] =
+        read_flat_keyed(mem / "memory.oom_control", {"oom_kill", "under_oom"});
+    c["memory.memsw.max_usage_in_bytes"] =
+        u64_or_null(read_u64(mem / "memory.memsw.max_usage_in_bytes"));
+    c["memory.memsw.failcnt"] = u64_or_null(read_u64(mem / "memory.memsw.failcnt"));
+    const fs::path* pids = find("pids");
+    c["pids.peak"] = pids ? u64_or_null(read_u64(*pids / "pids.peak")) : Json(nullptr);
+    c["pids.events"] = pids ? read_flat_keyed(*pids / "pids.events", {"max"}) : Json(nullptr);
+    const fs::path* cpu = find("cpuacct");
+    c["cpuacct.usage"] = cpu ? u64_or_null(read_u64(*cpu / "cpuacct.usage")) : Json(nullptr);
+    c["cpuacct.usage_user"] =
+        cpu ? u64_or_null(read_u64(*cpu / "cpuacct.usage_user")) : Json(nullptr);
+    c["cpuacct.usage_sys"] =
+        cpu ? u64_or_null(read_u64(*cpu / "cpuacct.usage_sys")) : Json(nullptr);
+    return c;
+  }
+
+  void remove() override {
+    for (const auto& h : dirs_) {
+      rmdir_retrying(h.base);
+      if (remove_parent_) ::rmdir(h.base.parent_path().c_str());  // empty owner dir of an orphan
+    }
+  }
+
+ private:
+  const fs::path* find(const std::string& controller) const {
+    for (const auto& h : dirs_) {
+      if (h.controller == controller) return &h.base;
+    }
+    return nullptr;
+  }
+  const fs::path& dir(const std::string& controller) const { return *find(controller); }
+
+  std::string name_;
+  std::string path_;
+  std::vector<Hierarchy> dirs_;
+  bool remove_parent_;
+};
+
+class V1Backend : public Backend {
+ public:
+  V1Backend(std::vector<Hierarchy> bases, std::string memory_path)
+      : bases_(std::move(bases)), memory_path_(std::move(memory_path)), owner_(owner_dir_name()) {}
+
+  std::string name() const override { return "cgroup-v1"; }
+  bool supports_clone_into_cgroup() const override { return false; }
+
+  Json describe() const override {
+    Json h = Json::object();
+    for (const auto& b : bases_) h[b.controller] = b.base.string();
+    return Json{
+        {"backend", name()}, {"base_cgroup", memory_path_}, {"hierarchies", h}, {"owner", owner_}};
+  }
+
+  std::unique_ptr<Cgroup> create(const std::string& name) override {
+    std::vector<Hierarchy> dirs;
+    for (const auto& b : bases_) {
+      fs::path owner = b.base / owner_;
+      if (::mkdir(owner.c_str(), 0755) != 0 && errno != EEXIST) {
+        if (b.controller == "memory") {
+          common::throw_errno("contain.cgroup_io", "mkdir " + owner.string(), errno);
+        }
+        continue;  // an optional hierarchy this process may not write to
+      }
+      fs::path leaf = owner / name;
+      if (::mkdir(leaf.c_str(), 0755) != 0) {
+        int err = errno;
+        for (const auto& made : dirs) ::rmdir(made.base.c_str());
+        common::throw_errno("contain.cgroup_io", "mkdir " + leaf.string(), err);
+      }
+      dirs.push_back({b.controller, leaf});
+    }
+    return std::make_unique<V1Cgroup>(name, memory_path_ + "/" + owner_ + "/" + name,
+                                      std::move(dirs), false);
+  }
+
+  std::vector<std::unique_ptr<Cgroup>> orphans() override {
+    std::vector<std::unique_ptr<Cgroup>> out;
+    std::error_code ec;
+    const fs::path& mem_base = bases_.front().base;
+    for (const auto& owner : fs::directory_iterator(mem_base, ec)) {
+      std::string owner_name = owner.path().filename();
+      if (!owner.is_directory() || !owner_is_gone(owner_name)) continue;
+      std::vector<std::string> leaves;
+      for (const auto& leaf : fs::directory_iterator(owner.path(), ec)) {
+        if (leaf.is_directory()) leaves.push_back(leaf.path().filename());
+      }
+      for (const auto& leaf : leaves) {
+        std::vector<Hierarchy> dirs;
+        for (const auto& b : bases_) {
+          fs::path d = b.base / owner_name / leaf;
+          if (fs::is_directory(d)) dirs.push_back({b.controller, d});
+        }
+        out.push_back(std::make_unique<V1Cgroup>(leaf, memory_path_ + "/" + owner_name + "/" + leaf,
+                                                 std::move(dirs), true));
+      }
+      if (leaves.empty()) {
+        for (const auto& b : bases_) ::rmdir((b.base / owner_name).c_str());
+      }
+    }
+    return out;
+  }
+
+  void release() override {
+    for (const auto& b : bases_) ::rmdir((b.base / owner_).c_str());
+  }
+
+ private:
+  std::vector<Hierarchy> bases_;  // memory first
+  std::string memory_path_;
+  std::string owner_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_v1_backend(const RuntimeOptions& options,
+                                         const std::vector<CgroupMembership>& membership,
+                                         const std::vector<CgroupMount>& mounts) {
+  std::vector<Hierarchy> bases;
+  std::string memory_path;
+  for (const char* controller : {"memory", "pids", "freezer", "cpuacct"}) {
+    const CgroupMount* mount = nullptr;
+    for (const auto& m : mounts) {
+      if (!m.v2 && std::find(m.controllers.begin(), m.controllers.end(), controller) !=
+                       m.controllers.end()) {
+        mount = &m;
+        break;
+      }
+    }
+    const CgroupMembership* member = nullptr;
+    for (const auto& m : membership) {
+      if (std::find(m.controllers.begin(), m.controllers.end(), controller) !=
+          m.controllers.end()) {
+        member = &m;
+      }
+    }
+    std::string path = !options.base_cgroup.empty() ? options.base_cgroup
+                       : member                     ? member->path
+                                                    : std::string();
+    bool required = std::string(controller) == "memory";
+    if (!mount || path.empty()) {
+      if (required) {
+        throw common::Error("contain.unavailable",
+                            "no cgroup v1 memory hierarchy is mounted (see /proc/self/mountinfo)");
+      }
+      continue;
+    }
+    fs::path dir;
+    try {
+      dir = cgroup_dir(*mount, path);
+    } catch (const common::Error&) {
+      if (required) throw;
+      continue;
+    }
+    if (::access(dir.c_str(), W_OK) != 0 || !fs::is_directory(dir)) {
+      if (required) {
+        throw common::Error("contain.unavailable", "cgroup v1 memory cgroup " + dir.string() +
+                                                       " is not writable: " + std::strerror(errno));
+      }
+      continue;
+    }
+    if (required) memory_path = path == "/" ? std::string() : path;
+    bases.push_back({controller, dir});
+  }
+  return std::make_unique<V1Backend>(std::move(bases), memory_path);
+}
+
+}  // namespace assay::contain::detail

@@ -1,0 +1,238 @@
+// `assayd contain`: runs one contained process and prints its evidence JSON. Exit 0 when the
+// process ran and was measured, whatever its own outcome; 1 when containment itself failed;
+// 2 on a usage error.
+#include <unistd.h>
+
+#include <charconv>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+
+#include <CLI/CLI.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/signal_set.hpp>
+
+#include "common/error.h"
+#include "supervisor/commands.h"
+#include "supervisor/contain/contain.h"
+
+namespace assay::supervisor {
+
+namespace {
+
+namespace fs = std::filesystem;
+using contain::Mode;
+
+constexpr const char* kDefaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+// "64M", "1G", "4096" -> bytes (binary suffixes K, M, G, T).
+std::uint64_t parse_bytes(const std::string& option, const std::string& text) {
+  std::uint64_t value = 0;
+  const char* end = text.data() + text.size();
+  auto [p, ec] = std::from_chars(text.data(), end, value);
+  std::uint64_t mult = 1;
+  if (ec == std::errc() && p + 1 == end) {
+    switch (*p) {
+      case 'K':
+      case 'k':
+        mult = 1ULL << 10;
+        break;
+      case 'M':
+      case 'm':
+        mult = 1ULL << 20;
+        break;
+      case 'G':
+      case 'g':
+        mult = 1ULL << 30;
+        break;
+      case 'T':
+      case 't':
+        mult = 1ULL << 40;
+        break;
+      default:
+        mult = 0;
+    }
+    ++p;
+  }
+  if (ec != std::errc() || p != end || mult == 0 || text.empty() ||
+      value > std::numeric_limits<std::uint64_t>::max() / mult) {
+    throw common::Error("contain.usage", option + " \"" + text +
+                                             "\" is not a byte count (digits, optional K/M/G/T)");
+  }
+  return value * mult;
+}
+
+std::chrono::milliseconds parse_seconds(const std::string& option, double seconds) {
+  if (!std::isfinite(seconds) || seconds <= 0 || seconds > 7 * 24 * 3600) {
+    throw common::Error("contain.usage",
+                        option + " " + std::to_string(seconds) + " must be in (0, 604800] seconds");
+  }
+  return std::chrono::milliseconds(static_cast<std::int64_t>(std::llround(seconds * 1000)));
+}
+
+std::string resolve_command(const std::string& command, const std::string& path_list) {
+  if (command.find('/') != std::string::npos) return fs::absolute(command).lexically_normal();
+  std::size_t start = 0;
+  while (start <= path_list.size()) {
+    auto colon = path_list.find(':', start);
+    std::string dir =
+        path_list.substr(start, colon == std::string::npos ? std::string::npos : colon - start);
+    if (!dir.empty()) {
+      fs::path candidate = fs::path(dir) / command;
+      if (::access(candidate.c_str(), X_OK) == 0 && !fs::is_directory(candidate)) {
+        return candidate;
+      }
+    }
+    if (colon == std::string::npos) break;
+    start = colon + 1;
+  }
+  throw common::Error("contain.usage",
+                      "command \"" + command + "\" not found in PATH \"" + path_list + "\"");
+}
+
+}  // namespace
+
+int contain_main(int argc, char** argv) {
+  CLI::App app{
+      "Runs COMMAND in a fresh leaf cgroup, in a private network namespace (only lo) and a "
+      "private mount namespace, with a cleared environment and a hard timeout, then prints the "
+      "evidence JSON (assay.process-containment.v1) on stdout.\n"
+      "Exit status: 0 when the command ran and was measured (whatever its own outcome), 1 when "
+      "containment failed, 2 on a usage error.",
+      "assayd contain"};
+  std::string memory_max, memory_high, swap_max, output_cap = "8M";
+  std::optional<std::uint64_t> pids_max;
+  double timeout = 600, grace = 2;
+  std::string workdir, mode_name = "auto", base_cgroup, name, stdout_path, stderr_path;
+  std::vector<std::string> env, pass_env, hide, command;
+  std::optional<uid_t> uid;
+  std::optional<gid_t> gid;
+  bool delegated = false, cleanup = false;
+  app.add_option("--memory-max", memory_max, "memory limit in bytes (K/M/G suffixes allowed)");
+  app.add_option("--memory-high", memory_high, "memory.high throttle limit (cgroup v2 only)");
+  app.add_option("--swap-max", swap_max, "swap limit in bytes");
+  app.add_option("--pids-max", pids_max, "maximum number of processes and threads");
+  app.add_option("--timeout", timeout, "seconds before SIGTERM to the process group (default 600)");
+  app.add_option("--kill-grace", grace,
+                 "seconds between SIGTERM and killing the whole cgroup (default 2)");
+  app.add_option("--workdir", workdir, "working directory of the command (default: current)");
+  app.add_option("--mode", mode_name, "containment backend: auto, v2, v1 or none (development)")
+      ->check(CLI::IsMember({"auto", "v2", "v1", "none"}));
+  app.add_option("--base-cgroup", base_cgroup,
+                 "cgroup (relative to the hierarchy root) below which to make worker cgroups; "
+                 "default: this process's own");
+  app.add_flag("--delegated", delegated,
+               "cgroup v2 under systemd Delegate=yes: move into <own>/supervisor, workers in "
+               "<own>/workers");
+  app.add_option("--name", name, "leaf cgroup name (default contain-<pid>)");
+  app.add_option("--env", env, "KEY=VALUE for the command's environment (repeatable)");
+  app.add_option("--pass-env", pass_env,
+                 "pass this variable from assayd's environment (repeatable); PATH is always set");
+  app.add_option("--stdout", stdout_path, "file for the command's stdout (default: discarded)");
+  app.add_option("--stderr", stderr_path, "file for the command's stderr (default: discarded)");
+  app.add_option("--output-cap", output_cap, "bytes kept of each of stdout/stderr (default 8M)");
+  app.add_option("--hide", hide, "path made unreachable inside (repeatable)");
+  app.add_option("--uid", uid, "run as this user id");
+  app.add_option("--gid", gid, "run as this group id");
+  app.add_flag("--cleanup-orphans", cleanup,
+               "instead of running a command: kill, measure and remove worker cgroups left by "
+               "assayd processes that are gone; prints a JSON array of their evidence");
+  app.add_option("command", command, "COMMAND [ARGS...] (after --)");
+  app.positionals_at_end();
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+
+  contain::SpawnSpec spec;
+  contain::RuntimeOptions options;
+  try {
+    if (!cleanup && command.empty()) {
+      throw common::Error("contain.usage",
+                          "no COMMAND given (usage: assayd contain [options] -- "
+                          "COMMAND [ARGS...])");
+    }
+    options.mode = mode_name == "v2"     ? Mode::kV2
+                   : mode_name == "v1"   ? Mode::kV1
+                   : mode_name == "none" ? Mode::kNone
+                                         : Mode::kAuto;
+    options.base_cgroup = base_cgroup;
+    options.delegated = delegated;
+    if (!cleanup) {
+      if (!memory_max.empty()) spec.limits.memory_max = parse_bytes("--memory-max", memory_max);
+      if (!memory_high.empty()) spec.limits.memory_high = parse_bytes("--memory-high", memory_high);
+      if (!swap_max.empty()) spec.limits.swap_max = parse_bytes("--swap-max", swap_max);
+      spec.limits.pids_max = pids_max;
+      spec.limits.timeout = parse_seconds("--timeout", timeout);
+      spec.limits.kill_grace = parse_seconds("--kill-grace", grace);
+      spec.output_cap_bytes = parse_bytes("--output-cap", output_cap);
+      spec.name = name.empty() ? "contain-" + std::to_string(::getpid()) : name;
+      spec.workdir = workdir.empty() ? fs::current_path() : fs::absolute(workdir);
+      if (!fs::is_directory(spec.workdir)) {
+        throw common::Error("contain.usage",
+                            "--workdir \"" + spec.workdir.string() + "\" is not a directory");
+      }
+      std::string path = kDefaultPath;
+      for (const auto& kv : env) {
+        if (kv.find('=') == std::string::npos || kv.front() == '=') {
+          throw common::Error("contain.usage", "--env \"" + kv + "\" is not KEY=VALUE");
+        }
+        if (kv.starts_with("PATH=")) path = kv.substr(5);
+      }
+      spec.env.push_back("PATH=" + path);
+      for (const auto& kv : env) {
+        if (!kv.starts_with("PATH=")) spec.env.push_back(kv);
+      }
+      for (const auto& key : pass_env) {
+        const char* v = std::getenv(key.c_str());
+        if (v && key != "PATH") spec.env.push_back(key + "=" + v);
+      }
+      spec.argv = command;
+      spec.argv[0] = resolve_command(command[0], path);
+      spec.stdout_path = stdout_path;
+      spec.stderr_path = stderr_path;
+      for (const auto& h : hide) spec.hidden_paths.emplace_back(h);
+      spec.uid = uid;
+      spec.gid = gid;
+    }
+  } catch (const common::Error& e) {
+    std::fprintf(stderr, "assayd contain: %s\n", e.what());
+    return 2;
+  }
+
+  try {
+    auto runtime = contain::Runtime::create(options);
+    if (cleanup) {
+      common::Json all = common::Json::array();
+      for (auto& e : runtime->cleanup_orphans()) all.push_back(std::move(e));
+      std::cout << all.dump(2) << std::endl;
+      return 0;
+    }
+    boost::asio::io_context io;
+    common::Json evidence;
+    // Ctrl-C or a TERM to this tool must not leave the worker (or its cgroup) behind.
+    boost::asio::signal_set signals(io, SIGINT, SIGTERM);
+    auto running = runtime->start(io, spec, [&](common::Json e) {
+      evidence = std::move(e);
+      signals.cancel();
+    });
+    signals.async_wait([&](boost::system::error_code ec, int) {
+      if (!ec) running->kill();
+    });
+    io.run();
+    running.reset();
+    if (evidence.is_null()) throw common::Error("contain.internal", "no evidence was produced");
+    std::cout << evidence.dump(2) << std::endl;
+    return 0;
+  } catch (const common::Error& e) {
+    std::fprintf(stderr, "assayd contain: %s: %s\n", e.code().c_str(), e.what());
+    return 1;
+  }
+}
+
+}  // namespace assay::supervisor

@@ -1,0 +1,454 @@
+// The child runs between clone and execve in a copy of a possibly multi-threaded process, so
+// it only makes raw system calls on memory prepared by the parent: no malloc, no locks, no
+// glibc set*id (its all-threads broadcast would wait for threads that do not exist here).
+#include "supervisor/contain/spawn.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include <fcntl.h>
+#include <linux/sched.h>
+#include <net/if.h>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/error.h"
+
+#ifndef CLOSE_RANGE_CLOEXEC
+#define CLOSE_RANGE_CLOEXEC (1U << 2)
+#endif
+
+namespace assay::contain::detail {
+
+namespace {
+
+namespace fs = std::filesystem;
+using common::Json;
+using common::UniqueFd;
+
+enum Stage : int {
+  kStageSetsid = 1,
+  kStageMountPrivate,
+  kStageMount,
+  kStageMkdir,
+  kStageLoopback,
+  kStageStdio,
+  kStageChdir,
+  kStageRlimit,
+  kStageSignals,
+  kStageCloseRange,
+  kStageSetgroups,
+  kStageSetgid,
+  kStageSetuid,
+  kStageNoNewPrivs,
+  kStageExec,
+};
+
+const char* stage_name(int stage) {
+  switch (stage) {
+    case kStageSetsid:
+      return "setsid";
+    case kStageMountPrivate:
+      return "make / private in the mount namespace";
+    case kStageMount:
+      return "mount over a hidden path";
+    case kStageMkdir:
+      return "mkdir the workdir mount point";
+    case kStageLoopback:
+      return "bring up lo";
+    case kStageStdio:
+      return "set up stdin/stdout/stderr";
+    case kStageChdir:
+      return "chdir to the workdir";
+    case kStageRlimit:
+      return "setrlimit";
+    case kStageSignals:
+      return "reset signals";
+    case kStageCloseRange:
+      return "close_range";
+    case kStageSetgroups:
+      return "setgroups";
+    case kStageSetgid:
+      return "setresgid";
+    case kStageSetuid:
+      return "setresuid";
+    case kStageNoNewPrivs:
+      return "PR_SET_NO_NEW_PRIVS";
+    case kStageExec:
+      return "execve";
+  }
+  return "unknown step";
+}
+
+struct ChildReport {
+  int stage;
+  int err;
+};
+
+struct MountOp {
+  enum Kind { kMount, kMkdir } kind;
+  const char* source;
+  const char* target;
+  const char* fstype;
+  unsigned long flags;
+  const char* data;
+  int stage;
+};
+
+// Everything the child needs, as plain pointers into storage the parent keeps alive.
+struct ChildPlan {
+  int gate_read;
+  int report_write;
+  int stdin_fd;
+  int stdout_fd;
+  int stderr_fd;
+  int workdir_fd;
+  const char* workdir;
+  const char* exe;
+  char* const* argv;
+  char* const* envp;
+  const MountOp* ops;
+  std::size_t op_count;
+  rlim_t nofile;
+  bool set_ids;
+  uid_t uid;
+  gid_t gid;
+};
+
+[[noreturn]] void child_fail(const ChildPlan& p, int stage) {
+  ChildReport r{stage, errno};
+  ssize_t ignored = ::write(p.report_write, &r, sizeof r);
+  (void)ignored;
+  ::_exit(127);
+}
+
+[[noreturn]] void child_main(const ChildPlan& p) {
+  char go = 0;
+  ssize_t n;
+  do {
+    n = ::read(p.gate_read, &go, 1);
+  } while (n < 0 && errno == EINTR);
+  if (n != 1) ::_exit(127);  // the parent gave up (could not attach us to the cgroup)
+
+  // Own session and process group: the timeout's SIGTERM goes to the group.
+  if (::setsid() < 0) child_fail(p, kStageSetsid);
+  if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) {
+    child_fail(p, kStageMountPrivate);
+  }
+  for (std::size_t i = 0; i < p.op_count; ++i) {
+    const MountOp& op = p.ops[i];
+    if (op.kind == MountOp::kMkdir) {
+      if (::mkdir(op.target, 0755) != 0 && errno != EEXIST) child_fail(p, kStageMkdir);
+    } else if (::mount(op.source, op.target, op.fstype, op.flags, op.data) != 0) {
+      child_fail(p, op.stage);
+    }
+  }
+  // A new network namespace has only lo, and it is down.
+  int sock = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (sock < 0) child_fail(p, kStageLoopback);
+  struct ifreq ifr {};
+  std::memcpy(ifr.ifr_name, "lo", 3);
+  if (::ioctl(sock, SIOCGIFFLAGS, &ifr) != 0) child_fail(p, kStageLoopback);
+  ifr.ifr_flags = static_cast<short>(ifr.ifr_flags | IFF_UP | IFF_RUNNING);
+  if (::ioctl(sock, SIOCSIFFLAGS, &ifr) != 0) child_fail(p, kStageLoopback);
+  ::close(sock);
+
+  if (::dup2(p.stdin_fd, 0) < 0 || ::dup2(p.stdout_fd, 1) < 0 || ::dup2(p.stderr_fd, 2) < 0) {
+    child_fail(p, kStageStdio);
+  }
+  if (::chdir(p.workdir) != 0 && ::fchdir(p.workdir_fd) != 0) child_fail(p, kStageChdir);
+
+  struct rlimit core {
+    0, 0
+  };
+  struct rlimit nofile {
+    p.nofile, p.nofile
+  };
+  if (::setrlimit(RLIMIT_CORE, &core) != 0 || ::setrlimit(RLIMIT_NOFILE, &nofile) != 0) {
+    child_fail(p, kStageRlimit);
+  }
+  sigset_t none;
+  sigemptyset(&none);
+  if (::sigprocmask(SIG_SETMASK, &none, nullptr) != 0) child_fail(p, kStageSignals);
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  for (int sig = 1; sig < NSIG; ++sig) {
+    if (sig != SIGKILL && sig != SIGSTOP) ::sigaction(sig, &dfl, nullptr);  // some are reserved
+  }
+  // Nothing of the supervisor's leaks past exec (the report pipe is already close-on-exec).
+  if (::syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC) != 0) {
+    for (int fd = 3; fd < 65536; ++fd) {
+      if (fd != p.report_write) ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+    }
+  }
+  if (p.set_ids) {
+    if (::syscall(SYS_setgroups, 0, nullptr) != 0) child_fail(p, kStageSetgroups);
+    if (::syscall(SYS_setresgid, p.gid, p.gid, p.gid) != 0) child_fail(p, kStageSetgid);
+    if (::syscall(SYS_setresuid, p.uid, p.uid, p.uid) != 0) child_fail(p, kStageSetuid);
+  }
+  if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) child_fail(p, kStageNoNewPrivs);
+  ::execve(p.exe, p.argv, p.envp);
+  child_fail(p, kStageExec);
+}
+
+struct CloneArgs {
+  std::uint64_t flags = 0;
+  std::uint64_t pidfd = 0;
+  std::uint64_t child_tid = 0;
+  std::uint64_t parent_tid = 0;
+  std::uint64_t exit_signal = 0;
+  std::uint64_t stack = 0;
+  std::uint64_t stack_size = 0;
+  std::uint64_t tls = 0;
+  std::uint64_t set_tid = 0;
+  std::uint64_t set_tid_size = 0;
+  std::uint64_t cgroup = 0;
+};
+
+void make_pipe(UniqueFd& read_end, UniqueFd& write_end, const char* what) {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) common::throw_errno("contain.spawn_failed", what, errno);
+  read_end = UniqueFd(fds[0]);
+  write_end = UniqueFd(fds[1]);
+}
+
+bool is_under(const fs::path& child, const fs::path& parent) {
+  auto c = child.begin();
+  for (auto p = parent.begin(); p != parent.end(); ++p, ++c) {
+    if (c == child.end() || *c != *p) return false;
+  }
+  return true;
+}
+
+std::vector<std::string> netns_interfaces(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/net/dev");
+  std::vector<std::string> out;
+  std::string line;
+  int n = 0;
+  while (std::getline(in, line)) {
+    if (++n <= 2) continue;  // two header lines
+    auto colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    std::string name = line.substr(0, colon);
+    name.erase(0, name.find_first_not_of(' '));
+    out.push_back(name);
+  }
+  return out;
+}
+
+std::string ns_link(const std::string& path) {
+  char buf[128];
+  ssize_t n = ::readlink(path.c_str(), buf, sizeof buf - 1);
+  if (n < 0) return {};
+  return std::string(buf, static_cast<std::size_t>(n));
+}
+
+}  // namespace
+
+Spawned spawn_contained(const SpawnSpec& spec, Cgroup* cgroup) {
+  if (spec.argv.empty()) throw common::Error("contain.spawn_failed", "empty argv");
+  const std::string& exe = spec.argv.front();
+  if (exe.empty() || exe.front() != '/') {
+    throw common::Error("contain.spawn_failed", "argv[0] \"" + exe + "\" is not an absolute path");
+  }
+  fs::path workdir = spec.workdir.empty() ? fs::path("/") : fs::absolute(spec.workdir);
+  workdir = workdir.lexically_normal();
+  if (workdir.string().size() > 1 && workdir.string().back() == '/')
+    workdir = workdir.parent_path();
+
+  // argv and environment as the C arrays execve wants.
+  std::vector<std::string> argv_store = spec.argv;
+  std::vector<std::string> env_store = spec.env;
+  std::vector<char*> argv_ptrs, env_ptrs;
+  for (auto& a : argv_store) argv_ptrs.push_back(a.data());
+  argv_ptrs.push_back(nullptr);
+  for (auto& e : env_store) {
+    if (e.find('=') == std::string::npos) {
+      throw common::Error("contain.spawn_failed", "environment entry \"" + e + "\" has no '='");
+    }
+    env_ptrs.push_back(e.data());
+  }
+  env_ptrs.push_back(nullptr);
+
+  int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (devnull < 0) common::throw_errno("contain.spawn_failed", "open /dev/null", errno);
+  UniqueFd devnull_fd(devnull);
+  int wfd = ::open(workdir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (wfd < 0)
+    common::throw_errno("contain.spawn_failed", "open workdir " + workdir.string(), errno);
+  UniqueFd workdir_fd(wfd);
+
+  // Hidden paths: an empty read-only tmpfs over a directory, /dev/null over anything else. A
+  // workdir inside a hidden directory is bind-mounted back at its own path.
+  std::vector<fs::path> hidden;
+  for (const auto& h : spec.hidden_paths) hidden.push_back(fs::absolute(h).lexically_normal());
+  std::sort(hidden.begin(), hidden.end());
+  std::vector<std::string> strings;  // storage for the op strings; reserved so c_str()s stay put
+  strings.reserve(hidden.size() * 8 + 64);
+  auto keep = [&](std::string s) { return strings.emplace_back(std::move(s)).c_str(); };
+  std::vector<MountOp> ops;
+  Json hidden_json = Json::array(), absent_json = Json::array();
+  std::vector<fs::path> done;
+  const char* workdir_proc = keep("/proc/self/fd/" + std::to_string(wfd));
+  for (const auto& h : hidden) {
+    if (std::any_of(done.begin(), done.end(), [&](const fs::path& d) { return is_under(h, d); })) {
+      continue;  // already covered by a hidden parent
+    }
+    struct stat st;
+    if (::lstat(h.c_str(), &st) != 0) {
+      absent_json.push_back(h.string());
+      continue;
+    }
+    done.push_back(h);
+    hidden_json.push_back(h.string());
+    const char* target = keep(h.string());
+    if (!S_ISDIR(st.st_mode)) {
+      ops.push_back({MountOp::kMount, "/dev/null", target, nullptr, MS_BIND, nullptr, kStageMount});
+      ops.push_back({MountOp::kMount, nullptr, target, nullptr, MS_REMOUNT | MS_BIND | MS_RDONLY,
+                     nullptr, kStageMount});
+      continue;
+    }
+    const unsigned long tmpfs_flags = MS_NOSUID | MS_NODEV | MS_NOEXEC;
+    if (!is_under(workdir, h)) {
+      ops.push_back({MountOp::kMount, "tmpfs", target, "tmpfs", tmpfs_flags | MS_RDONLY,
+                     "size=4k,mode=0555", kStageMount});
+      continue;
+    }
+    ops.push_back({MountOp::kMount, "tmpfs", target, "tmpfs", tmpfs_flags, "size=64k,mode=0755",
+                   kStageMount});
+    fs::path step = h;
+    for (auto it = std::next(workdir.begin(), std::distance(h.begin(), h.end()));
+         it != workdir.end(); ++it) {
+      step /= *it;
+      ops.push_back(
+          {MountOp::kMkdir, nullptr, keep(step.string()), nullptr, 0, nullptr, kStageMkdir});
+    }
+    ops.push_back({MountOp::kMount, workdir_proc, keep(workdir.string()), nullptr, MS_BIND | MS_REC,
+                   nullptr, kStageMount});
+    ops.push_back({MountOp::kMount, "tmpfs", target, "tmpfs", MS_REMOUNT | tmpfs_flags | MS_RDONLY,
+                   "size=64k,mode=0755", kStageMount});
+  }
+
+  UniqueFd gate_r, gate_w, report_r, report_w, out_r, out_w, err_r, err_w;
+  make_pipe(gate_r, gate_w, "pipe (gate)");
+  make_pipe(report_r, report_w, "pipe (report)");
+  make_pipe(out_r, out_w, "pipe (stdout)");
+  make_pipe(err_r, err_w, "pipe (stderr)");
+
+  ChildPlan plan{};
+  plan.gate_read = gate_r.get();
+  plan.report_write = report_w.get();
+  plan.stdin_fd = devnull_fd.get();
+  plan.stdout_fd = out_w.get();
+  plan.stderr_fd = err_w.get();
+  plan.workdir_fd = workdir_fd.get();
+  std::string workdir_str = workdir.string();
+  plan.workdir = workdir_str.c_str();
+  plan.exe = argv_store.front().c_str();
+  plan.argv = argv_ptrs.data();
+  plan.envp = env_ptrs.data();
+  plan.ops = ops.data();
+  plan.op_count = ops.size();
+  plan.nofile = spec.nofile;
+  plan.set_ids = spec.uid.has_value() || spec.gid.has_value();
+  plan.uid = spec.uid.value_or(::getuid());
+  plan.gid = spec.gid.value_or(::getgid());
+
+  const std::uint64_t ns_flags = CLONE_NEWNET | CLONE_NEWNS;
+  int pidfd = -1;
+  CloneArgs args;
+  args.flags = ns_flags | CLONE_PIDFD;
+  args.pidfd = reinterpret_cast<std::uint64_t>(&pidfd);
+  args.exit_signal = SIGCHLD;
+  bool into_cgroup = cgroup && cgroup->clone_into_fd() >= 0;
+  if (into_cgroup) {
+    args.flags |= CLONE_INTO_CGROUP;
+    args.cgroup = static_cast<std::uint64_t>(cgroup->clone_into_fd());
+  }
+  std::string method;
+  long pid = ::syscall(SYS_clone3, &args, sizeof args);
+  if (pid < 0 && into_cgroup &&
+      (errno == EPERM || errno == EBUSY || errno == EINVAL || errno == EACCES ||
+       errno == EOPNOTSUPP)) {
+    into_cgroup = false;  // e.g. a cgroup the kernel refuses to clone into: use the gate
+    args.flags &= ~static_cast<std::uint64_t>(CLONE_INTO_CGROUP);
+    args.cgroup = 0;
+    pid = ::syscall(SYS_clone3, &args, sizeof args);
+  }
+  if (pid == 0) child_main(plan);
+  if (pid > 0) {
+    method = into_cgroup ? "clone3-into-cgroup" : "clone3-pipe-gate";
+  } else if (errno == ENOSYS) {
+    // clone3 filtered (older seccomp profiles): clone with CLONE_PIDFD via parent_tid.
+    into_cgroup = false;
+    pid = ::syscall(SYS_clone, ns_flags | CLONE_PIDFD | SIGCHLD, nullptr, &pidfd, nullptr, nullptr);
+    if (pid == 0) child_main(plan);
+    method = "clone-pipe-gate";
+  }
+  if (pid < 0) common::throw_errno("contain.spawn_failed", "clone3 " + exe, errno);
+
+  Spawned s;
+  s.pid = static_cast<pid_t>(pid);
+  s.pidfd = UniqueFd(pidfd);
+  s.method = method;
+  gate_r = UniqueFd();
+  report_w = UniqueFd();
+  out_w = UniqueFd();
+  err_w = UniqueFd();
+
+  auto abandon = [&](const std::string& why, int err) {
+    gate_w = UniqueFd();  // the child reads EOF and exits
+    ::kill(s.pid, SIGKILL);
+    siginfo_t info;
+    ::waitid(P_PID, static_cast<id_t>(s.pid), &info, WEXITED);
+    if (err == 0) throw common::Error("contain.spawn_failed", why);
+    common::throw_errno("contain.spawn_failed", why, err);
+  };
+  if (cgroup && !into_cgroup) {
+    try {
+      cgroup->attach(s.pid);
+    } catch (const common::Error& e) {
+      abandon(std::string("attach to cgroup: ") + e.what(), 0);
+    }
+  }
+  // Evidence of the network namespace, read from the kernel while the child is still held.
+  std::string mine = ns_link("/proc/self/ns/net");
+  std::string theirs = ns_link("/proc/" + std::to_string(s.pid) + "/ns/net");
+  Json ifaces = Json::array();
+  for (const auto& i : netns_interfaces(s.pid)) ifaces.push_back(i);
+  s.network = Json{{"namespace", !theirs.empty() && theirs != mine ? "private" : "shared"},
+                   {"interfaces", ifaces}};
+  s.mounts = Json{{"namespace", "private"}, {"hidden", hidden_json}, {"absent", absent_json}};
+
+  char go = 1;
+  if (::write(gate_w.get(), &go, 1) != 1) abandon("write to the gate pipe", errno);
+  gate_w = UniqueFd();
+  ChildReport report{};
+  ssize_t n;
+  do {
+    n = ::read(report_r.get(), &report, sizeof report);
+  } while (n < 0 && errno == EINTR);
+  if (n > 0) {
+    siginfo_t info;
+    ::waitid(P_PID, static_cast<id_t>(s.pid), &info, WEXITED);
+    std::string what = std::string(stage_name(report.stage)) +
+                       (report.stage == kStageExec ? " " + exe : std::string());
+    common::throw_errno("contain.spawn_failed", what, report.err);
+  }
+  s.stdout_read = std::move(out_r);
+  s.stderr_read = std::move(err_r);
+  return s;
+}
+
+}  // namespace assay::contain::detail

@@ -30,7 +30,7 @@ UniqueFd open_nofollow(const std::filesystem::path& path, int flags, mode_t mode
 
 std::string read_file(const std::filesystem::path& path, std::size_t max_bytes) {
   UniqueFd fd = open_nofollow(path, O_RDONLY);
-  struct stat st{};
+  struct stat st {};
   if (fstat(fd.get(), &st) != 0) throw_errno("fs.stat", "stat " + path.string(), errno);
   if (!S_ISREG(st.st_mode)) throw Error("fs.not_regular", path.string() + " is not a regular file");
   if (static_cast<std::uint64_t>(st.st_size) > max_bytes)

@@ -24,7 +24,11 @@ class UniqueFd {
   UniqueFd(UniqueFd&& o) noexcept : fd_(o.release()) {}
   UniqueFd& operator=(UniqueFd&& o) noexcept;
   int get() const { return fd_; }
-  int release() { int f = fd_; fd_ = -1; return f; }
+  int release() {
+    int f = fd_;
+    fd_ = -1;
+    return f;
+  }
   explicit operator bool() const { return fd_ >= 0; }
 
  private:

@@ -56,11 +56,17 @@ std::string hex(std::span<const std::uint8_t> bytes) {
   return out;
 }
 
-std::string identity(const Digest& digest) { return "sha256:" + hex(digest); }
+std::string identity(const Digest& digest) {
+  return "sha256:" + hex(digest);
+}
 
-std::string sha256_id(std::string_view bytes) { return identity(sha256(bytes.data(), bytes.size())); }
+std::string sha256_id(std::string_view bytes) {
+  return identity(sha256(bytes.data(), bytes.size()));
+}
 
-std::string sha256_id(const void* data, std::size_t size) { return identity(sha256(data, size)); }
+std::string sha256_id(const void* data, std::size_t size) {
+  return identity(sha256(data, size));
+}
 
 std::string sha256_file_id(const std::filesystem::path& path) {
   UniqueFd fd = open_nofollow(path, O_RDONLY);
@@ -79,7 +85,9 @@ std::string sha256_file_id(const std::filesystem::path& path) {
   return identity(h.finish());
 }
 
-std::string sha256_canonical_id(const Json& value) { return sha256_id(canonical(value)); }
+std::string sha256_canonical_id(const Json& value) {
+  return sha256_id(canonical(value));
+}
 
 bool is_identity(std::string_view s) {
   if (s.size() != 71 || s.substr(0, 7) != "sha256:") return false;

@@ -1,8 +1,8 @@
 #include "common/json.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
-#include <algorithm>
 #include <cstring>
 #include <set>
 #include <string>
@@ -14,13 +14,17 @@ namespace assay::common {
 namespace {
 
 constexpr double kMaxExactInteger = 9007199254740992.0;  // 2^53
+constexpr std::int64_t kMaxExactIntegerI = 9007199254740992;
 
 std::string escape_pointer_token(const std::string& token) {
   std::string out;
   for (char c : token) {
-    if (c == '~') out += "~0";
-    else if (c == '/') out += "~1";
-    else out += c;
+    if (c == '~')
+      out += "~0";
+    else if (c == '/')
+      out += "~1";
+    else
+      out += c;
   }
   return out;
 }
@@ -36,12 +40,12 @@ class StrictSax {
   bool null() { return add(Json(nullptr)); }
   bool boolean(bool v) { return add(Json(v)); }
   bool number_integer(Json::number_integer_t v) {
-    if (limits_.exact_integers && std::fabs(static_cast<double>(v)) > kMaxExactInteger)
+    if (limits_.exact_integers && (v > kMaxExactIntegerI || v < -kMaxExactIntegerI))
       return fail("integer " + std::to_string(v) + " is outside +-2^53");
     return add(Json(v));
   }
   bool number_unsigned(Json::number_unsigned_t v) {
-    if (limits_.exact_integers && static_cast<double>(v) > kMaxExactInteger)
+    if (limits_.exact_integers && v > static_cast<std::uint64_t>(kMaxExactIntegerI))
       return fail("integer " + std::to_string(v) + " is outside +-2^53");
     return add(Json(v));
   }
@@ -66,24 +70,30 @@ class StrictSax {
   bool start_array(std::size_t) { return open(Json::array()); }
   bool end_array() { return close(); }
 
-  bool parse_error(std::size_t position, const std::string&, const nlohmann::detail::exception& ex) {
+  bool parse_error(std::size_t position, const std::string&,
+                   const nlohmann::detail::exception& ex) {
     if (error.empty()) {
       std::string what = ex.what();
       // nlohmann prefixes "[json.exception.parse_error.101] parse error at line 1, column 2: ".
       auto colon = what.find(": ");
       std::string reason = colon == std::string::npos ? what : what.substr(colon + 2);
-      error = "at byte " + std::to_string(position) + ": " + reason;
+      std::string where = pointer();
+      error = "at " + (where.empty() ? std::string("/") : where) + " (byte " +
+              std::to_string(position) + "): " + reason;
     }
     return false;
   }
 
   std::string pointer() const {
     std::string p;
-    for (const Frame& f : stack_) {
+    for (std::size_t i = 0; i < stack_.size(); ++i) {
+      const Frame& f = stack_[i];
       if (f.value->is_object()) {
         if (f.has_key) p += "/" + escape_pointer_token(f.pending_key);
       } else {
-        p += "/" + std::to_string(f.value->size());
+        // An enclosing array already holds the open child; the innermost one not yet.
+        std::size_t n = f.value->size();
+        p += "/" + std::to_string(i + 1 < stack_.size() ? n - 1 : n);
       }
     }
     return p;
@@ -148,11 +158,20 @@ void append_utf16_units(std::string_view s, std::u16string& out) {
     auto c = static_cast<unsigned char>(s[i]);
     char32_t cp;
     int n;
-    if (c < 0x80) { cp = c; n = 1; }
-    else if ((c >> 5) == 6) { cp = c & 0x1f; n = 2; }
-    else if ((c >> 4) == 14) { cp = c & 0x0f; n = 3; }
-    else if ((c >> 3) == 30) { cp = c & 0x07; n = 4; }
-    else throw Error("json.not_canonicalizable", "invalid UTF-8 in string");
+    if (c < 0x80) {
+      cp = c;
+      n = 1;
+    } else if ((c >> 5) == 6) {
+      cp = c & 0x1f;
+      n = 2;
+    } else if ((c >> 4) == 14) {
+      cp = c & 0x0f;
+      n = 3;
+    } else if ((c >> 3) == 30) {
+      cp = c & 0x07;
+      n = 4;
+    } else
+      throw Error("json.not_canonicalizable", "invalid UTF-8 in string");
     if (i + n > s.size()) throw Error("json.not_canonicalizable", "truncated UTF-8 in string");
     for (int k = 1; k < n; ++k) {
       auto cc = static_cast<unsigned char>(s[i + k]);
@@ -176,13 +195,27 @@ void write_string(std::string_view s, std::string& out) {
   for (char ch : s) {
     auto c = static_cast<unsigned char>(ch);
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
       default:
         if (c < 0x20) {
           out += "\\u00";
@@ -243,21 +276,31 @@ void write_number(double v, std::string& out) {
 
 void write_canonical(const Json& v, std::string& out) {
   switch (v.type()) {
-    case Json::value_t::null: out += "null"; break;
-    case Json::value_t::boolean: out += v.get<bool>() ? "true" : "false"; break;
+    case Json::value_t::null:
+      out += "null";
+      break;
+    case Json::value_t::boolean:
+      out += v.get<bool>() ? "true" : "false";
+      break;
     case Json::value_t::number_integer: {
       auto i = v.get<std::int64_t>();
-      if (std::fabs(static_cast<double>(i)) <= kMaxExactInteger) out += std::to_string(i);
-      else write_number(static_cast<double>(i), out);
+      if (std::fabs(static_cast<double>(i)) <= kMaxExactInteger)
+        out += std::to_string(i);
+      else
+        write_number(static_cast<double>(i), out);
       break;
     }
     case Json::value_t::number_unsigned: {
       auto u = v.get<std::uint64_t>();
-      if (static_cast<double>(u) <= kMaxExactInteger) out += std::to_string(u);
-      else write_number(static_cast<double>(u), out);
+      if (static_cast<double>(u) <= kMaxExactInteger)
+        out += std::to_string(u);
+      else
+        write_number(static_cast<double>(u), out);
       break;
     }
-    case Json::value_t::number_float: write_number(v.get<double>(), out); break;
+    case Json::value_t::number_float:
+      write_number(v.get<double>(), out);
+      break;
     case Json::value_t::string: {
       const auto& s = v.get_ref<const std::string&>();
       std::u16string check;

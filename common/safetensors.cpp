@@ -54,8 +54,12 @@ std::uint64_t checked_offset(const Json& v, const std::string& name) {
 
 }  // namespace
 
-std::size_t dtype_size(Dtype d) { return info(d).size; }
-std::string_view dtype_name(Dtype d) { return info(d).name; }
+std::size_t dtype_size(Dtype d) {
+  return info(d).size;
+}
+std::string_view dtype_name(Dtype d) {
+  return info(d).name;
+}
 
 Dtype dtype_from_name(std::string_view name) {
   for (const auto& i : kDtypes)
@@ -76,7 +80,8 @@ const TensorView* SafetensorsIndex::find(std::string_view name) const {
 }
 
 SafetensorsIndex parse_safetensors(std::span<const std::byte> image, std::size_t max_header_bytes) {
-  if (image.size() < 8) invalid("file of " + std::to_string(image.size()) + " bytes has no header length");
+  if (image.size() < 8)
+    invalid("file of " + std::to_string(image.size()) + " bytes has no header length");
   std::uint64_t header_len = read_le64(image.data());
   if (header_len > max_header_bytes)
     invalid("header length " + std::to_string(header_len) + " exceeds the limit of " +
@@ -165,7 +170,7 @@ SafetensorsIndex parse_safetensors(std::span<const std::byte> image, std::size_t
 
 SafetensorsFile SafetensorsFile::open(const std::filesystem::path& path) {
   UniqueFd fd = open_nofollow(path, O_RDONLY);
-  struct stat st{};
+  struct stat st {};
   if (fstat(fd.get(), &st) != 0) throw_errno("fs.stat", "stat " + path.string(), errno);
   if (!S_ISREG(st.st_mode)) throw Error("fs.not_regular", path.string() + " is not a regular file");
   SafetensorsFile f;
@@ -219,9 +224,9 @@ std::string serialize_safetensors(const std::vector<TensorToWrite>& tensors,
       numel *= static_cast<std::uint64_t>(d);
     }
     if (numel * dtype_size(t.dtype) != t.data.size())
-      throw Error("safetensors.write", "tensor \"" + t.name + "\" has " +
-                                           std::to_string(t.data.size()) + " bytes for shape x dtype " +
-                                           std::to_string(numel * dtype_size(t.dtype)));
+      throw Error("safetensors.write",
+                  "tensor \"" + t.name + "\" has " + std::to_string(t.data.size()) +
+                      " bytes for shape x dtype " + std::to_string(numel * dtype_size(t.dtype)));
     if (t.name == "__metadata__" || header.contains(t.name))
       throw Error("safetensors.write", "duplicate or reserved tensor name \"" + t.name + "\"");
     header[t.name] = {{"dtype", dtype_name(t.dtype)},
@@ -236,7 +241,8 @@ std::string serialize_safetensors(const std::vector<TensorToWrite>& tensors,
   std::uint64_t n = text.size();
   for (int i = 0; i < 8; ++i) out += static_cast<char>((n >> (8 * i)) & 0xff);
   out += text;
-  for (const auto& t : tensors) out.append(reinterpret_cast<const char*>(t.data.data()), t.data.size());
+  for (const auto& t : tensors)
+    out.append(reinterpret_cast<const char*>(t.data.data()), t.data.size());
   return out;
 }
 

@@ -75,8 +75,7 @@ struct TensorToWrite {
 std::string serialize_safetensors(const std::vector<TensorToWrite>& tensors,
                                   const std::map<std::string, std::string>& metadata = {});
 // serialize_safetensors + atomic_write_file.
-void write_safetensors(const std::filesystem::path& path,
-                       const std::vector<TensorToWrite>& tensors,
+void write_safetensors(const std::filesystem::path& path, const std::vector<TensorToWrite>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
 
 }  // namespace assay::common

@@ -76,7 +76,7 @@ SigningKey SigningKey::generate() {
 
 SigningKey SigningKey::load_pem(const std::filesystem::path& path) {
   UniqueFd fd = open_nofollow(path, O_RDONLY);
-  struct stat st{};
+  struct stat st {};
   if (fstat(fd.get(), &st) != 0) throw_errno("fs.stat", "stat " + path.string(), errno);
   if (st.st_mode & 077) {
     char mode[8];
@@ -120,18 +120,22 @@ std::string SigningKey::public_key_pem() const {
   return bio_to_string(bio.get());
 }
 
-std::string SigningKey::public_key_raw() const { return raw_public(impl_->key.get()); }
+std::string SigningKey::public_key_raw() const {
+  return raw_public(impl_->key.get());
+}
 
-std::string SigningKey::key_id() const { return sha256_id(public_key_raw()); }
+std::string SigningKey::key_id() const {
+  return sha256_id(public_key_raw());
+}
 
 std::string SigningKey::sign(std::string_view message) const {
   EVP_MD_CTX* ctx = EVP_MD_CTX_new();
   std::string sig(64, '\0');
   std::size_t len = sig.size();
-  bool ok = ctx && EVP_DigestSignInit(ctx, nullptr, nullptr, nullptr, impl_->key.get()) == 1 &&
-            EVP_DigestSign(ctx, reinterpret_cast<unsigned char*>(sig.data()), &len,
-                           reinterpret_cast<const unsigned char*>(message.data()),
-                           message.size()) == 1;
+  bool ok =
+      ctx && EVP_DigestSignInit(ctx, nullptr, nullptr, nullptr, impl_->key.get()) == 1 &&
+      EVP_DigestSign(ctx, reinterpret_cast<unsigned char*>(sig.data()), &len,
+                     reinterpret_cast<const unsigned char*>(message.data()), message.size()) == 1;
   EVP_MD_CTX_free(ctx);
   if (!ok || len != 64) throw Error("sign.failed", "Ed25519 signing failed");
   return sig;
@@ -143,10 +147,9 @@ bool ed25519_verify(std::string_view public_key, std::string_view message,
   if (signature.size() != 64) return false;
   EVP_MD_CTX* ctx = EVP_MD_CTX_new();
   bool ok = ctx && EVP_DigestVerifyInit(ctx, nullptr, nullptr, nullptr, key.get()) == 1 &&
-            EVP_DigestVerify(ctx, reinterpret_cast<const unsigned char*>(signature.data()),
-                             signature.size(),
-                             reinterpret_cast<const unsigned char*>(message.data()),
-                             message.size()) == 1;
+            EVP_DigestVerify(
+                ctx, reinterpret_cast<const unsigned char*>(signature.data()), signature.size(),
+                reinterpret_cast<const unsigned char*>(message.data()), message.size()) == 1;
   EVP_MD_CTX_free(ctx);
   return ok;
 }
@@ -167,12 +170,12 @@ std::string base64_encode(std::string_view bytes) {
 
 std::string base64_decode(std::string_view text) {
   auto is_b64 = [](char c) {
-    return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
-           c == '+' || c == '/';
+    return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '+' ||
+           c == '/';
   };
   if (text.size() % 4 != 0)
-    throw Error("sign.base64", "base64 text of length " + std::to_string(text.size()) +
-                                   " is not a multiple of 4");
+    throw Error("sign.base64",
+                "base64 text of length " + std::to_string(text.size()) + " is not a multiple of 4");
   std::size_t pad = 0;
   for (std::size_t i = 0; i < text.size(); ++i) {
     char c = text[i];
@@ -206,9 +209,10 @@ std::string dsse_pae(std::string_view payload_type, std::string_view payload) {
 
 Json dsse_sign(std::string_view payload_type, std::string_view payload, const SigningKey& key) {
   std::string sig = key.sign(dsse_pae(payload_type, payload));
-  return Json{{"payload", base64_encode(payload)},
-              {"payloadType", std::string(payload_type)},
-              {"signatures", Json::array({Json{{"keyid", key.key_id()}, {"sig", base64_encode(sig)}}})}};
+  return Json{
+      {"payload", base64_encode(payload)},
+      {"payloadType", std::string(payload_type)},
+      {"signatures", Json::array({Json{{"keyid", key.key_id()}, {"sig", base64_encode(sig)}}})}};
 }
 
 std::string dsse_verify(const Json& envelope, std::string_view public_key) {

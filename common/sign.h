@@ -26,10 +26,10 @@ class SigningKey {
   SigningKey& operator=(SigningKey&&) noexcept;
 
   void save_pem(const std::filesystem::path& path) const;  // mode 0600, atomic
-  std::string public_key_pem() const;                        // SubjectPublicKeyInfo PEM
-  std::string public_key_raw() const;                        // 32 bytes
-  std::string key_id() const;                                // sha256: of the raw public key
-  std::string sign(std::string_view message) const;          // 64-byte signature
+  std::string public_key_pem() const;                      // SubjectPublicKeyInfo PEM
+  std::string public_key_raw() const;                      // 32 bytes
+  std::string key_id() const;                              // sha256: of the raw public key
+  std::string sign(std::string_view message) const;        // 64-byte signature
 
  private:
   SigningKey() = default;

@@ -16,6 +16,7 @@ import json
 import os
 import struct
 import sys
+import time
 
 import numpy
 import torch
@@ -81,7 +82,10 @@ def main():
     parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--gdn-variant", choices=["current", "legacy"], default="current")
+    parser.add_argument("--verbose", action="store_true",
+                        help="print load and forward seconds to stderr")
     args = parser.parse_args()
+    start = time.monotonic()
 
     torch.set_num_threads(args.threads)
     torch.use_deterministic_algorithms(True)
@@ -101,8 +105,12 @@ def main():
     weights = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in weights.items()}
     ids = torch.tensor([[int(x) for x in args.token_ids.split(",")]], dtype=torch.int64)
 
+    loaded = time.monotonic()
     with torch.inference_mode():
         logits = module.forward(config, weights, ids)
+    if args.verbose:
+        print("reference.py: load_seconds=%g forward_seconds=%g" % (
+            loaded - start, time.monotonic() - loaded), file=sys.stderr)
     assert logits.dtype == dtype and logits.dim() == 3, (logits.dtype, logits.shape)
     logits = logits[0].float()
     if not args.all_positions:

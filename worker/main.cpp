@@ -1,0 +1,310 @@
+// assay-oracle: the eager reference forward. `logits` writes the logits of a token sequence;
+// `next-token` is the worker-protocol mode the supervisor runs (input.json -> output.json).
+#include <sys/resource.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/core/InferenceMode.h>
+#include <torch/version.h>
+#ifdef ASSAY_ORACLE_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#endif
+
+#include <CLI/CLI.hpp>
+
+#include "common/error.h"
+#include "common/fs.h"
+#include "common/identity.h"
+#include "common/protocol.h"
+#include "common/safetensors.h"
+#include "worker/loader.h"
+#include "worker/next_token.h"
+#include "worker/tokenizer.h"
+
+namespace assay::oracle {
+namespace {
+
+using common::Error;
+using common::Json;
+using Clock = std::chrono::steady_clock;
+
+const Clock::time_point kStart = Clock::now();
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+std::int64_t peak_rss_bytes() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<std::int64_t>(usage.ru_maxrss) * 1024;
+}
+
+// Deterministic algorithms, no TF32, a fixed number of threads. Must run before any ATen work.
+void make_deterministic(int threads) {
+  setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
+  at::set_num_interop_threads(1);
+  at::set_num_threads(threads);
+  auto& ctx = at::globalContext();
+  ctx.setDeterministicAlgorithms(true, /*warn_only=*/false);
+  ctx.setAllowTF32CuBLAS(false);
+  ctx.setAllowTF32CuDNN(false);
+  ctx.setBenchmarkCuDNN(false);
+  ctx.setDeterministicCuDNN(true);
+  ctx.setFloat32MatmulPrecision("highest");
+}
+
+c10::ScalarType parse_dtype(const std::string& requested, const Json& config) {
+  std::string name = requested.empty() ? declared_dtype(config) : requested;
+  if (name == "bfloat16") return at::kBFloat16;
+  if (name == "float32") return at::kFloat;
+  if (requested.empty()) {
+    throw Error("model.unsupported",
+                "config.json declares dtype \"" + name +
+                    "\"; pass --dtype bfloat16 or --dtype float32 to choose one");
+  }
+  throw Error("input.invalid", "dtype \"" + name + "\" is not bfloat16 or float32");
+}
+
+c10::Device parse_device(const std::string& name) {
+  if (name != "cpu" && name != "cuda" && !name.starts_with("cuda:")) {
+    throw Error("input.invalid", "device \"" + name + "\" is not cpu, cuda or cuda:N");
+  }
+  c10::Device device(name);
+  if (device.is_cuda() && !at::hasCUDA()) {
+    throw Error("oracle.device_unavailable",
+                "device \"" + name + "\" requested but this LibTorch build has no usable CUDA");
+  }
+  return device;
+}
+
+std::string device_name(const c10::Device& device) {
+#ifdef ASSAY_ORACLE_CUDA
+  if (device.is_cuda()) {
+    return at::cuda::getDeviceProperties(device.has_index() ? device.index() : 0)->name;
+  }
+#endif
+  if (device.is_cpu()) {
+    std::ifstream cpuinfo("/proc/cpuinfo");
+    std::string line;
+    while (std::getline(cpuinfo, line)) {
+      if (line.starts_with("model name")) {
+        auto colon = line.find(':');
+        if (colon != std::string::npos) return line.substr(line.find_first_not_of(' ', colon + 1));
+      }
+    }
+    return "cpu";
+  }
+  return device.str();
+}
+
+std::vector<std::int64_t> parse_token_ids(const std::string& text) {
+  std::vector<std::int64_t> ids;
+  std::size_t pos = 0;
+  while (pos <= text.size()) {
+    std::size_t comma = text.find(',', pos);
+    std::string item =
+        text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    if (item.empty() || item.size() > 18 ||
+        item.find_first_not_of("0123456789") != std::string::npos) {
+      throw Error("request.invalid_token_id", "--token-ids item " + std::to_string(ids.size()) +
+                                                  " \"" + item +
+                                                  "\" is not a non-negative integer");
+    }
+    ids.push_back(std::stoll(item));
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return ids;
+}
+
+struct Forward {
+  at::Tensor logits;  // F32 [T, vocab] on CPU, contiguous
+  double load_seconds = 0, forward_seconds = 0;
+  std::string architecture, attention, linear_attention;
+};
+
+Forward run_forward(const std::filesystem::path& model_dir, std::span<const std::int64_t> ids,
+                    const ExecOptions& options, const LoadedModel& loaded) {
+  Forward out;
+  out.architecture = loaded.model->architecture();
+  out.attention = loaded.model->attention_implementation();
+  out.linear_attention = loaded.model->linear_attention_implementation();
+  check_token_ids(ids, loaded.model->vocab_size(), "input_token_ids");
+  auto t0 = Clock::now();
+  c10::InferenceMode guard;
+  at::Tensor input = at::tensor(std::vector<std::int64_t>(ids.begin(), ids.end()), at::kLong)
+                         .unsqueeze(0)
+                         .to(options.device);
+  at::Tensor logits = loaded.model->forward(input);
+  auto t = static_cast<std::int64_t>(ids.size());
+  if (logits.dim() != 3 || logits.size(0) != 1 || logits.size(1) != t ||
+      logits.size(2) != loaded.model->vocab_size() || logits.scalar_type() != options.dtype) {
+    throw Error("oracle.internal", model_dir.string() + ": forward returned logits " +
+                                       logits.toString() + " of the wrong shape or dtype");
+  }
+  out.logits = logits[0].to(at::kFloat).to(at::kCPU).contiguous();
+  out.forward_seconds = seconds_since(t0);
+  return out;
+}
+
+void write_logits(const std::filesystem::path& path, std::span<const std::int64_t> ids,
+                  const at::Tensor& logits, const std::map<std::string, std::string>& metadata) {
+  std::vector<std::int64_t> logits_shape(logits.sizes().begin(), logits.sizes().end());
+  common::write_safetensors(path,
+                            {{"input_ids",
+                              common::Dtype::kI64,
+                              {1, static_cast<std::int64_t>(ids.size())},
+                              std::as_bytes(ids)},
+                             {"logits",
+                              common::Dtype::kF32,
+                              logits_shape,
+                              {reinterpret_cast<const std::byte*>(logits.data_ptr<float>()),
+                               static_cast<std::size_t>(logits.numel()) * sizeof(float)}}},
+                            metadata);
+}
+
+std::map<std::string, std::string> logits_metadata(const Forward& f, const ExecOptions& o) {
+  return {{"architecture", f.architecture},
+          {"dtype", o.dtype == at::kBFloat16 ? "bfloat16" : "float32"},
+          {"device", o.device.str()},
+          {"torch_version", TORCH_VERSION}};
+}
+
+struct LogitsArgs {
+  std::string model, token_ids, out, device = "cpu", dtype, gdn_variant = "current";
+  bool all_positions = false, verbose = false;
+  int threads = 1;
+};
+
+int run_logits(const LogitsArgs& a) {
+  make_deterministic(a.threads);
+  auto ids = parse_token_ids(a.token_ids);
+  ExecOptions options;
+  options.device = parse_device(a.device);
+  options.dtype = parse_dtype(a.dtype, read_config(a.model));
+  options.gdn_variant = a.gdn_variant;
+  auto t0 = Clock::now();
+  LoadedModel loaded = load_model(a.model, options);
+  double load_seconds = seconds_since(t0);
+  Forward f = run_forward(a.model, ids, options, loaded);
+  at::Tensor logits = a.all_positions ? f.logits : f.logits[-1].contiguous();
+  write_logits(a.out, ids, logits, logits_metadata(f, options));
+  if (a.verbose) {
+    std::cerr << "assay-oracle: load_seconds=" << load_seconds
+              << " forward_seconds=" << f.forward_seconds
+              << " total_seconds=" << seconds_since(kStart)
+              << " peak_rss_bytes=" << peak_rss_bytes() << "\n";
+  }
+  return 0;
+}
+
+std::string executable_sha256() {
+  return common::sha256_file_id(std::filesystem::read_symlink("/proc/self/exe"));
+}
+
+int run_next_token(const std::string& input_path, const std::string& workdir) {
+  Json doc = common::parse_strict(common::read_file(input_path, 64u << 20));
+  OracleInput in = parse_oracle_input(doc);
+  if (in.execution.gdn_variant != "current" && in.execution.gdn_variant != "legacy") {
+    throw Error("input.invalid", "execution.gdn_variant \"" + in.execution.gdn_variant +
+                                     "\" is not current or legacy");
+  }
+  make_deterministic(in.execution.threads);
+  ExecOptions options;
+  options.device = parse_device(in.execution.device);
+  options.dtype = parse_dtype(in.execution.dtype, read_config(in.model_dir));
+  options.gdn_variant = in.execution.gdn_variant;
+
+  Tokenizer tokenizer = Tokenizer::load(in.model_dir);
+  auto t0 = Clock::now();
+  LoadedModel loaded = load_model(in.model_dir, options);
+  double load_seconds = seconds_since(t0);
+  check_candidates(in.candidates, tokenizer, loaded.model->vocab_size());
+  Forward f = run_forward(in.model_dir, in.input_token_ids, options, loaded);
+  at::Tensor last = f.logits[-1].contiguous();
+  std::span<const float> values(last.data_ptr<float>(), static_cast<std::size_t>(last.numel()));
+
+  std::filesystem::path dir(workdir);
+  write_logits(dir / "logits.safetensors", in.input_token_ids, last, logits_metadata(f, options));
+  Json out = rank_logits(values, tokenizer, in.candidates);
+  out["schema"] = protocol::kOracleOutput;
+  out["architecture"] = f.architecture;
+  out["model_type"] = loaded.model_type;
+  out["vocab_size"] = loaded.model->vocab_size();
+  out["logits_file"] = "logits.safetensors";
+  out["logits_sha256"] = common::sha256_id(values.data(), values.size_bytes());
+  out["input_token_count"] = in.input_token_ids.size();
+  out["input_token_ids_sha256"] = common::sha256_canonical_id(Json(in.input_token_ids));
+  out["device"] = options.device.str();
+  out["device_name"] = device_name(options.device);
+  out["dtype"] = options.dtype == at::kBFloat16 ? "bfloat16" : "float32";
+  out["torch_version"] = TORCH_VERSION;
+  out["threads"] = in.execution.threads;
+  out["deterministic_algorithms"] = at::globalContext().deterministicAlgorithms();
+  out["tf32_allowed"] =
+      at::globalContext().allowTF32CuBLAS() || at::globalContext().allowTF32CuDNN();
+  out["attention_implementation"] = f.attention;
+  out["linear_attention_implementation"] = f.linear_attention;
+  out["gdn_variant"] = options.gdn_variant;
+  out["executable_sha256"] = executable_sha256();
+  out["load_seconds"] = load_seconds;
+  out["forward_seconds"] = f.forward_seconds;
+  out["peak_rss_bytes"] = peak_rss_bytes();
+  out["duration_seconds"] = seconds_since(kStart);
+  common::atomic_write_file(dir / protocol::kOutputFile, out.dump(2) + "\n");
+  return 0;
+}
+
+}  // namespace
+}  // namespace assay::oracle
+
+int main(int argc, char** argv) {
+  using namespace assay::oracle;
+  CLI::App app{"assay-oracle: eager, deterministic reference forward (LibTorch " TORCH_VERSION ")"};
+  app.require_subcommand(1);
+
+  LogitsArgs la;
+  auto* logits = app.add_subcommand("logits", "Write the logits of a token sequence");
+  logits->add_option("--model", la.model, "Hugging Face checkpoint directory")->required();
+  logits->add_option("--token-ids", la.token_ids, "comma-separated token ids")->required();
+  logits->add_option("--out", la.out, "output safetensors file")->required();
+  logits->add_flag("--all-positions", la.all_positions, "logits of every position [T, vocab]");
+  logits->add_option("--device", la.device, "cpu, cuda or cuda:N")->capture_default_str();
+  logits->add_option("--dtype", la.dtype, "bfloat16 or float32 (default: config's dtype)");
+  logits->add_option("--threads", la.threads, "intra-op threads")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  logits->add_option("--gdn-variant", la.gdn_variant, "Qwen3.5 Gated DeltaNet: current|legacy")
+      ->check(CLI::IsMember({"current", "legacy"}))
+      ->capture_default_str();
+  logits->add_flag("--verbose", la.verbose, "print load/forward seconds and peak RSS to stderr");
+
+  std::string input, workdir;
+  auto* next = app.add_subcommand(
+      "next-token",
+      "Worker protocol: read input.json (assay.oracle-input.v1), write "
+      "output.json (assay.oracle-output.v1) and logits.safetensors into --workdir");
+  next->add_option("--input", input, "input.json")->required();
+  next->add_option("--workdir", workdir, "workspace directory")->required();
+
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (*logits) return run_logits(la);
+    return run_next_token(input, workdir);
+  } catch (const assay::common::Error& e) {
+    std::cerr << "assay-oracle: error [" << e.code() << "]: " << e.what() << "\n";
+    return 2;
+  } catch (const c10::Error& e) {
+    std::cerr << "assay-oracle: error [oracle.torch]: " << e.what_without_backtrace() << "\n";
+    return 3;
+  } catch (const std::exception& e) {
+    std::cerr << "assay-oracle: error [oracle.internal]: " << e.what() << "\n";
+    return 3;
+  }
+}

@@ -1,0 +1,161 @@
+#include "worker/next_token.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "common/error.h"
+#include "common/protocol.h"
+
+namespace assay::oracle {
+namespace {
+
+using common::Error;
+using common::Json;
+
+constexpr int kTopTokens = 10;
+constexpr int kMaxThreads = 1024;
+
+Json token_text(const Tokenizer& tokenizer, std::int64_t id) {
+  return tokenizer.knows(id) ? Json(tokenizer.decode_one(id)) : Json(nullptr);
+}
+
+}  // namespace
+
+OracleInput parse_oracle_input(const Json& doc) {
+  const std::string where = "input.json";
+  if (!doc.is_object()) throw Error("input.invalid", where + ": not an object");
+  common::reject_unknown_fields(
+      doc, {"schema", "model_dir", "input_token_ids", "candidate_tokens", "execution"}, where);
+  std::string schema = common::require_string(doc, "schema", where);
+  if (schema != protocol::kOracleInput) {
+    throw Error("input.invalid", where + ": schema \"" + schema + "\" is not \"" +
+                                     std::string(protocol::kOracleInput) + "\"");
+  }
+  OracleInput in;
+  in.model_dir = common::require_string(doc, "model_dir", where);
+  if (!in.model_dir.is_absolute()) {
+    throw Error("input.invalid",
+                where + ": model_dir \"" + in.model_dir.string() + "\" must be an absolute path");
+  }
+  const Json& ids = common::require(doc, "input_token_ids", where);
+  if (!ids.is_array() || ids.empty()) {
+    throw Error("input.invalid", where + ": input_token_ids must be a non-empty array");
+  }
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    if (!ids[i].is_number_integer()) {
+      throw Error("input.invalid", where + ": input_token_ids[" + std::to_string(i) +
+                                       "] is not an integer: " + ids[i].dump());
+    }
+    in.input_token_ids.push_back(ids[i].get<std::int64_t>());
+  }
+  const Json& cands = common::require(doc, "candidate_tokens", where);
+  if (!cands.is_array() || cands.size() < 2) {
+    throw Error("input.invalid", where + ": candidate_tokens must be an array of two or more");
+  }
+  for (std::size_t i = 0; i < cands.size(); ++i) {
+    std::string w = where + " candidate_tokens[" + std::to_string(i) + "]";
+    if (!cands[i].is_object()) throw Error("input.invalid", w + ": not an object");
+    common::reject_unknown_fields(cands[i], {"engine", "token_id", "text"}, w);
+    Candidate c;
+    c.engine = common::require_string(cands[i], "engine", w);
+    if (c.engine.empty()) throw Error("input.invalid", w + ": engine is empty");
+    c.token_id = common::require_int(cands[i], "token_id", w);
+    c.text = common::require_string(cands[i], "text", w);
+    in.candidates.push_back(std::move(c));
+  }
+  const Json& ex = common::require(doc, "execution", where);
+  std::string w = where + " execution";
+  if (!ex.is_object()) throw Error("input.invalid", w + ": not an object");
+  common::reject_unknown_fields(ex, {"device", "dtype", "threads", "gdn_variant"}, w);
+  in.execution.device = common::require_string(ex, "device", w);
+  in.execution.dtype = common::require_string(ex, "dtype", w);
+  std::int64_t threads = common::require_int(ex, "threads", w);
+  if (threads < 1 || threads > kMaxThreads) {
+    throw Error("input.invalid", w + ": threads " + std::to_string(threads) + " is outside [1, " +
+                                     std::to_string(kMaxThreads) + "]");
+  }
+  in.execution.threads = static_cast<int>(threads);
+  if (ex.contains("gdn_variant")) {
+    in.execution.gdn_variant = common::require_string(ex, "gdn_variant", w);
+  }
+  return in;
+}
+
+void check_token_ids(std::span<const std::int64_t> ids, std::int64_t vocab_size,
+                     const std::string& what) {
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] >= vocab_size) {
+      throw Error("request.invalid_token_id",
+                  what + "[" + std::to_string(i) + "] = " + std::to_string(ids[i]) +
+                      " is outside the vocabulary [0, " + std::to_string(vocab_size) + ")");
+    }
+  }
+}
+
+void check_candidates(const std::vector<Candidate>& candidates, const Tokenizer& tokenizer,
+                      std::int64_t vocab_size) {
+  for (std::size_t i = 0; i < candidates.size(); ++i) {
+    const Candidate& c = candidates[i];
+    std::string what = "candidate_tokens[" + std::to_string(i) + "] (" + c.engine + ")";
+    check_token_ids(std::span(&c.token_id, 1), vocab_size, what + " token_id");
+    if (!tokenizer.knows(c.token_id)) {
+      throw Error("request.candidate_text_mismatch",
+                  what + ": token_id " + std::to_string(c.token_id) + " has no tokenizer entry");
+    }
+    std::string decoded = tokenizer.decode_one(c.token_id);
+    if (decoded != c.text) {
+      throw Error("request.candidate_text_mismatch",
+                  what + ": text " + Json(c.text).dump() + " is not the decoding of token_id " +
+                      std::to_string(c.token_id) + ", which is " + Json(decoded).dump());
+    }
+  }
+}
+
+Json rank_logits(std::span<const float> logits, const Tokenizer& tokenizer,
+                 const std::vector<Candidate>& candidates) {
+  for (std::size_t i = 0; i < logits.size(); ++i) {
+    if (!std::isfinite(logits[i])) {
+      throw Error("oracle.non_finite_logits",
+                  "logit of token " + std::to_string(i) + " is " + std::to_string(logits[i]));
+    }
+  }
+  if (logits.size() < 2) throw Error("oracle.non_finite_logits", "fewer than 2 logits");
+  std::vector<std::int64_t> order(logits.size());
+  std::iota(order.begin(), order.end(), 0);
+  auto higher = [&](std::int64_t a, std::int64_t b) {
+    return logits[a] != logits[b] ? logits[a] > logits[b] : a < b;
+  };
+  std::size_t top_n = std::min<std::size_t>(kTopTokens, logits.size());
+  std::partial_sort(order.begin(), order.begin() + std::max<std::size_t>(top_n, 2), order.end(),
+                    higher);
+  Json out = Json::object();
+  std::int64_t argmax = order[0];
+  out["argmax"] = argmax;
+  out["argmax_text"] = token_text(tokenizer, argmax);
+  Json top = Json::array();
+  for (std::size_t k = 0; k < top_n; ++k) {
+    top.push_back({{"token_id", order[k]},
+                   {"text", token_text(tokenizer, order[k])},
+                   {"logit", static_cast<double>(logits[order[k]])}});
+  }
+  out["top_tokens"] = std::move(top);
+  double margin = static_cast<double>(logits[order[0]]) - static_cast<double>(logits[order[1]]);
+  out["top_logit_margin"] = margin;
+  out["top_logit_tie"] = margin == 0.0;
+  Json cands = Json::array();
+  for (const Candidate& c : candidates) {
+    float value = logits[c.token_id];
+    auto greater = std::count_if(logits.begin(), logits.end(), [&](float x) { return x > value; });
+    cands.push_back({{"engine", c.engine},
+                     {"token_id", c.token_id},
+                     {"text", c.text},
+                     {"logit", static_cast<double>(value)},
+                     {"rank", 1 + greater},
+                     {"is_argmax", c.token_id == argmax}});
+  }
+  out["candidate_tokens"] = std::move(cands);
+  return out;
+}
+
+}  // namespace assay::oracle

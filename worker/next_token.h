@@ -1,0 +1,56 @@
+// The next-token command's documents without the model: assay.oracle-input.v1 parsing and
+// the ranking of a logits vector (argmax, top tokens, candidate ranks, margin).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/json.h"
+#include "worker/tokenizer.h"
+
+namespace assay::oracle {
+
+struct Candidate {
+  std::string engine;
+  std::int64_t token_id = 0;
+  std::string text;
+};
+
+struct Execution {
+  std::string device = "cpu";  // cpu, cuda, cuda:N
+  std::string dtype = "bfloat16";
+  int threads = 1;
+  std::string gdn_variant = "current";
+};
+
+struct OracleInput {
+  std::filesystem::path model_dir;
+  std::vector<std::int64_t> input_token_ids;
+  std::vector<Candidate> candidates;
+  Execution execution;
+};
+
+// Throws common::Error("input.invalid" / "json.unknown_field") naming the field.
+OracleInput parse_oracle_input(const common::Json& doc);
+
+// Throws Error("request.invalid_token_id") naming the position and value when an id is
+// outside [0, vocab_size).
+void check_token_ids(std::span<const std::int64_t> ids, std::int64_t vocab_size,
+                     const std::string& what);
+
+// Throws Error("request.candidate_text_mismatch") when a candidate's text is not what its
+// token id decodes to, Error("request.invalid_token_id") when the id is out of range.
+void check_candidates(const std::vector<Candidate>& candidates, const Tokenizer& tokenizer,
+                      std::int64_t vocab_size);
+
+// argmax (lowest id among equal maxima), argmax_text, top_tokens (10, highest first, ties by
+// id), candidate_tokens with rank = 1 + count of strictly greater logits, top_logit_margin
+// (top-1 minus top-2 logit, 0 with top_logit_tie true on an exact tie). Throws
+// Error("oracle.non_finite_logits") naming the first NaN/Inf position.
+common::Json rank_logits(std::span<const float> logits, const Tokenizer& tokenizer,
+                         const std::vector<Candidate>& candidates);
+
+}  // namespace assay::oracle

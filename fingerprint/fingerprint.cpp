@@ -424,7 +424,9 @@ Fingerprint fingerprint_model(const std::filesystem::path& model_dir, std::strin
     return a->file->before.st_size > b->file->before.st_size;
   });
 
-  unsigned threads = options.threads ? options.threads : std::thread::hardware_concurrency();
+  // By default one thread per CPU, but no more than 8: beyond that storage, not SHA-256, limits.
+  unsigned threads =
+      options.threads ? options.threads : std::min(std::thread::hardware_concurrency(), 8u);
   threads = std::clamp<unsigned>(threads, 1, static_cast<unsigned>(order.size()));
   std::atomic<std::size_t> next{0};
   std::mutex error_mutex;

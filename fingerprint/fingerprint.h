@@ -32,7 +32,7 @@ struct ModelIdentity {
 };
 
 struct Options {
-  // Files hashed at once; 0 = one per CPU. Never more threads than files.
+  // Files hashed at once; 0 = one per CPU, at most 8. Never more threads than files.
   unsigned threads = 0;
   // Cap on the summed read rate of all threads, in MiB/s; 0 = unlimited.
   double max_read_mib_per_second = 0;

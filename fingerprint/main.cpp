@@ -122,7 +122,7 @@ int main(int argc, char** argv) {
   double max_rate = 0;
   app.add_option("--model", model, "model directory");
   app.add_option("--id", id, "model id recorded in the identity (printable ASCII)");
-  app.add_option("--threads", threads, "files hashed at once (default: one per CPU)")
+  app.add_option("--threads", threads, "files hashed at once (default: one per CPU, at most 8)")
       ->check(CLI::Range(1u, 1024u));
   app.add_option("--max-read-mib-per-second", max_rate, "cap on the total read rate (MiB/s)")
       ->check(CLI::PositiveNumber);

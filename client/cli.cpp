@@ -1,0 +1,515 @@
+#include "client/cli.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <iomanip>
+#include <ostream>
+#include <sstream>
+#include <thread>
+
+#include <CLI/CLI.hpp>
+
+#include "client/api.h"
+#include "client/format.h"
+#include "client/verify.h"
+#include "common/error.h"
+#include "common/fs.h"
+#include "common/json.h"
+#include "common/request.h"
+
+namespace assay::client {
+
+namespace {
+
+using common::Json;
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+constexpr const char* kExitCodesHelp =
+    "Exit status:\n"
+    "  0  success (verify: every check passed; wait: the job succeeded)\n"
+    "  1  unexpected error\n"
+    "  2  bad command line\n"
+    "  3  assayd not reachable (no socket, connection refused, no answer in time)\n"
+    "  4  assayd refused the request (HTTP 4xx/5xx; the message carries the daemon's code)\n"
+    "  5  the job ended failed or cancelled (wait, submit --wait)\n"
+    "  6  verify: a check failed (the record is not what it claims)\n"
+    "  7  a local file is unreadable or invalid (request check, submit, verify)\n"
+    "  8  wait --timeout expired (the job goes on)\n"
+    "\n"
+    "The socket is --socket, else $ASSAY_SOCKET, else /run/assay/assayd.sock.";
+
+// A condition that ends the command with a given status after printing its message.
+struct ExitWith {
+  int status;
+  std::string message;
+};
+
+struct Options {
+  std::string socket;
+  bool json = false;
+  double timeout_s = 60;
+  // Positional and per-command values.
+  std::string file, id, output, model, envelope, pubkey, artifact, state;
+  bool wait = false;
+  double wait_timeout_s = 0;
+};
+
+class Cli {
+ public:
+  Cli(const Options& o, std::ostream& out, std::ostream& err, const Environment& env)
+      : o_(o),
+        out_(out),
+        err_(err),
+        env_(env),
+        api_({.socket_path = o.socket,
+              .timeout = std::chrono::milliseconds(static_cast<long long>(o.timeout_s * 1000))}) {}
+
+  int submit();
+  int wait(const std::string& id);
+  int status();
+  int list();
+  int result();
+  int artifact();
+  int cancel();
+  int verify();
+  int keys();
+  int health();
+  int info();
+  int request_check();
+
+ private:
+  void print_json(const Json& j) { out_ << j.dump(o_.json ? -1 : 2) << "\n"; }
+  void save(const fs::path& path, std::string_view bytes, mode_t mode = 0644);
+  int finished(const Json& job);
+
+  const Options& o_;
+  std::ostream& out_;
+  std::ostream& err_;
+  const Environment& env_;
+  Api api_;
+};
+
+std::string read_local(const fs::path& path, std::size_t max_bytes, const char* what) {
+  try {
+    return common::read_file(path, max_bytes);
+  } catch (const common::Error& e) {
+    throw ExitWith{kExitInvalidInput, std::string("cannot read ") + what + ": " + e.what()};
+  }
+}
+
+std::string url_encode(std::string_view s) {
+  std::string out;
+  for (unsigned char c : s) {
+    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~' || c == '/') {
+      out += static_cast<char>(c);
+    } else {
+      char buf[4];
+      std::snprintf(buf, sizeof buf, "%%%02X", c);
+      out += buf;
+    }
+  }
+  return out;
+}
+
+void Cli::save(const fs::path& path, std::string_view bytes, mode_t mode) {
+  try {
+    common::atomic_write_file(path, bytes, mode);
+  } catch (const common::Error& e) {
+    throw ExitWith{kExitError, std::string("cannot write ") + path.string() + ": " + e.what()};
+  }
+}
+
+int Cli::submit() {
+  std::string body = read_local(o_.file, common::kMaxRequestBytes, "the request");
+  common::NextTokenRequest req;
+  try {
+    req = common::parse_request(body);  // refuse locally what assayd would refuse
+  } catch (const common::Error& e) {
+    throw ExitWith{kExitInvalidInput, o_.file + ": " + e.what() + " [" + e.code() + "]"};
+  }
+  std::string target = "/v1/jobs";
+  if (!o_.model.empty()) {
+    std::error_code ec;
+    fs::path model = fs::absolute(o_.model, ec);
+    if (ec) throw ExitWith{kExitUsage, "--model " + o_.model + ": " + ec.message()};
+    target += "?model_dir=" + url_encode(model.lexically_normal().string());
+  }
+  Response r = api_.request("POST", target, std::move(body));
+  Json job = common::parse_strict(r.body);
+  std::string id = job_id(job);
+  if (o_.wait) return wait(id);
+  if (o_.json) {
+    print_json(job);
+  } else {
+    out_ << (r.status == 200 ? "existing job " : "submitted job ") << id << " (" << job_state(job)
+         << ")  request " << req.request_sha256 << "\n";
+  }
+  return kExitOk;
+}
+
+// The job's final status: print it and turn it into the exit status.
+int Cli::finished(const Json& job) {
+  bool ok = state_is_success(job_state(job));
+  if (o_.json) {
+    print_json(job);
+  } else {
+    Json shown = job;
+    if (ok) {
+      // The verdict lives in the result; show it with the status so `wait` answers the question.
+      Json result = api_.get_json(job_path(job_id(job), "result"));
+      for (const char* k : {"verdict", "result_sha256"})
+        if (result.contains(k)) shown[k] = result[k];
+    }
+    out_ << describe_job(shown);
+  }
+  return ok ? kExitOk : kExitJobFailed;
+}
+
+int Cli::wait(const std::string& id) {
+  const std::string status_path = job_path(id);
+  const std::string events_path = job_path(id, "events");
+  const auto start = Clock::now();
+  const bool live = env_.stdout_is_tty && !o_.json;
+  Progress progress;  // the latest event seen
+  bool timed_out = false;
+
+  auto elapsed = [&] { return std::chrono::duration<double>(Clock::now() - start).count(); };
+  auto render = [&] {
+    if (live) out_ << "\r\033[K" << progress_line(id, progress, elapsed()) << std::flush;
+  };
+  auto check_deadline = [&] {
+    if (o_.wait_timeout_s > 0 && elapsed() > o_.wait_timeout_s) timed_out = true;
+    return !timed_out;
+  };
+
+  Json job = api_.get_json(status_path);
+  for (int reconnects = 0; !state_is_final(job_state(job)) && !timed_out; ++reconnects) {
+    if (reconnects > 0) {
+      // The stream ended before the job did (assayd restarted, a proxy cut it): resume.
+      if (reconnects > 1000) throw ExitWith{kExitUnreachable, "the event stream keeps ending"};
+      std::this_thread::sleep_for(std::chrono::milliseconds(std::min(100 * reconnects, 2000)));
+    }
+    progress.update(job);
+    render();
+    try {
+      api_.stream_lines(events_path,
+                        {.on_line =
+                             [&](std::string_view line) {
+                               Json ev;
+                               try {
+                                 ev = common::parse_strict(line);
+                               } catch (const common::Error& e) {
+                                 err_ << "assay: ignoring a malformed event: " << e.what() << "\n";
+                                 return check_deadline();
+                               }
+                               progress.update(ev);
+                               if (live)
+                                 render();
+                               else if (!o_.json)
+                                 out_ << progress_line(id, progress, elapsed()) << "\n"
+                                      << std::flush;
+                               return check_deadline();
+                             },
+                         .on_tick =
+                             [&] {
+                               render();
+                               return check_deadline();
+                             }});
+    } catch (const UnreachableError&) {
+      if (reconnects > 0) throw;  // retry once before giving up on a daemon that went away
+    }
+    if (!timed_out) job = api_.get_json(status_path);
+  }
+  if (live) out_ << "\r\033[K";
+  if (timed_out) {
+    if (!o_.json) out_ << progress_line(id, progress, elapsed()) << "\n";
+    throw ExitWith{kExitWaitTimeout, "gave up waiting for job " + id + " after " +
+                                         format_seconds(o_.wait_timeout_s) + "; it goes on"};
+  }
+  return finished(job);
+}
+
+int Cli::status() {
+  Json job = api_.get_json(job_path(o_.id));
+  if (o_.json)
+    print_json(job);
+  else
+    out_ << describe_job(job);
+  return kExitOk;
+}
+
+int Cli::list() {
+  std::string target = "/v1/jobs";
+  if (!o_.state.empty()) target += "?state=" + url_encode(o_.state);
+  Json doc = api_.get_json(target);
+  if (o_.json) {
+    print_json(doc);
+  } else {
+    out_ << jobs_table(doc);
+  }
+  return kExitOk;
+}
+
+int Cli::result() {
+  Response r = api_.request("GET", job_path(o_.id, "result"));
+  if (o_.output.empty()) {
+    out_ << r.body;  // the exact bytes: `assay result ID > r.json` stays verifiable
+    if (env_.stdout_is_tty) out_ << "\n";
+    return kExitOk;
+  }
+  Response env = api_.request("GET", job_path(o_.id, "attestation"));
+  fs::path envelope = default_envelope_path(o_.output);
+  save(o_.output, r.body);
+  save(envelope, env.body);
+  if (!o_.json)
+    out_ << "wrote " << o_.output << " (" << r.body.size() << " bytes) and " << envelope.string()
+         << "\n";
+  return kExitOk;
+}
+
+int Cli::artifact() {
+  Response r = api_.request("GET", job_path(o_.id, "artifact"));
+  save(o_.output, r.body);
+  if (!o_.json) out_ << "wrote " << o_.output << " (" << r.body.size() << " bytes)\n";
+  return kExitOk;
+}
+
+int Cli::cancel() {
+  Response r = api_.request("DELETE", job_path(o_.id));
+  Json job = r.body.empty() ? api_.get_json(job_path(o_.id)) : common::parse_strict(r.body);
+  if (o_.json)
+    print_json(job);
+  else
+    out_ << "job " << o_.id << ": " << job_state(job) << "\n";
+  return kExitOk;
+}
+
+int Cli::verify() {
+  VerifyInputs in;
+  in.result = o_.file;
+  if (!o_.envelope.empty()) {
+    in.envelope = o_.envelope;
+  } else if (fs::exists(default_envelope_path(in.result))) {
+    in.envelope = default_envelope_path(in.result);
+  }
+  if (!o_.artifact.empty()) in.artifact = o_.artifact;
+  std::string key_source;
+  if (!o_.pubkey.empty()) {
+    in.public_key = read_local(o_.pubkey, 64 * 1024, "the public key");
+    key_source = o_.pubkey;
+  } else {
+    // Online fallback: trust the daemon we are talking to for its own key.
+    Json info = api_.get_json("/v1/info");
+    auto pem = public_key_pem(info);
+    if (!pem) throw ExitWith{kExitUsage, "assayd's /v1/info has no public key; give --pubkey FILE"};
+    in.public_key = *pem;
+    key_source = "assayd at " + api_.socket_path();
+  }
+  VerifyReport report;
+  try {
+    report = verify_result(in);
+  } catch (const common::Error& e) {
+    throw ExitWith{kExitInvalidInput, std::string(e.what()) + " [" + e.code() + "]"};
+  }
+  if (o_.json) {
+    Json j = report.to_json();
+    j["public_key_from"] = key_source;
+    print_json(j);
+  } else {
+    out_ << checks_table(report);
+    out_ << (report.ok() ? "verified: " : "NOT VERIFIED: ") << o_.file << " (public key from "
+         << key_source << ")\n";
+  }
+  return report.ok() ? kExitOk : kExitVerifyFailed;
+}
+
+int Cli::keys() {
+  Json info = api_.get_json("/v1/info");
+  auto pem = public_key_pem(info);
+  std::string key_id = key_id_of(info);
+  if (!o_.output.empty()) {
+    if (!pem) throw ExitWith{kExitApiError, "assayd's /v1/info has no public key PEM"};
+    save(o_.output, *pem);
+  }
+  if (o_.json) {
+    print_json({{"key_id", key_id}, {"public_key_pem", pem ? Json(*pem) : Json(nullptr)}});
+  } else {
+    out_ << "key id: " << key_id << "\n";
+    if (pem) out_ << *pem << (pem->ends_with('\n') ? "" : "\n");
+    if (!o_.output.empty()) out_ << "wrote " << o_.output << "\n";
+  }
+  return kExitOk;
+}
+
+int Cli::health() {
+  Json h = api_.get_json("/v1/health");
+  if (o_.json)
+    print_json(h);
+  else
+    out_ << describe_object(h);
+  return kExitOk;
+}
+
+int Cli::info() {
+  Json i = api_.get_json("/v1/info");
+  if (o_.json)
+    print_json(i);
+  else
+    out_ << describe_object(i);
+  return kExitOk;
+}
+
+int Cli::request_check() {
+  std::string text = read_local(o_.file, common::kMaxRequestBytes, "the request");
+  try {
+    common::NextTokenRequest req = common::parse_request(text);
+    out_ << req.check_report().dump(o_.json ? -1 : 2) << "\n";
+    return kExitOk;
+  } catch (const common::Error& e) {
+    throw ExitWith{kExitInvalidInput, o_.file + ": " + e.what() + " [" + e.code() + "]"};
+  }
+}
+
+int exit_status_of(const common::Error& e) {
+  if (dynamic_cast<const UnreachableError*>(&e)) return kExitUnreachable;
+  if (dynamic_cast<const ApiError*>(&e)) return kExitApiError;
+  if (e.code() == "client.bad_id") return kExitUsage;
+  return kExitError;
+}
+
+}  // namespace
+
+int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostream& err,
+            const Environment& env) {
+  Options o;
+  o.socket = env.socket.empty() ? kDefaultSocket : env.socket;
+
+  CLI::App app{"assay: submit next-token oracle jobs to assayd and verify their signed results",
+               "assay"};
+  app.footer(kExitCodesHelp);
+  app.require_subcommand(1);
+  app.fallthrough();
+  app.set_version_flag("--version", "assay " ASSAY_VERSION);
+  app.add_option("--socket", o.socket, "assayd's unix socket ($ASSAY_SOCKET)")
+      ->capture_default_str();
+  app.add_flag("--json", o.json, "machine-readable JSON output");
+  app.add_option("--timeout", o.timeout_s, "seconds to wait for one API request")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+
+  auto* submit = app.add_subcommand("submit", "submit a request file as a job");
+  submit->add_option("FILE", o.file, "assay.next-token-request.v1 or kiln.hf-next-token-request.v1")
+      ->required();
+  submit->add_option("--model", o.model,
+                     "model directory (required for Kiln requests; overrides an assay request's)");
+  submit->add_flag("--wait", o.wait, "wait for the job to finish (as `assay wait`)");
+  submit->add_option("--wait-timeout", o.wait_timeout_s, "with --wait: give up after SECONDS")
+      ->check(CLI::NonNegativeNumber);
+
+  auto* wait = app.add_subcommand("wait", "follow a job until it ends (live progress on a TTY)");
+  wait->add_option("ID", o.id, "job id")->required();
+  wait->add_option("--timeout-wait,--wait-timeout", o.wait_timeout_s,
+                   "give up after SECONDS (exit 8)")
+      ->check(CLI::NonNegativeNumber);
+
+  auto* status = app.add_subcommand("status", "show one job");
+  status->add_option("ID", o.id, "job id")->required();
+
+  auto* list = app.add_subcommand("list", "list jobs");
+  list->add_option("--state", o.state, "only jobs in this state");
+
+  auto* result = app.add_subcommand("result", "fetch a job's result record");
+  result->add_option("ID", o.id, "job id")->required();
+  result->add_option("-o,--output", o.output,
+                     "write the result here and its DSSE envelope beside it (<stem>.dsse.json); "
+                     "default: the result bytes to stdout");
+
+  auto* artifact = app.add_subcommand("artifact", "fetch a job's logits artifact");
+  artifact->add_option("ID", o.id, "job id")->required();
+  artifact->add_option("-o,--output", o.output, "file to write (safetensors)")->required();
+
+  auto* cancel = app.add_subcommand("cancel", "cancel a queued or running job");
+  cancel->add_option("ID", o.id, "job id")->required();
+
+  auto* verify = app.add_subcommand(
+      "verify", "check a result offline: result_sha256, DSSE signature, subjects' digests");
+  verify->add_option("RESULT", o.file, "result.json")->required()->check(CLI::ExistingFile);
+  verify
+      ->add_option("--envelope", o.envelope,
+                   "DSSE envelope (default: <stem>.dsse.json beside RESULT)")
+      ->check(CLI::ExistingFile);
+  verify
+      ->add_option("--pubkey", o.pubkey,
+                   "assayd's public key PEM (default: ask assayd's /v1/info, online)")
+      ->check(CLI::ExistingFile);
+  verify->add_option("--artifact", o.artifact, "the logits artifact, to check its digest too")
+      ->check(CLI::ExistingFile);
+
+  auto* keys = app.add_subcommand("keys", "show assayd's signing key id and public key");
+  keys->add_option("-o,--output", o.output, "also write the public key PEM to this file");
+
+  auto* health = app.add_subcommand("health", "ask assayd whether it is healthy");
+  auto* info = app.add_subcommand("info", "show assayd's version, containment and limits");
+
+  auto* request = app.add_subcommand("request", "offline tools for request documents");
+  request->require_subcommand(1);
+  auto* check = request->add_subcommand(
+      "check", "validate a request offline and print its recomputed identities as JSON");
+  check->add_option("FILE", o.file, "request document")->required();
+
+  if (args.size() > 1 && !args[1].starts_with("-")) {
+    const auto& subs = app.get_subcommands([](CLI::App*) { return true; });
+    bool known = std::any_of(subs.begin(), subs.end(),
+                             [&](const CLI::App* a) { return a->get_name() == args[1]; });
+    if (!known) {
+      err << "assay: unknown command \"" << args[1] << "\"\nRun `assay --help` for usage.\n";
+      return kExitUsage;
+    }
+  }
+  std::vector<std::string> rev(args.rbegin(), args.rend());  // CLI11 takes them reversed
+  if (!rev.empty()) rev.pop_back();                          // without the program name
+  try {
+    app.parse(rev);
+  } catch (const CLI::ParseError& e) {
+    if (dynamic_cast<const CLI::CallForVersion*>(&e)) {
+      out << e.what() << "\n";
+      return kExitOk;
+    }
+    if (e.get_exit_code() == 0) return app.exit(e, out, err);  // --help
+    err << "assay: " << e.what() << "\nRun `assay --help` for usage.\n";
+    return kExitUsage;
+  }
+
+  try {
+    Cli cli(o, out, err, env);
+    if (*submit) return cli.submit();
+    if (*wait) return cli.wait(o.id);
+    if (*status) return cli.status();
+    if (*list) return cli.list();
+    if (*result) return cli.result();
+    if (*artifact) return cli.artifact();
+    if (*cancel) return cli.cancel();
+    if (*verify) return cli.verify();
+    if (*keys) return cli.keys();
+    if (*health) return cli.health();
+    if (*info) return cli.info();
+    if (*check) return cli.request_check();
+    err << "assay: no command\n";
+    return kExitUsage;
+  } catch (const ExitWith& e) {
+    err << "assay: " << e.message << "\n";
+    return e.status;
+  } catch (const common::Error& e) {
+    err << "assay: " << e.what() << "\n";
+    return exit_status_of(e);
+  } catch (const std::exception& e) {
+    err << "assay: unexpected error: " << e.what() << "\n";
+    return kExitError;
+  }
+}
+
+}  // namespace assay::client

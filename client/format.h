@@ -1,0 +1,41 @@
+// How `assay` shows assayd's documents to people: tables, job lines, progress.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "client/verify.h"
+#include "common/json.h"
+
+namespace assay::client {
+
+std::string job_id(const common::Json& job);     // throws Error("client.bad_response")
+std::string job_state(const common::Json& job);  // "" when absent
+bool state_is_final(const std::string& state);
+bool state_is_success(const std::string& state);
+
+// Multi-line "key: value" description of a job, verdict first when there is one.
+std::string describe_job(const common::Json& job);
+// "key: value" lines for a flat object (health, info); nested values as compact JSON.
+std::string describe_object(const common::Json& object);
+// A table of jobs from GET /v1/jobs ({"jobs": [...]} or a bare array).
+std::string jobs_table(const common::Json& jobs);
+// One line per check: "ok  name  detail" / "FAIL  name  detail".
+std::string checks_table(const VerifyReport& report);
+// "0.42s", "1m03s", "2h05m".
+std::string format_seconds(double seconds);
+
+// The last known phase of a job, from its status document and its events.
+struct Progress {
+  std::string state, phase, detail;
+  std::optional<double> fraction;  // 0..1, when the worker reports progress
+  void update(const common::Json& status_or_event);
+};
+// "job ID  running  oracle  12.3s  45%  <detail>".
+std::string progress_line(const std::string& id, const Progress& p, double elapsed_seconds);
+
+// The public key PEM and key id from GET /v1/info.
+std::optional<std::string> public_key_pem(const common::Json& info);
+std::string key_id_of(const common::Json& info);
+
+}  // namespace assay::client

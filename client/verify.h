@@ -1,0 +1,41 @@
+// Offline verification of a result record: its self-hash, its DSSE signature and the in-toto
+// statement's subjects. Nothing here talks to assayd.
+#pragma once
+
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/json.h"
+
+namespace assay::client {
+
+struct VerifyInputs {
+  std::filesystem::path result;                   // result.json as written by assayd
+  std::optional<std::filesystem::path> envelope;  // result.dsse.json
+  std::string public_key;                         // PEM (SubjectPublicKeyInfo) or 32 raw bytes
+  std::optional<std::filesystem::path> artifact;  // the logits artifact, when at hand
+};
+
+struct Check {
+  std::string name;  // stable: "result.schema", "result_sha256", "signature", ...
+  bool ok = false;
+  std::string detail;  // what was compared, or why it failed
+};
+
+struct VerifyReport {
+  std::vector<Check> checks;
+  bool ok() const;
+  // {"ok": bool, "checks": [{"name","ok","detail"}]}
+  common::Json to_json() const;
+};
+
+// Runs every check it can and records each outcome; a failed check does not stop the
+// independent ones. Throws common::Error only when a file cannot be read at all.
+VerifyReport verify_result(const VerifyInputs& in);
+
+// The envelope beside a result: "<dir>/<stem>.dsse.json" (result.json -> result.dsse.json).
+std::filesystem::path default_envelope_path(const std::filesystem::path& result);
+
+}  // namespace assay::client

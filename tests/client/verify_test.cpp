@@ -1,0 +1,206 @@
+// `assay verify` against records made here with common/sign.h: the valid one passes, and each
+// kind of tampering is caught by the check that should catch it.
+#include <cstdlib>
+
+#include <doctest/doctest.h>
+
+#include "client/verify.h"
+#include "common/identity.h"
+#include "common/protocol.h"
+#include "common/result.h"
+#include "common/sign.h"
+#include "support.h"
+
+namespace {
+
+using assay::common::Json;
+namespace common = assay::common;
+namespace client = assay::client;
+using client::test::TempDir;
+
+// A signed record as assayd writes it: result.json (canonical, self-hashed), the logits
+// artifact, result.dsse.json (in-toto statement over both) and the public key PEM.
+struct Record {
+  TempDir dir;
+  common::SigningKey key = common::SigningKey::generate();
+  std::string result_path, envelope_path, artifact_path, pubkey_path;
+  Json result;
+
+  Record() {
+    std::string artifact = "bytes standing in for the logits tensor file";
+    artifact_path = dir.write("logits.safetensors", artifact);
+    result = Json{
+        {"schema", std::string(assay::protocol::kNextTokenResult)},
+        {"created_at_utc", "2026-11-30T04:00:00Z"},
+        {"supervisor", {{"version", "0.1.0"}, {"key_id", key.key_id()}}},
+        {"request",
+         {{"schema", std::string(assay::protocol::kNextTokenRequest)},
+          {"id", "dispute-1"},
+          {"sha256", common::sha256_id("request")}}},
+        {"reference_artifact",
+         {{"bytes", artifact.size()}, {"sha256", common::sha256_id(artifact)}}},
+        {"verdict",
+         {{"argmax_candidate", "kiln"},
+          {"argmax_token_id", 42},
+          {"candidate_attribution_complete", true}}},
+    };
+    write_signed(common::seal_result(result));
+    pubkey_path = dir.write("pubkey.pem", key.public_key_pem());
+  }
+
+  // Writes result bytes and an envelope whose statement names exactly those bytes.
+  void write_signed(const std::string& result_bytes) {
+    result_path = dir.write("result.json", result_bytes);
+    // Exactly what assayd signs (common/result.h).
+    Json statement = common::make_result_statement(
+        result_bytes, result["reference_artifact"]["sha256"].get<std::string>());
+    Json env = common::dsse_sign(common::kInTotoPayloadType, common::canonical(statement), key);
+    envelope_path = dir.write("result.dsse.json", env.dump());
+  }
+
+  client::VerifyInputs inputs() const {
+    return {.result = result_path,
+            .envelope = envelope_path,
+            .public_key = key.public_key_pem(),
+            .artifact = artifact_path};
+  }
+};
+
+const client::Check& check(const client::VerifyReport& r, const std::string& name) {
+  for (const auto& c : r.checks)
+    if (c.name == name) return c;
+  FAIL("no check named " << name);
+  throw std::logic_error("unreachable");
+}
+
+std::vector<std::string> failed(const client::VerifyReport& r) {
+  std::vector<std::string> names;
+  for (const auto& c : r.checks)
+    if (!c.ok) names.push_back(c.name);
+  return names;
+}
+
+}  // namespace
+
+TEST_CASE("verify accepts an untouched record and names every check it ran") {
+  Record rec;
+  auto report = client::verify_result(rec.inputs());
+  CHECK(report.ok());
+  std::vector<std::string> names;
+  for (const auto& c : report.checks) names.push_back(c.name);
+  CHECK(names == std::vector<std::string>{"result.schema", "result.canonical", "result_sha256",
+                                          "key_id", "envelope.payload_type", "signature",
+                                          "statement.type", "subject.result", "subject.artifact",
+                                          "artifact.file"});
+  CHECK(check(report, "result_sha256").detail == rec.result["result_sha256"]);
+}
+
+TEST_CASE("verify catches a result edited after signing, even with a recomputed result_sha256") {
+  Record rec;
+  SUBCASE("verdict changed, self-hash left alone") {
+    Json forged = rec.result;
+    forged["verdict"]["argmax_candidate"] = "vllm";
+    rec.dir.write("result.json", common::canonical(forged));
+    auto report = client::verify_result(rec.inputs());
+    CHECK(failed(report) == std::vector<std::string>{"result_sha256", "subject.result"});
+    CHECK(check(report, "result_sha256")
+              .detail.find("claimed " + rec.result["result_sha256"].get<std::string>()) == 0);
+  }
+  SUBCASE("verdict changed and the self-hash recomputed: only the signature binding catches it") {
+    Json forged = rec.result;
+    forged["verdict"]["argmax_candidate"] = "vllm";
+    forged["result_sha256"] = common::compute_result_sha256(forged);
+    rec.dir.write("result.json", common::canonical(forged));
+    CHECK(failed(client::verify_result(rec.inputs())) ==
+          std::vector<std::string>{"subject.result"});
+  }
+  SUBCASE("same content, not canonical bytes") {
+    rec.dir.write("result.json", rec.result.dump(2));
+    CHECK(failed(client::verify_result(rec.inputs())) ==
+          std::vector<std::string>{"result.canonical", "subject.result"});
+  }
+}
+
+TEST_CASE("verify rejects an envelope whose payload was replaced") {
+  Record rec;
+  Json env = common::parse_strict(common::read_file(rec.envelope_path, 1 << 20));
+  std::string payload = common::base64_decode(env["payload"].get<std::string>());
+  Json statement = common::parse_strict(payload);
+  statement["subject"][0]["digest"]["sha256"] = std::string(64, 'a');
+  env["payload"] = common::base64_encode(common::canonical(statement));
+  rec.dir.write("result.dsse.json", env.dump());
+  auto report = client::verify_result(rec.inputs());
+  CHECK(failed(report) == std::vector<std::string>{"signature"});
+  CHECK(check(report, "signature").detail.find("no signature in the envelope verifies") !=
+        std::string::npos);
+}
+
+TEST_CASE("verify rejects a record checked with another key") {
+  Record rec;
+  auto other = common::SigningKey::generate();
+  auto in = rec.inputs();
+  in.public_key = other.public_key_pem();
+  auto report = client::verify_result(in);
+  CHECK(failed(report) == std::vector<std::string>{"key_id", "signature"});
+  CHECK(check(report, "key_id").detail ==
+        "result names key " + rec.key.key_id() + ", the given public key is " + other.key_id());
+}
+
+TEST_CASE("verify checks the artifact file's digest and size against the result") {
+  Record rec;
+  rec.dir.write("logits.safetensors", "different bytes");
+  auto report = client::verify_result(rec.inputs());
+  CHECK(failed(report) == std::vector<std::string>{"artifact.file"});
+  CHECK(check(report, "artifact.file").detail.find(common::sha256_id("different bytes")) !=
+        std::string::npos);
+}
+
+TEST_CASE("verify without an envelope fails the signature check instead of passing silently") {
+  Record rec;
+  auto in = rec.inputs();
+  in.envelope.reset();
+  auto report = client::verify_result(in);
+  CHECK_FALSE(report.ok());
+  CHECK(failed(report) == std::vector<std::string>{"signature"});
+}
+
+TEST_CASE("assay verify exits 0 on a good record and 6 on a tampered one, offline with --pubkey") {
+  Record rec;
+  client::Environment env{.socket = "/nonexistent/assayd.sock"};  // proves it stays offline
+  auto good = client::test::run({"verify", rec.result_path, "--pubkey", rec.pubkey_path}, env);
+  CHECK(good.status == 0);
+  CHECK(good.out.find("verified: " + rec.result_path) != std::string::npos);
+
+  auto json = client::test::run({"verify", rec.result_path, "--pubkey", rec.pubkey_path,
+                                 "--artifact", rec.artifact_path, "--json"},
+                                env);
+  CHECK(json.status == 0);
+  Json doc = common::parse_strict(json.out);
+  CHECK(doc["ok"] == true);
+  CHECK(doc["checks"].size() == 10);
+
+  Json forged = rec.result;
+  forged["verdict"]["argmax_token_id"] = 7;
+  rec.dir.write("result.json", common::canonical(forged));
+  auto bad = client::test::run({"verify", rec.result_path, "--pubkey", rec.pubkey_path}, env);
+  CHECK(bad.status == 6);
+  CHECK(bad.out.find("FAIL  result_sha256") != std::string::npos);
+  CHECK(bad.out.find("NOT VERIFIED") != std::string::npos);
+}
+
+TEST_CASE("the signature verifies with plain openssl as client/README.md shows") {
+  if (std::system("command -v jq >/dev/null && command -v openssl >/dev/null") != 0) {
+    MESSAGE("skipped: jq or openssl is not installed");
+    return;
+  }
+  Record rec;
+  // The same commands as in client/README.md, run in the record's directory.
+  std::string script = "cd '" + rec.dir.path().string() +
+                       "' && sh '" ASSAY_CLIENT_TEST_DIR "/openssl_verify.sh' >/dev/null 2>&1";
+  CHECK(std::system(script.c_str()) == 0);
+  // And openssl refuses a signature over other bytes.
+  std::string tampered = "cd '" + rec.dir.path().string() +
+                         "' && printf x >> pae.bin && openssl pkeyutl -verify -pubin -inkey "
+                         "pubkey.pem -rawin -in pae.bin -sigfile sig.bin >/dev/null 2>&1";
+  CHECK(std::system(tampered.c_str()) != 0);
+}

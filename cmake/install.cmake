@@ -1,0 +1,42 @@
+# Install rules for the Debian packages (packaging/build-deb) and for `cmake --install`.
+# Two components, one per package:
+#   assay         assayd, the assay client, assay-fingerprint, systemd units, sysusers/tmpfiles,
+#                 the default config, schemas and docs
+#   assay-oracle  assay-oracle (links LibTorch), so hosts without LibTorch can run the rest
+# Workers live in libexec: users never call them directly, assayd finds them through
+# /etc/assay/assayd.json. Unit paths follow Debian 12 (units in /lib/systemd/system).
+include(GNUInstallDirs)
+
+set(ASSAY_SYSTEMD_UNITDIR /lib/systemd/system CACHE PATH "systemd system unit directory")
+set(ASSAY_SYSUSERSDIR /usr/lib/sysusers.d CACHE PATH "sysusers.d directory")
+set(ASSAY_TMPFILESDIR /usr/lib/tmpfiles.d CACHE PATH "tmpfiles.d directory")
+set(ASSAY_CONFDIR /etc/assay CACHE PATH "directory of assayd.json")
+set(ASSAY_WORKERDIR ${CMAKE_INSTALL_LIBEXECDIR}/assay)
+
+foreach(spec "assayd;${CMAKE_INSTALL_SBINDIR};assay" "assay;${CMAKE_INSTALL_BINDIR};assay"
+             "assay-fingerprint;${ASSAY_WORKERDIR};assay" "assay-oracle;${ASSAY_WORKERDIR};assay-oracle")
+  list(GET spec 0 target)
+  list(GET spec 1 destination)
+  list(GET spec 2 component)
+  if(TARGET ${target})
+    install(TARGETS ${target} RUNTIME DESTINATION ${destination} COMPONENT ${component})
+  endif()
+endforeach()
+
+install(FILES ${PROJECT_SOURCE_DIR}/systemd/assayd.service ${PROJECT_SOURCE_DIR}/systemd/assayd.socket
+        DESTINATION ${ASSAY_SYSTEMD_UNITDIR} COMPONENT assay)
+install(FILES ${PROJECT_SOURCE_DIR}/systemd/assay.sysusers DESTINATION ${ASSAY_SYSUSERSDIR}
+        RENAME assay.conf COMPONENT assay)
+install(FILES ${PROJECT_SOURCE_DIR}/systemd/assay.tmpfiles DESTINATION ${ASSAY_TMPFILESDIR}
+        RENAME assay.conf COMPONENT assay)
+install(FILES ${PROJECT_SOURCE_DIR}/systemd/assayd.json DESTINATION ${ASSAY_CONFDIR} COMPONENT assay)
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/schemas/ DESTINATION ${CMAKE_INSTALL_DATADIR}/assay/schemas
+        COMPONENT assay FILES_MATCHING PATTERN "*.json")
+install(FILES ${PROJECT_SOURCE_DIR}/README.md DESTINATION ${CMAKE_INSTALL_DOCDIR} COMPONENT assay)
+foreach(doc client/README.md supervisor/README.md fingerprint/README.md)
+  if(EXISTS ${PROJECT_SOURCE_DIR}/${doc})
+    get_filename_component(dir ${doc} DIRECTORY)
+    install(FILES ${PROJECT_SOURCE_DIR}/${doc} DESTINATION ${CMAKE_INSTALL_DOCDIR} RENAME README.${dir}.md
+            COMPONENT assay)
+  endif()
+endforeach()

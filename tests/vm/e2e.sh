@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# e2e.sh: the end-to-end test on a real systemd host with a pure cgroup v2 hierarchy.
+#
+#   tests/vm/e2e.sh [--build-dir DIR] [--keep]
+#
+# On the host (as root): builds the Debian packages (packaging/build-deb), a tiny Llama fixture
+# model (tests/fixtures/make_fixture.py) and the job requests, then boots the Debian 12 VM of
+# ../shared/vm/ ONCE and runs tests/vm/guest.sh inside it, which installs the packages and checks
+# socket activation, a verified job as a user in group "assay", cgroup v2 evidence, an
+# OOM-killed job with the service still healthy, a restart with a queued job, refusal of a user
+# outside "assay", no leftover worker cgroup, and remove/purge. Exit status: guest.sh's
+# (0 = every check passed), 125 if the VM failed.
+#
+# Needs: apt-get install --no-install-recommends qemu-system-x86 qemu-utils mmdebstrap
+# The VM image (with LibTorch's runtime packages) is built once into $ASSAY_VM_IMAGE
+# (default /var/tmp/assay-vmimage) and reused while its package list is unchanged.
+# Under TCG emulation (no usable KVM) the whole run takes a few minutes.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+build=$root/build-pkg
+keep=0
+while [ $# -gt 0 ]; do
+  case $1 in
+    --build-dir) build=$(realpath -m "$2"); shift 2 ;;
+    --keep) keep=1; shift ;;
+    -h | --help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "e2e.sh: unknown argument \"$1\" (see --help)" >&2; exit 2 ;;
+  esac
+done
+vm=${ASSAY_VM_SCRIPTS:-$root/../shared/vm}
+image=${ASSAY_VM_IMAGE:-/var/tmp/assay-vmimage}
+py=/usr/bin/python3
+[ "$(id -u)" = 0 ] || { echo "e2e.sh: must run as root (the VM scripts need it)" >&2; exit 2; }
+for tool in qemu-system-x86_64 mmdebstrap; do
+  command -v $tool >/dev/null ||
+    { echo "e2e.sh: $tool missing: apt-get install --no-install-recommends qemu-system-x86 qemu-utils mmdebstrap" >&2; exit 2; }
+done
+[ -x "$vm/run-in-vm.sh" ] || { echo "e2e.sh: no VM scripts at $vm (set ASSAY_VM_SCRIPTS)" >&2; exit 2; }
+
+say() { printf '== %s\n' "$*" >&2; }
+
+# Runtime packages the binaries need inside the VM (the packages' Depends, resolved offline:
+# the VM has no network), plus jq for the checks.
+packages=libtorch1.13,libopenblas0-openmp,libspdlog1.10,libsystemd0,libfmt9,libssl3,jq
+if [ "$(cat "$image/assay-packages" 2>/dev/null)" != "$packages" ]; then
+  say "building the VM image in $image (once; packages: $packages)"
+  VMTEST_EXTRA_PACKAGES=$packages VMTEST_IMAGE_SIZE=5G "$vm/build-image.sh" "$image" >&2
+  echo "$packages" >"$image/assay-packages"
+fi
+
+# The shared folder must not be under /tmp or /var/tmp: assayd.service has PrivateTmp=yes, so
+# the service would not see a model there.
+work=$build/e2e
+rm -rf "$work"
+mkdir -p "$work/debs"
+chmod 0755 "$work"
+say "building the Debian packages"
+"$root/packaging/build-deb" --build-dir "$build" --out "$work/debs" --no-lintian >&2
+
+say "making the fixture model and requests"
+$py "$root/tests/fixtures/make_fixture.py" --arch llama --size tiny --out "$work/model" >&2
+$py - "$work" "$root/tests/fixtures" <<'PY'
+import json, sys
+work, fixtures = sys.argv[1], sys.argv[2]
+sys.path.insert(0, fixtures)
+import fixture_lib
+tok = json.load(open(work + "/model/tokenizer.json"))
+inv = {v: k for k, v in tok["model"]["vocab"].items()}
+byte_of = {c: b for b, c in fixture_lib.bytes_to_unicode().items()}
+def text(i):
+    return bytes(byte_of[c] for c in inv[i]).decode("utf-8")
+ids = list(b"Hello, wor")
+def request(name, engines, limits=None):
+    r = {"schema": "assay.next-token-request.v1", "id": "e2e-" + name, "model_dir": work + "/model",
+         "input_token_ids": ids,
+         "candidates": [{"engine": e, "token_id": t, "text": text(t)} for e, t in engines]}
+    if limits:
+        r["limits"] = limits
+    json.dump(r, open("%s/%s.json" % (work, name), "w"), indent=1)
+request("ok", [("kiln", ord("l")), ("vllm", ord("x"))])
+# 16 MiB cannot hold LibTorch's start-up: the oracle worker is OOM-killed in its leaf cgroup.
+request("oom", [("kiln", ord("l")), ("vllm", ord("y"))], {"memory_bytes": 16 << 20})
+request("running", [("kiln", ord("l")), ("vllm", ord("z"))])
+request("queued", [("kiln", ord("l")), ("vllm", ord("q"))])
+PY
+cp "$root/tests/vm/guest.sh" "$work/guest.sh"
+chmod -R a+rX "$work"
+
+say "booting the VM and running the checks (guest.sh)"
+set +e
+VMTEST_IMAGE_DIR=$image VMTEST_MEM=${VMTEST_MEM:-3072} VMTEST_TIMEOUT=${VMTEST_TIMEOUT:-1500} \
+  "$vm/run-in-vm.sh" "$work" ./guest.sh
+rc=$?
+set -e
+[ $keep = 1 ] || rm -rf "$work"
+say "e2e.sh: exit $rc"
+exit $rc

@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# guest.sh: the checks of tests/vm/e2e.sh, run as root inside the booted VM (systemd PID 1,
+# cgroup v2 only) in the shared folder that holds debs/, model/ and the request files.
+# Every check prints PASS or FAIL with what it saw; the exit status is the number of failures.
+set -uo pipefail
+cd "$(dirname "$0")" || exit 125
+work=$PWD
+fails=0
+pass() { printf 'PASS  %s\n' "$*"; }
+fail() { printf 'FAIL  %s\n' "$*"; fails=$((fails + 1)); return 1; }
+check() { # check NAME COMMAND...: pass when COMMAND succeeds
+  local name=$1; shift
+  if "$@"; then pass "$name"; else fail "$name (command: $*)"; fi
+}
+eq() { # eq NAME GOT WANT
+  if [ "$2" = "$3" ]; then pass "$1: $2"; else fail "$1: got \"$2\", want \"$3\""; fi
+}
+as_alice() { runuser -u alice -- env HOME=/home/alice "$@"; }
+svc_cg=/sys/fs/cgroup/system.slice/assayd.service
+t0=$(date +%s)
+elapsed() { echo "$(($(date +%s) - t0))s"; }
+
+echo "kernel $(uname -r), $(systemctl --version | head -1), cgroup: $(stat -fc %T /sys/fs/cgroup)"
+
+# 1. the package installs, creates its users and enables + starts the socket (not the service)
+dpkg -i debs/assay_*.deb debs/assay-oracle_*.deb >dpkg.log 2>&1
+check "dpkg -i assay assay-oracle" [ $? = 0 ] || cat dpkg.log
+check "group assay exists" getent group assay
+check "user assay-worker exists" getent passwd assay-worker
+eq "assayd.socket enabled" "$(systemctl is-enabled assayd.socket)" enabled
+eq "assayd.socket active" "$(systemctl is-active assayd.socket)" active
+eq "assayd.service not started yet" "$(systemctl is-active assayd.service)" inactive
+eq "socket mode/owner" "$(stat -c '%a %U %G' /run/assay/assayd.sock)" "660 root assay"
+systemd-analyze verify assayd.service assayd.socket >verify.log 2>&1
+check "systemd-analyze verify (no complaints)" [ ! -s verify.log ] || cat verify.log
+
+useradd -m -G assay alice
+useradd -m bob
+
+# 2. socket activation: alice's first request starts the service
+out=$(as_alice assay health 2>&1)
+check "alice: assay health through the socket ($out)" [ $? = 0 ]
+eq "service started by the socket" "$(systemctl is-active assayd.service)" active
+eq "TriggeredBy" "$(systemctl show -P TriggeredBy assayd.service)" assayd.socket
+pid=$(systemctl show -P MainPID assayd.service)
+eq "assayd moved itself into its delegated subtree" "$(cut -d: -f3 /proc/$pid/cgroup)" \
+  /system.slice/assayd.service/supervisor
+journalctl -u assayd.service -o cat --no-pager | grep -m1 'assayd ready' || true
+
+# 3. a verified job as alice
+job_id() { tail -1 <<<"$1" | jq -r '.id // .job_id // empty' 2>/dev/null; }
+out=$(as_alice assay --json submit "$work/ok.json" --wait --wait-timeout 900 2>&1)
+eq "alice: submit --wait ok.json exit status" $? 0 || { echo "$out"; journalctl -u assayd.service --no-pager | tail -30; }
+ok_id=$(job_id "$out")
+echo "job $ok_id finished after $(elapsed)"
+mkdir -p /home/alice/out && chown alice /home/alice/out
+as_alice assay result "$ok_id" -o /home/alice/out/result.json >/dev/null
+as_alice assay artifact "$ok_id" -o /home/alice/out/logits.safetensors >/dev/null
+as_alice assay keys -o /home/alice/out/pub.pem >/dev/null
+as_alice assay verify /home/alice/out/result.json --pubkey /home/alice/out/pub.pem \
+  --artifact /home/alice/out/logits.safetensors >verify-result.log 2>&1
+check "alice: assay verify (signature, hashes, artifact)" [ $? = 0 ] || cat verify-result.log
+r=/home/alice/out/result.json
+eq "key id is the host key" "$(jq -r .supervisor.key_id $r)" \
+  "sha256:$(openssl pkey -pubin -in /home/alice/out/pub.pem -outform DER 2>/dev/null | sha256sum | cut -d' ' -f1)"
+eq "result containment backend" "$(jq -r .containment.backend $r)" cgroup-v2
+eq "oracle process evidence mode" "$(jq -r .oracle.process.mode $r)" cgroup-v2
+eq "oracle ran as assay-worker" "$(jq -r .oracle.process.spawn.uid $r)" "$(id -u assay-worker)"
+eq "oracle spawn method" "$(jq -r .oracle.process.spawn.method $r)" clone3-into-cgroup
+eq "oracle network" "$(jq -c .containment.network $r)" '{"interfaces":["lo"],"namespace":"private"}'
+peak=$(jq -r .oracle.process.memory.peak_bytes $r)
+check "memory.peak present ($peak bytes)" [ "$peak" != null ] && [ "$peak" -gt 0 ]
+events=$(jq -c '.oracle.process.counters["memory.events"]' $r)
+check "memory.events present ($events)" jq -e '.oracle.process.counters["memory.events"].oom_kill == 0' $r >/dev/null
+eq "oracle cgroup was removed" "$(jq -r .oracle.process.cgroup.removed $r)" true
+echo "oracle cgroup: $(jq -r .oracle.process.cgroup.path $r), verdict: $(jq -c .verdict $r)"
+
+# 4. an over-limit job is OOM-killed; the service stays up and unrestarted
+restarts_before=$(systemctl show -P NRestarts assayd.service)
+out=$(as_alice assay --json submit "$work/oom.json" --wait --wait-timeout 900 2>/dev/null)
+eq "alice: submit --wait oom.json exit status (5: job failed)" $? 5
+oom_id=$(job_id "$out")
+ev=/var/lib/assay/jobs/$oom_id/oracle/evidence.json
+eq "oom job: oracle evidence oom_killed" "$(jq -r .oom_killed "$ev" 2>&1)" true
+echo "oom job: memory.events $(jq -c '.counters["memory.events"]' "$ev" 2>&1), peak $(jq -r .memory.peak_bytes "$ev" 2>&1)"
+echo "oom job error: $(as_alice assay --json status "$oom_id" | jq -c .error)"
+eq "service still active after the OOM kill" "$(systemctl is-active assayd.service)" active
+eq "service not restarted (NRestarts)" "$(systemctl show -P NRestarts assayd.service)" "$restarts_before"
+eq "same main pid" "$(systemctl show -P MainPID assayd.service)" "$pid"
+check "alice: assay health after the OOM kill" as_alice assay health
+echo "after OOM: $(elapsed)"
+
+# 5. restart while a job is queued; it finishes afterwards
+as_alice assay --json submit "$work/running.json" >submit-running.json
+as_alice assay --json submit "$work/queued.json" >submit-queued.json
+run_id=$(job_id "$(cat submit-running.json)")
+q_id=$(job_id "$(cat submit-queued.json)")
+echo "submitted $run_id (to run) and $q_id (to queue)"
+sleep 1
+eq "second job is queued before the restart" "$(as_alice assay --json status "$q_id" | jq -r .state)" queued
+systemctl restart assayd.service
+eq "service active after restart" "$(systemctl is-active assayd.service)" active
+as_alice assay wait "$q_id" --wait-timeout 900 >wait-queued.log 2>&1
+eq "queued job finished after the restart (wait exit status)" $? 0 || cat wait-queued.log
+eq "queued job state" "$(as_alice assay --json status "$q_id" | jq -r .state)" succeeded
+as_alice assay wait "$run_id" --wait-timeout 900 >/dev/null 2>&1
+echo "job running at the restart ended: $(as_alice assay --json status "$run_id" | jq -c '{state, error}')"
+echo "after restart: $(elapsed)"
+
+# 6. a user outside group assay is refused by the socket's permissions
+out=$(runuser -u bob -- assay health 2>&1)
+rc=$?
+eq "bob (not in group assay): assay health exit status (3: not reachable)" $rc 3
+echo "bob saw: $out"
+
+# 7. no worker cgroup left under the service's cgroup
+left=$(find $svc_cg/workers -mindepth 1 -type d 2>/dev/null | wc -l)
+eq "worker cgroups left under $svc_cg/workers" "$left" 0
+echo "service cgroup children: $(cd $svc_cg && ls -d */ | tr '\n' ' ')"
+
+# 8. started alone (no socket first), and remove keeps /var/lib/assay, purge deletes it
+systemctl stop assayd.service assayd.socket
+systemctl start assayd.service
+eq "service started alone brings up the socket" "$(systemctl is-active assayd.socket)" active
+check "alice: health after starting the service alone" as_alice assay health
+dpkg -r assay-oracle assay >dpkg-r.log 2>&1
+check "dpkg -r" [ $? = 0 ] || cat dpkg-r.log
+eq "service stopped on removal" "$(systemctl is-active assayd.service)" inactive
+check "/var/lib/assay kept on remove (keys)" [ -f /var/lib/assay/keys/host.pub ]
+dpkg -P assay >/dev/null 2>&1
+check "/var/lib/assay deleted on purge" [ ! -e /var/lib/assay ]
+
+echo "total $(elapsed), $fails failed"
+exit $fails

@@ -94,6 +94,7 @@ const char* stage_name(int stage) {
 struct ChildReport {
   int stage;
   int err;
+  int op;  // index of the failed mount op, or -1
 };
 
 struct MountOp {
@@ -126,8 +127,8 @@ struct ChildPlan {
   gid_t gid;
 };
 
-[[noreturn]] void child_fail(const ChildPlan& p, int stage) {
-  ChildReport r{stage, errno};
+[[noreturn]] void child_fail(const ChildPlan& p, int stage, int op = -1) {
+  ChildReport r{stage, errno, op};
   ssize_t ignored = ::write(p.report_write, &r, sizeof r);
   (void)ignored;
   ::_exit(127);
@@ -146,12 +147,22 @@ struct ChildPlan {
   if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) {
     child_fail(p, kStageMountPrivate);
   }
+  // The parent's workdir fd points into the parent's mount namespace, and the kernel binds
+  // only from mounts of our own: reopen it here, at the same number the plan refers to.
+  int wfd = ::open(p.workdir, O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (wfd < 0) child_fail(p, kStageChdir);
+  if (wfd != p.workdir_fd) {
+    if (::dup3(wfd, p.workdir_fd, O_CLOEXEC) < 0) child_fail(p, kStageChdir);
+    ::close(wfd);
+  }
   for (std::size_t i = 0; i < p.op_count; ++i) {
     const MountOp& op = p.ops[i];
     if (op.kind == MountOp::kMkdir) {
-      if (::mkdir(op.target, 0755) != 0 && errno != EEXIST) child_fail(p, kStageMkdir);
+      if (::mkdir(op.target, 0755) != 0 && errno != EEXIST) {
+        child_fail(p, kStageMkdir, static_cast<int>(i));
+      }
     } else if (::mount(op.source, op.target, op.fstype, op.flags, op.data) != 0) {
-      child_fail(p, op.stage);
+      child_fail(p, op.stage, static_cast<int>(i));
     }
   }
   // A new network namespace has only lo, and it is down.
@@ -442,8 +453,11 @@ Spawned spawn_contained(const SpawnSpec& spec, Cgroup* cgroup) {
   if (n > 0) {
     siginfo_t info;
     ::waitid(P_PID, static_cast<id_t>(s.pid), &info, WEXITED);
-    std::string what = std::string(stage_name(report.stage)) +
-                       (report.stage == kStageExec ? " " + exe : std::string());
+    std::string what = stage_name(report.stage);
+    if (report.stage == kStageExec) what += " " + exe;
+    if (report.op >= 0 && static_cast<std::size_t>(report.op) < ops.size()) {
+      what += std::string(" ") + ops[static_cast<std::size_t>(report.op)].target;
+    }
     common::throw_errno("contain.spawn_failed", what, report.err);
   }
   s.stdout_read = std::move(out_r);

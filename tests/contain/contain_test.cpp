@@ -1,0 +1,534 @@
+// The containment runtime against the real kernel: cgroups are made below this test process's
+// own cgroup (the runtime's default) and every test checks that none is left behind.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "common/error.h"
+#include "supervisor/commands.h"
+#include "supervisor/contain/cgroup.h"
+#include "supervisor/contain/contain.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using assay::common::Json;
+using namespace assay::contain;
+
+constexpr const char* kPython = ASSAY_PYTHON3;
+constexpr std::uint64_t kMiB = 1024 * 1024;
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// A scratch directory removed at the end of the test.
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    std::string tmpl = (fs::temp_directory_path() / "contain-test-XXXXXX").string();
+    path = ::mkdtemp(tmpl.data());
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+// Worker cgroups this process owns right now, in every hierarchy the runtime uses.
+std::vector<fs::path> my_cgroups(const Runtime& rt) {
+  std::vector<fs::path> out;
+  Json d = rt.describe();
+  std::string owner = d.value("owner", "");
+  std::vector<fs::path> roots;
+  if (d.contains("hierarchies")) {
+    for (auto& [k, v] : d["hierarchies"].items())
+      roots.push_back(fs::path(v.get<std::string>()) / owner);
+  }
+  if (d.contains("workers_dir")) roots.push_back(d["workers_dir"].get<std::string>());
+  for (const auto& r : roots) {
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(r, ec)) {
+      if (e.is_directory()) out.push_back(e.path());
+    }
+  }
+  return out;
+}
+
+SpawnSpec make_spec(const std::string& name, std::vector<std::string> argv, const fs::path& dir) {
+  SpawnSpec s;
+  s.name = name + "-" + std::to_string(::getpid());
+  s.argv = std::move(argv);
+  s.workdir = dir;
+  s.env = {"PATH=/usr/bin:/bin", "LANG=C.UTF-8"};
+  s.stdout_path = dir / (name + ".out");
+  s.stderr_path = dir / (name + ".err");
+  s.limits.timeout = std::chrono::seconds(60);
+  return s;
+}
+
+// Validates a document against schemas/process-containment.schema.json with python3-jsonschema.
+void check_schema(const Json& evidence, const fs::path& dir) {
+  fs::path doc = dir / "evidence.json";
+  std::ofstream(doc) << evidence.dump();
+  std::string cmd = std::string(kPython) +
+                    " -c 'import json,sys,jsonschema; "
+                    "s=json.load(open(sys.argv[1])); d=json.load(open(sys.argv[2])); "
+                    "jsonschema.Draft202012Validator(s).validate(d)' " ASSAY_SCHEMA_DIR
+                    "/process-containment.schema.json " +
+                    doc.string();
+  CHECK_MESSAGE(std::system(cmd.c_str()) == 0, "schema validation failed for " << evidence.dump());
+}
+
+std::unique_ptr<Runtime> runtime() {
+  return Runtime::create(RuntimeOptions{});
+}
+
+bool process_gone(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!stat || !std::getline(stat, line)) return true;
+  auto close = line.rfind(')');
+  return close != std::string::npos && line.size() > close + 2 && line[close + 2] == 'Z';
+}
+
+}  // namespace
+
+TEST_CASE("auto-detection picks a cgroup backend with a memory controller on this host") {
+  auto rt = runtime();
+  CHECK((rt->backend() == "cgroup-v1" || rt->backend() == "cgroup-v2"));
+  CHECK(rt->describe()["backend"] == rt->backend());
+}
+
+TEST_CASE("a normal run exits 0, is measured, validates against the schema and leaves no cgroup") {
+  TempDir dir;
+  auto rt = runtime();
+  auto spec = make_spec("normal", {"/bin/sh", "-c", "echo hello; echo oops >&2; exit 0"}, dir.path);
+  Json e = rt->run(spec);
+  CHECK(e["schema"] == "assay.process-containment.v1");
+  CHECK(e["mode"] == rt->backend());
+  CHECK(e["exit"]["code"] == 0);
+  CHECK(e["exit"]["signal"].is_null());
+  CHECK(e["timed_out"] == false);
+  CHECK(e["oom_killed"] == false);
+  CHECK(e["cgroup"]["removed"] == true);
+  CHECK(e["errors"].empty());
+  CHECK(e["memory"]["peak_bytes"].get<std::uint64_t>() > 0);
+  CHECK(e["output"]["stdout"]["bytes"] == 6);
+  CHECK(slurp(spec.stdout_path) == "hello\n");
+  CHECK(slurp(spec.stderr_path) == "oops\n");
+  CHECK(e["spawn"]["environment_keys"] == Json::array({"PATH", "LANG"}));
+  check_schema(e, dir.path);
+  CHECK(my_cgroups(*rt).empty());
+}
+
+TEST_CASE("the exit code and the killing signal of the worker are reported") {
+  TempDir dir;
+  auto rt = runtime();
+  Json code = rt->run(make_spec("code", {"/bin/sh", "-c", "exit 7"}, dir.path));
+  CHECK(code["exit"]["code"] == 7);
+  Json sig = rt->run(make_spec("sig", {"/bin/sh", "-c", "kill -SEGV $$"}, dir.path));
+  CHECK(sig["exit"]["code"].is_null());
+  CHECK(sig["exit"]["signal"] == SIGSEGV);
+  CHECK(sig["exit"]["signal_name"] == "SIGSEGV");
+  CHECK(sig["exit"]["core_dumped"] == false);  // RLIMIT_CORE is 0
+}
+
+TEST_CASE("a 200 MB allocation under a 64 MB limit is OOM-killed and the evidence says so") {
+  TempDir dir;
+  auto rt = runtime();
+  auto spec = make_spec("oom", {kPython, "-c", "x = b'\\x01' * (200 << 20)"}, dir.path);
+  spec.limits.memory_max = 64 * kMiB;
+  Json e = rt->run(spec);
+  CHECK(e["exit"]["signal"] == SIGKILL);
+  CHECK(e["oom_killed"] == true);
+  auto peak = e["memory"]["peak_bytes"].get<std::uint64_t>();
+  CHECK(peak > 56 * kMiB);
+  CHECK(peak <= 64 * kMiB);
+  CHECK(e["limits"]["memory_max"] == 64 * kMiB);
+  check_schema(e, dir.path);
+  CHECK(my_cgroups(*rt).empty());
+}
+
+TEST_CASE("a normal run reports a peak within 20% of what it allocated") {
+  TempDir dir;
+  auto rt = runtime();
+  auto spec = make_spec("peak", {kPython, "-c", "x = b'\\x01' * (128 << 20)"}, dir.path);
+  spec.limits.memory_max = 512 * kMiB;
+  Json e = rt->run(spec);
+  REQUIRE(e["exit"]["code"] == 0);
+  CHECK(e["oom_killed"] == false);
+  auto peak = static_cast<double>(e["memory"]["peak_bytes"].get<std::uint64_t>());
+  CHECK(peak >= 128.0 * kMiB);
+  CHECK(peak <= 1.2 * 128 * kMiB);
+}
+
+TEST_CASE("a timeout kills the worker in about a second, its setsid grandchild too") {
+  TempDir dir;
+  auto rt = runtime();
+  auto spec = make_spec(
+      "timeout", {"/bin/sh", "-c", "setsid sleep 60 & echo $! > gc.pid; exec sleep 60"}, dir.path);
+  spec.limits.timeout = std::chrono::seconds(1);
+  spec.limits.kill_grace = std::chrono::milliseconds(500);
+  auto t0 = std::chrono::steady_clock::now();
+  Json e = rt->run(spec);
+  double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(took < 3.0);
+  CHECK(e["timed_out"] == true);
+  CHECK(e["sigterm_sent"] == true);
+  CHECK(e["exit"]["signal"] == SIGTERM);
+  CHECK(e["leftover_processes_killed"].get<int>() >= 1);
+  pid_t gc = std::stoi(slurp(dir.path / "gc.pid"));
+  CHECK(process_gone(gc));
+  CHECK(e["wall_usec"].get<std::int64_t>() >= 1'000'000);
+  CHECK(my_cgroups(*rt).empty());
+}
+
+TEST_CASE("a worker that ignores SIGTERM is killed with the whole cgroup after the grace period") {
+  TempDir dir;
+  auto rt = runtime();
+  auto spec = make_spec(
+      "stubborn", {"/bin/sh", "-c", "trap '' TERM; setsid sleep 60 & echo $! > gc.pid; sleep 60"},
+      dir.path);
+  spec.limits.timeout = std::chrono::milliseconds(500);
+  spec.limits.kill_grace = std::chrono::milliseconds(500);
+  auto t0 = std::chrono::steady_clock::now();
+  Json e = rt->run(spec);
+  double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(took < 3.0);
+  CHECK(e["timed_out"] == true);
+  CHECK(e["cgroup_killed"] == true);
+  CHECK(e["exit"]["signal"] == SIGKILL);
+  CHECK(process_gone(std::stoi(slurp(dir.path / "gc.pid"))));
+  CHECK(my_cgroups(*rt).empty());
+}
+
+TEST_CASE(
+    "a contained process cannot reach a TCP listener on the host's 127.0.0.1 and sees only lo") {
+  TempDir dir;
+  int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(listener >= 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  socklen_t len = sizeof addr;
+  REQUIRE(::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+  REQUIRE(::listen(listener, 4) == 0);
+  int port = ntohs(addr.sin_port);
+  // Inside: connect to the host's port, then prove lo is up with a listener of its own.
+  std::string script =
+      "import socket\n"
+      "s = socket.socket(); s.settimeout(3)\n"
+      "try:\n"
+      "    s.connect(('127.0.0.1', " +
+      std::to_string(port) +
+      ")); print('connected')\n"
+      "except OSError as e:\n"
+      "    print('refused' if isinstance(e, ConnectionRefusedError) else 'error ' + str(e))\n"
+      "l = socket.socket(); l.bind(('127.0.0.1', 0)); l.listen()\n"
+      "c = socket.create_connection(l.getsockname(), timeout=3); print('lo-up')\n"
+      "print(','.join(n for _, n in socket.if_nameindex()))\n";
+  auto rt = runtime();
+  auto spec = make_spec("net", {kPython, "-c", script}, dir.path);
+  Json e = rt->run(spec);
+  ::close(listener);
+  CHECK(e["exit"]["code"] == 0);
+  CHECK(slurp(spec.stdout_path) == "refused\nlo-up\nlo\n");
+  CHECK(e["network"]["namespace"] == "private");
+  CHECK(e["network"]["interfaces"] == Json::array({"lo"}));
+}
+
+TEST_CASE("8 concurrent contained processes each get their own cgroup and evidence") {
+  TempDir dir;
+  auto rt = runtime();
+  boost::asio::io_context io;
+  std::vector<Json> results;
+  std::vector<std::shared_ptr<Running>> running;
+  for (int i = 0; i < 8; ++i) {
+    auto spec = make_spec(
+        "par" + std::to_string(i),
+        {kPython, "-c",
+         "import time; x = b'\\x01' * (" + std::to_string(8 + 4 * i) + " << 20); time.sleep(0.3)"},
+        dir.path);
+    spec.limits.memory_max = 256 * kMiB;
+    running.push_back(rt->start(io, spec, [&](Json e) { results.push_back(std::move(e)); }));
+  }
+  CHECK(my_cgroups(*rt).size() >= 8);  // memory (+pids, freezer...) leaves, all alive at once
+  io.run();
+  REQUIRE(results.size() == 8);
+  std::set<std::string> paths;
+  for (const auto& e : results) {
+    CHECK(e["exit"]["code"] == 0);
+    CHECK(e["cgroup"]["removed"] == true);
+    paths.insert(e["cgroup"]["path"].get<std::string>());
+    int i = std::stoi(e["name"].get<std::string>().substr(3));
+    CHECK(e["memory"]["peak_bytes"].get<std::uint64_t>() >=
+          (8 + 4 * static_cast<std::uint64_t>(i)) * kMiB);
+  }
+  CHECK(paths.size() == 8);
+  CHECK(my_cgroups(*rt).empty());
+}
+
+TEST_CASE("cancelling a running worker kills it and still delivers the evidence") {
+  TempDir dir;
+  auto rt = runtime();
+  boost::asio::io_context io;
+  Json result;
+  auto r = rt->start(io, make_spec("cancel", {"/bin/sleep", "60"}, dir.path),
+                     [&](Json e) { result = std::move(e); });
+  boost::asio::steady_timer t(io, std::chrono::milliseconds(200));
+  t.async_wait([&](boost::system::error_code) { r->kill(); });
+  io.run();
+  CHECK(result["cancelled"] == true);
+  CHECK(result["exit"]["signal"] == SIGKILL);
+  CHECK(my_cgroups(*rt).empty());
+}
+
+TEST_CASE("output beyond the cap is counted and dropped") {
+  TempDir dir;
+  auto rt = runtime();
+  auto spec = make_spec("cap", {"/bin/sh", "-c", "head -c 100000 /dev/zero"}, dir.path);
+  spec.output_cap_bytes = 1000;
+  Json e = rt->run(spec);
+  CHECK(e["output"]["stdout"]["bytes"] == 1000);
+  CHECK(e["output"]["stdout"]["dropped_bytes"] == 99000);
+  CHECK(fs::file_size(spec.stdout_path) == 1000);
+}
+
+TEST_CASE("hidden paths are unreachable inside, the workdir below them stays usable") {
+  TempDir dir;
+  fs::path state = dir.path / "state";
+  fs::create_directories(state / "jobs" / "j1" / "oracle");
+  std::ofstream(state / "secret.key") << "private";
+  std::ofstream(state / "jobs" / "j1" / "oracle" / "input.json") << "{}";
+  std::ofstream(dir.path / "token") << "t0ken";
+  auto rt = runtime();
+  auto spec = make_spec("hide",
+                        {"/bin/sh", "-c",
+                         "cat input.json; echo; cat " + (state / "secret.key").string() +
+                             " 2>/dev/null || echo no-secret; cat " +
+                             (dir.path / "token").string() + "; echo; echo out > output.json"},
+                        state / "jobs" / "j1" / "oracle");
+  spec.stdout_path = dir.path / "hide.out";
+  spec.stderr_path = dir.path / "hide.err";
+  spec.hidden_paths = {state, dir.path / "token", dir.path / "missing"};
+  Json e = rt->run(spec);
+  CHECK(e["exit"]["code"] == 0);
+  CHECK(slurp(dir.path / "hide.out") == "{}\nno-secret\n\n");
+  CHECK(slurp(state / "jobs" / "j1" / "oracle" / "output.json") == "out\n");
+  CHECK(e["mounts"]["absent"] == Json::array({(dir.path / "missing").string()}));
+  CHECK(slurp(state / "secret.key") == "private");  // the host's view is untouched
+}
+
+TEST_CASE("a command that cannot be executed is an error naming it, and leaves no cgroup") {
+  TempDir dir;
+  auto rt = runtime();
+  try {
+    rt->run(make_spec("noexec", {"/nonexistent/tool", "x"}, dir.path));
+    FAIL("expected contain.spawn_failed");
+  } catch (const assay::common::Error& e) {
+    CHECK(e.code() == "contain.spawn_failed");
+    CHECK(std::string(e.what()).find("/nonexistent/tool") != std::string::npos);
+  }
+  CHECK(my_cgroups(*rt).empty());
+}
+
+TEST_CASE("a bad worker name is rejected before anything is created") {
+  TempDir dir;
+  auto rt = runtime();
+  auto spec = make_spec("x", {"/bin/true"}, dir.path);
+  spec.name = "../escape";
+  CHECK_THROWS_WITH(rt->run(spec), doctest::Contains("../escape"));
+  CHECK(my_cgroups(*rt).empty());
+}
+
+TEST_CASE("cgroup v1 refuses memory_high instead of pretending, and leaves no cgroup") {
+  TempDir dir;
+  auto rt = runtime();
+  if (rt->backend() != "cgroup-v1") return;
+  auto spec = make_spec("high", {"/bin/true"}, dir.path);
+  spec.limits.memory_high = 32 * kMiB;
+  try {
+    rt->run(spec);
+    FAIL("expected contain.unsupported_limit");
+  } catch (const assay::common::Error& e) {
+    CHECK(e.code() == "contain.unsupported_limit");
+  }
+  CHECK(my_cgroups(*rt).empty());
+}
+
+TEST_CASE("pids_max is enforced and pids.peak is reported") {
+  TempDir dir;
+  auto rt = runtime();
+  auto spec = make_spec(
+      "pids", {"/bin/sh", "-c", "for i in 1 2 3 4 5 6 7 8; do sleep 0.3 & done; wait; echo done"},
+      dir.path);
+  spec.limits.pids_max = 4;
+  Json e = rt->run(spec);
+  CHECK(e["pids_peak"].get<int>() <= 4);
+  CHECK(e["pids_peak"].get<int>() >= 2);
+  CHECK(slurp(spec.stderr_path).find("fork") != std::string::npos);
+}
+
+TEST_CASE("mode none runs without a cgroup and says so: no counters, oom unknown") {
+  TempDir dir;
+  RuntimeOptions o;
+  o.mode = Mode::kNone;
+  auto rt = Runtime::create(o);
+  Json e = rt->run(make_spec("none", {"/bin/true"}, dir.path));
+  CHECK(e["mode"] == "none");
+  CHECK(e["cgroup"].is_null());
+  CHECK(e["counters"].is_null());
+  CHECK(e["oom_killed"].is_null());
+  CHECK(e["memory"]["peak_bytes"].is_null());
+  CHECK(e["kill_scope"] == "process-group");
+  check_schema(e, dir.path);
+}
+
+TEST_CASE("worker cgroups left by a crashed supervisor are found, killed, read and removed") {
+  TempDir dir;
+  std::string name = "orphan-" + std::to_string(::getpid());
+  int ready[2];
+  REQUIRE(::pipe(ready) == 0);
+  std::fflush(nullptr);
+  pid_t sup = ::fork();
+  REQUIRE(sup >= 0);
+  if (sup == 0) {
+    // The "crashed assayd": starts a worker and dies without cleaning up.
+    auto rt = runtime();
+    boost::asio::io_context io;
+    auto spec = make_spec("orphan", {"/bin/sleep", "60"}, dir.path);
+    spec.name = name;
+    auto r = rt->start(io, spec, [](Json) {});
+    char c = 1;
+    (void)!::write(ready[1], &c, 1);
+    ::_exit(0);
+  }
+  ::close(ready[1]);
+  char c;
+  REQUIRE(::read(ready[0], &c, 1) == 1);
+  ::close(ready[0]);
+  int status;
+  ::waitpid(sup, &status, 0);
+  auto rt = runtime();
+  auto orphans = rt->cleanup_orphans();
+  const Json* mine = nullptr;
+  for (const auto& o : orphans) {
+    if (o["name"] == name) mine = &o;
+  }
+  REQUIRE(mine != nullptr);
+  CHECK((*mine)["orphan"] == true);
+  CHECK((*mine)["leftover_processes_killed"] == 1);
+  CHECK((*mine)["cgroup"]["removed"] == true);
+  CHECK((*mine)["memory"]["peak_bytes"].get<std::uint64_t>() > 0);
+  check_schema(*mine, dir.path);
+  for (const auto& [k, v] : (*mine)["cgroup"]["hierarchies"].items()) {
+    CHECK_FALSE(fs::exists(v.get<std::string>()));
+  }
+}
+
+// `assayd contain`, run in a child process as main() would dispatch it.
+struct CliResult {
+  int status;
+  std::string out, err;
+};
+CliResult run_cli(std::vector<std::string> args) {
+  TempDir dir;
+  fs::path out = dir.path / "out", err = dir.path / "err";
+  std::fflush(nullptr);  // or the child flushes the test runner's buffered output too
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    int o = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    int e = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    ::dup2(o, 1);
+    ::dup2(e, 2);
+    args.insert(args.begin(), "contain");
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    int rc = assay::supervisor::contain_main(static_cast<int>(args.size()), argv.data());
+    std::fflush(stdout);
+    ::_exit(rc);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), slurp(out), slurp(err)};
+}
+
+TEST_CASE("assayd contain prints the evidence and exits 0 whatever the command's outcome") {
+  auto r = run_cli({"--memory-max", "64M", "--timeout", "5", "--", "sh", "-c", "exit 3"});
+  REQUIRE(r.status == 0);
+  Json e = Json::parse(r.out);
+  CHECK(e["exit"]["code"] == 3);
+  CHECK(e["limits"]["memory_max"] == 64 * kMiB);
+  CHECK(e["limits"]["timeout_ms"] == 5000);
+  CHECK(e["spawn"]["argv"][0] == "/usr/bin/sh");
+}
+
+TEST_CASE("assayd contain fails with one line and exit 1 when containment is unavailable") {
+  auto r = run_cli({"--mode", "v2", "--", "/bin/true"});
+  TempDir probe;
+  RuntimeOptions o;
+  o.mode = Mode::kV2;
+  bool v2_usable = true;
+  try {
+    Runtime::create(o);
+  } catch (const assay::common::Error&) {
+    v2_usable = false;
+  }
+  if (v2_usable) return;  // a host with a delegated v2 memory controller
+  CHECK(r.status == 1);
+  CHECK(r.out.empty());
+  CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+  CHECK(r.err.find("contain.unavailable") != std::string::npos);
+}
+
+TEST_CASE("assayd contain rejects bad options with exit 2 naming the value") {
+  auto bad_bytes = run_cli({"--memory-max", "lots", "--", "/bin/true"});
+  CHECK(bad_bytes.status == 2);
+  CHECK(bad_bytes.err.find("\"lots\"") != std::string::npos);
+  auto no_command = run_cli({"--timeout", "1"});
+  CHECK(no_command.status == 2);
+  auto missing = run_cli({"--", "no-such-command-xyz"});
+  CHECK(missing.status == 2);
+  CHECK(missing.err.find("no-such-command-xyz") != std::string::npos);
+}
+
+TEST_CASE("/proc/self/cgroup and mountinfo parsing finds hierarchies and mounted sub-trees") {
+  using namespace assay::contain::detail;
+  auto m = parse_proc_cgroup("4:memory:/a/b\n1:cpu,cpuacct:/\n0::/user.slice\n");
+  REQUIRE(m.size() == 3);
+  CHECK(m[0].controllers == std::vector<std::string>{"memory"});
+  CHECK(m[0].path == "/a/b");
+  CHECK(m[2].controllers.empty());
+  auto mounts = parse_mountinfo_cgroups(
+      "35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory\n"
+      "41 31 0:38 /sub /sys/fs/cgroup rw,relatime - cgroup2 cgroup2 rw,nsdelegate\n"
+      "50 31 0:40 / /tmp rw - tmpfs tmpfs rw\n");
+  REQUIRE(mounts.size() == 2);
+  CHECK(mounts[0].controllers == std::vector<std::string>{"memory"});
+  CHECK(mounts[1].v2);
+  CHECK(cgroup_dir(mounts[0], "/a/b") == "/sys/fs/cgroup/memory/a/b");
+  CHECK(cgroup_dir(mounts[1], "/sub/w") == "/sys/fs/cgroup/w");
+  CHECK_THROWS_WITH(cgroup_dir(mounts[1], "/other"), doctest::Contains("/other"));
+}

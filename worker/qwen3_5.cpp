@@ -250,7 +250,9 @@ Tensor l2norm(const Tensor& x) {
 // ---------------------------------------------------------------------------------------------
 // Gated delta rule. Inputs [1, T, heads, dim]; output [1, T, v_heads, v_dim] in q's dtype.
 
-// transformers (current): q/k repeated to the value heads, fp32, l2norm; triangular solve.
+// transformers since PR #47625 ("make gated delta rule more explicit"): q/k repeated to the value
+// heads, cast to fp32, then l2norm; UT system by triangular solve; decays folded in before the
+// loop.
 Tensor chunk_rule_current(Tensor query, Tensor key, Tensor value, Tensor g, Tensor beta) {
   const auto initial_dtype = query.scalar_type();
   const int64_t seq_len = key.size(1);
@@ -353,8 +355,9 @@ Tensor recurrent_rule_current(Tensor query, Tensor key, Tensor value, Tensor g, 
   return out.transpose(1, 2).contiguous().to(initial_dtype);
 }
 
-// transformers <= 5.2 (what Qwen3.5 shipped with): l2norm on the model-dtype q/k (already repeated
-// to the value heads by the caller), forward substitution, decays applied inside the chunk loop.
+// transformers before PR #47625 (the code Qwen3.5 was added with): l2norm on the model-dtype q/k
+// (already repeated to the value heads by the caller), forward substitution, decays applied
+// inside the chunk loop.
 Tensor chunk_rule_legacy(Tensor query, Tensor key, Tensor value, Tensor g, Tensor beta) {
   const auto initial_dtype = query.scalar_type();
   query = l2norm(query);

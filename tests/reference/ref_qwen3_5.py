@@ -5,7 +5,8 @@ Qwen3_5GatedDeltaNet, Qwen3_5RMSNorm, Qwen3_5RMSNormGated, Qwen3_5TextRotaryEmbe
 `models/qwen3_next/modeling_qwen3_next.py`. Each op is the one transformers runs, in the same
 order, dtype and shape ([1, T, ...]), so logits match bit for bit on the same ATen build.
 
-Two Gated DeltaNet variants, because transformers releases differ visibly:
+Two Gated DeltaNet variants, because transformers releases differ visibly (transformers
+PR #47625, "Make gated delta rule more explicit", changed the torch fallback kernels):
   * "current": q/k repeated to the value heads, cast to fp32, then l2-normalised; the chunk's
     UT system solved with `torch.linalg.solve_triangular`; decays folded into q/k before the
     chunk loop; the recurrence scales q by division.

@@ -1,13 +1,108 @@
-// Placeholder until the supervisor daemon lands (issue: supervisor daemon and client CLI).
+// assayd serve: the supervisor daemon.
+#include <csignal>
 #include <cstdio>
+#include <iostream>
 
+#include <spdlog/spdlog.h>
+#include <systemd/sd-daemon.h>
+#include <CLI/CLI.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
+
+#include "common/error.h"
 #include "supervisor/commands.h"
+#include "supervisor/config.h"
+#include "supervisor/http.h"
+#include "supervisor/service.h"
 
 namespace assay::supervisor {
 
-int serve_main(int, char**) {
-  std::fputs("assayd serve: not built in this revision\n", stderr);
-  return 2;
+namespace {
+
+void arm_watchdog(boost::asio::steady_timer& timer, std::chrono::microseconds interval) {
+  timer.expires_after(interval / 2);
+  timer.async_wait([&timer, interval](boost::system::error_code ec) {
+    if (ec) return;
+    sd_notify(0, "WATCHDOG=1");
+    arm_watchdog(timer, interval);
+  });
+}
+
+}  // namespace
+
+int serve_main(int argc, char** argv) {
+  CLI::App app{
+      "assayd serve: run the supervisor daemon. Accepts next-token oracle jobs over HTTP/1.1 on a "
+      "unix socket, runs the fingerprint and oracle workers in contained processes, and keeps "
+      "signed results under the state directory.",
+      "assayd serve"};
+  Config config;
+  std::string config_file, socket, state_dir, containment, fingerprint_worker, oracle_worker,
+      log_level = "info";
+  int slots = 0;
+  app.add_option("--socket", socket, "unix socket path (default: systemd socket activation)");
+  app.add_option("--state-dir", state_dir, "state directory (jobs, keys)");
+  app.add_option("--config", config_file, "JSON config file (keys as in the README)");
+  app.add_option("--containment", containment, "containment backend: auto|v2|v1|none");
+  app.add_option("--fingerprint-worker", fingerprint_worker, "assay-fingerprint executable");
+  app.add_option("--oracle-worker", oracle_worker, "assay-oracle executable");
+  app.add_option("--device-slots", slots, "jobs that run at once (default 1)");
+  app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  spdlog::set_level(spdlog::level::from_str(log_level));
+  spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ %v");
+  try {
+    if (!config_file.empty()) config.load_file(config_file);
+    if (!socket.empty()) config.socket = socket;
+    if (!state_dir.empty()) config.state_dir = state_dir;
+    if (!containment.empty()) config.containment.mode = mode_from_name(containment);
+    if (!fingerprint_worker.empty()) config.fingerprint_worker = fingerprint_worker;
+    if (!oracle_worker.empty()) config.oracle_worker = oracle_worker;
+    if (slots) config.device_slots = slots;
+    config.finalize();
+
+    boost::asio::io_context io;
+    Service service(io, config);
+    HttpServer server(io, service);
+    service.start();
+    server.start();
+
+    boost::asio::signal_set signals(io, SIGTERM, SIGINT);
+    signals.async_wait([&](boost::system::error_code ec, int sig) {
+      if (ec) return;
+      spdlog::info("signal {}: stopping", sig);
+      sd_notify(0, "STOPPING=1\nSTATUS=stopping");
+      server.stop();
+      service.stop();
+      io.stop();
+    });
+    std::signal(SIGPIPE, SIG_IGN);
+
+    boost::asio::steady_timer watchdog(io);
+    std::uint64_t usec = 0;
+    if (sd_watchdog_enabled(0, &usec) > 0) arm_watchdog(watchdog, std::chrono::microseconds(usec));
+
+    std::string status =
+        "STATUS=serving on " +
+        (config.socket.empty() ? std::string("the systemd socket") : config.socket.string()) +
+        ", containment " + service.backend() + ", key " + service.key_id();
+    sd_notify(0, ("READY=1\n" + status).c_str());
+    spdlog::info("assayd ready: {} state {} key {}", service.backend(), config.state_dir.string(),
+                 service.key_id());
+    io.run();
+    return 0;
+  } catch (const common::Error& e) {
+    std::fprintf(stderr, "assayd serve: %s (%s)\n", e.what(), e.code().c_str());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "assayd serve: %s\n", e.what());
+    return 1;
+  }
 }
 
 }  // namespace assay::supervisor

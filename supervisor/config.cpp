@@ -1,0 +1,178 @@
+#include "supervisor/config.h"
+
+#include <unistd.h>
+
+#include "common/error.h"
+#include "common/fs.h"
+#include "common/json.h"
+
+namespace assay::supervisor {
+
+using common::Error;
+using common::Json;
+
+contain::Mode mode_from_name(const std::string& name) {
+  if (name == "auto") return contain::Mode::kAuto;
+  if (name == "v2") return contain::Mode::kV2;
+  if (name == "v1") return contain::Mode::kV1;
+  if (name == "none") return contain::Mode::kNone;
+  throw Error("config.invalid", "containment \"" + name + "\" is not auto, v2, v1 or none");
+}
+
+std::string_view mode_name(contain::Mode mode) {
+  switch (mode) {
+    case contain::Mode::kAuto:
+      return "auto";
+    case contain::Mode::kV2:
+      return "v2";
+    case contain::Mode::kV1:
+      return "v1";
+    case contain::Mode::kNone:
+      return "none";
+  }
+  return "auto";
+}
+
+namespace {
+
+template <typename T>
+void take_uint(const Json& j, const char* key, T& out) {
+  auto it = j.find(key);
+  if (it == j.end()) return;
+  if (!it->is_number_unsigned())
+    throw Error("config.invalid", std::string("config.") + key +
+                                      " must be a non-negative integer, got " + it->dump());
+  out = it->get<T>();
+}
+
+void take_string(const Json& j, const char* key, std::string& out) {
+  auto it = j.find(key);
+  if (it == j.end()) return;
+  if (!it->is_string())
+    throw Error("config.invalid", std::string("config.") + key + " must be a string");
+  out = it->get<std::string>();
+}
+
+std::filesystem::path self_dir() {
+  char buf[4096];
+  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) return {};
+  buf[n] = 0;
+  return std::filesystem::path(buf).parent_path();
+}
+
+// Next to assayd (installed layout), or the build tree's sibling folder.
+std::filesystem::path find_worker(const std::string& name, const std::string& build_folder) {
+  auto dir = self_dir();
+  for (auto candidate : {dir / name, dir.parent_path() / build_folder / name})
+    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
+  return dir / name;
+}
+
+}  // namespace
+
+void Config::load_file(const std::filesystem::path& path) {
+  Json j = common::parse_strict(common::read_file(path, 1 << 20));
+  if (!j.is_object()) throw Error("config.invalid", path.string() + " must hold a JSON object");
+  common::reject_unknown_fields(j,
+                                {"socket",
+                                 "state_dir",
+                                 "socket_group",
+                                 "admin_group",
+                                 "fingerprint_worker",
+                                 "oracle_worker",
+                                 "containment",
+                                 "base_cgroup",
+                                 "delegated",
+                                 "worker_user",
+                                 "oracle_device",
+                                 "device_slots",
+                                 "max_queue",
+                                 "max_connections",
+                                 "max_body_bytes",
+                                 "max_header_bytes",
+                                 "read_timeout_ms",
+                                 "idle_timeout_ms",
+                                 "memory_reserve_bytes",
+                                 "worker_timeout_seconds",
+                                 "worker_memory_max",
+                                 "fingerprint_threads",
+                                 "preflight_retry_ms"},
+                                "config");
+  std::string s;
+  if (take_string(j, "socket", s = socket.string()), !s.empty()) socket = s;
+  if (take_string(j, "state_dir", s = state_dir.string()), !s.empty()) state_dir = s;
+  take_string(j, "socket_group", socket_group);
+  take_string(j, "admin_group", admin_group);
+  if (take_string(j, "fingerprint_worker", s = fingerprint_worker.string()), !s.empty())
+    fingerprint_worker = s;
+  if (take_string(j, "oracle_worker", s = oracle_worker.string()), !s.empty()) oracle_worker = s;
+  if (j.contains("containment")) {
+    take_string(j, "containment", s);
+    containment.mode = mode_from_name(s);
+  }
+  take_string(j, "base_cgroup", containment.base_cgroup);
+  if (auto it = j.find("delegated"); it != j.end()) {
+    if (!it->is_boolean()) throw Error("config.invalid", "config.delegated must be a boolean");
+    containment.delegated = it->get<bool>();
+  }
+  take_string(j, "worker_user", worker_user);
+  take_string(j, "oracle_device", oracle_device);
+  unsigned slots = device_slots;
+  take_uint(j, "device_slots", slots);
+  device_slots = static_cast<int>(slots);
+  take_uint(j, "max_queue", max_queue);
+  take_uint(j, "max_connections", max_connections);
+  take_uint(j, "max_body_bytes", max_body_bytes);
+  take_uint(j, "max_header_bytes", max_header_bytes);
+  take_uint(j, "read_timeout_ms", read_timeout_ms);
+  take_uint(j, "idle_timeout_ms", idle_timeout_ms);
+  take_uint(j, "memory_reserve_bytes", memory_reserve_bytes);
+  take_uint(j, "preflight_retry_ms", preflight_retry_ms);
+  unsigned threads = fingerprint_threads;
+  take_uint(j, "fingerprint_threads", threads);
+  fingerprint_threads = static_cast<int>(threads);
+  if (auto it = j.find("worker_timeout_seconds"); it != j.end()) {
+    if (!it->is_number())
+      throw Error("config.invalid", "config.worker_timeout_seconds must be a number");
+    worker_timeout_seconds = it->get<double>();
+  }
+  if (auto it = j.find("worker_memory_max"); it != j.end() && !it->is_null()) {
+    std::uint64_t v = 0;
+    take_uint(j, "worker_memory_max", v);
+    worker_memory_max = v;
+  }
+}
+
+void Config::finalize() {
+  if (state_dir.empty()) throw Error("config.invalid", "--state-dir is required");
+  if (!state_dir.is_absolute()) state_dir = std::filesystem::absolute(state_dir);
+  if (!socket.empty() && !socket.is_absolute()) socket = std::filesystem::absolute(socket);
+  if (fingerprint_worker.empty())
+    fingerprint_worker = find_worker("assay-fingerprint", "fingerprint");
+  if (oracle_worker.empty()) oracle_worker = find_worker("assay-oracle", "worker");
+  if (device_slots < 1 || device_slots > 64)
+    throw Error("config.invalid",
+                "device_slots must be in 1..64, got " + std::to_string(device_slots));
+  if (max_queue < 1) throw Error("config.invalid", "max_queue must be at least 1");
+  if (max_connections < 1) throw Error("config.invalid", "max_connections must be at least 1");
+  if (max_body_bytes < 1024)
+    throw Error("config.invalid",
+                "max_body_bytes must be at least 1024, got " + std::to_string(max_body_bytes));
+  if (worker_timeout_seconds <= 0)
+    throw Error("config.invalid", "worker_timeout_seconds must be positive, got " +
+                                      std::to_string(worker_timeout_seconds));
+}
+
+std::string Config::describe() const {
+  Json j{{"socket", socket.string()},
+         {"state_dir", state_dir.string()},
+         {"fingerprint_worker", fingerprint_worker.string()},
+         {"oracle_worker", oracle_worker.string()},
+         {"containment", mode_name(containment.mode)},
+         {"device_slots", device_slots},
+         {"max_queue", max_queue}};
+  return j.dump();
+}
+
+}  // namespace assay::supervisor

@@ -1,0 +1,49 @@
+// assayd serve's settings: defaults that work for a run in a temporary directory, overridden by
+// a JSON config file (--config), overridden by command-line flags.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+
+#include "supervisor/contain/contain.h"
+
+namespace assay::supervisor {
+
+struct Config {
+  std::filesystem::path socket;     // empty: systemd socket activation (sd_listen_fds)
+  std::filesystem::path state_dir;  // required
+  std::string socket_group;         // group of the socket (0660); empty: the daemon's group
+  std::string admin_group;          // members may read and cancel every job
+  std::filesystem::path fingerprint_worker;  // default: found next to assayd
+  std::filesystem::path oracle_worker;       // default: found next to assayd
+  contain::RuntimeOptions containment;
+  std::string oracle_device = "cpu";  // cpu, cuda, cuda:N
+  std::string worker_user;  // when running as root, workers run as this user (empty: root)
+
+  int device_slots = 1;
+  std::size_t max_queue = 256;
+  std::size_t max_connections = 512;
+  std::size_t max_body_bytes = 17 * 1024 * 1024;
+  std::size_t max_header_bytes = 16 * 1024;
+  std::uint32_t read_timeout_ms = 10'000;  // a whole request must arrive within this
+  std::uint32_t idle_timeout_ms = 60'000;  // keep-alive connections with nothing to do
+  std::uint64_t memory_reserve_bytes = 256ull << 20;
+  double worker_timeout_seconds = 600;
+  std::optional<std::uint64_t> worker_memory_max;
+  int fingerprint_threads = 2;
+  std::uint32_t preflight_retry_ms = 2000;
+
+  // JSON keys are the field names above; "containment" is "auto|v2|v1|none".
+  void load_file(const std::filesystem::path& path);
+  // Fills defaults that depend on the environment (worker paths) and checks the result;
+  // throws common::Error("config.invalid") naming the bad value.
+  void finalize();
+  std::string describe() const;
+};
+
+contain::Mode mode_from_name(const std::string& name);
+std::string_view mode_name(contain::Mode mode);
+
+}  // namespace assay::supervisor

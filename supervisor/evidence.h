@@ -1,0 +1,39 @@
+// What the supervisor makes of the workers' documents: the containment evidence of a run, the
+// oracle's input and output, and the verdict.
+#pragma once
+
+#include <filesystem>
+#include <string>
+
+#include "common/json.h"
+#include "common/request.h"
+
+namespace assay::supervisor {
+
+struct Outcome {
+  bool ok = false;
+  bool timed_out = false;
+  bool oom_killed = false;
+  std::string reason;  // "exited with code 3", "was OOM-killed", ... when !ok
+};
+// Reads an assay.process-containment.v1 document: ok when the process exited 0 and was neither
+// OOM-killed nor timed out.
+Outcome judge_evidence(const common::Json& evidence);
+
+// assay.oracle-input.v1 for a request.
+common::Json oracle_input(const std::string& model_dir, const common::NextTokenRequest& request,
+                          const common::Json& candidates, const std::string& device, int threads);
+// File name of the logits artifact inside the oracle's workspace.
+std::string oracle_artifact_name(const common::Json& oracle_output);
+// The result's "oracle" section: the worker's output plus its containment evidence.
+common::Json oracle_section(const common::Json& oracle_output, const common::Json& evidence);
+// {argmax_candidate (engine or "neither"), argmax_token_id, candidate_attribution_complete}.
+// Complete means the oracle reported a logit for every candidate and the top logit is not tied,
+// so exactly one token is the reference argmax.
+common::Json make_verdict(const common::NextTokenRequest& request,
+                          const common::Json& oracle_output);
+
+// The last `max_bytes` of a text file ("" when unreadable), for error messages.
+std::string tail_file(const std::filesystem::path& path, std::size_t max_bytes);
+
+}  // namespace assay::supervisor

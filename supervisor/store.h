@@ -1,0 +1,79 @@
+// The durable job store: one directory per job, STATE/jobs/<id>/, whose job.json is rewritten
+// atomically (temp, fsync, rename, directory fsync) on every state change before anyone is told
+// about the change.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <sys/types.h>
+
+#include "common/json.h"
+
+namespace assay::supervisor {
+
+enum class JobState { kQueued, kRunning, kSucceeded, kFailed, kCancelled };
+
+std::string_view state_name(JobState s);
+// Throws common::Error("api.bad_state") for an unknown name.
+JobState state_from_name(std::string_view name);
+bool is_terminal(JobState s);
+
+struct Job {
+  std::string id;
+  std::string key;  // sha256 identity of {request_sha256, model_dir}: the dedup key
+  std::string request_sha256;
+  std::string request_schema;
+  std::string request_id;
+  std::string model_dir;
+  uid_t submitter_uid = 0;
+  JobState state = JobState::kQueued;
+  std::string phase = "queued";  // finer than state: preflight, fingerprint, oracle, ...
+  std::string created_at;        // RFC 3339 UTC
+  std::string updated_at;
+  double created_unix = 0;
+  int attempts = 0;                   // pipeline starts, including ones cut off by a restart
+  std::optional<common::Json> error;  // {"code","message"} once failed
+  std::string waiting_reason;         // why a queued job is not started (preflight)
+  common::Json events = common::Json::array();  // every phase change, in order
+
+  common::Json to_json() const;
+  static Job from_json(const common::Json& j);
+  // Public view for the API: to_json() plus links, without the event list.
+  common::Json summary() const;
+};
+
+class JobStore {
+ public:
+  // Creates STATE/jobs (0700) if needed and loads every job in it.
+  explicit JobStore(std::filesystem::path state_dir);
+
+  const std::filesystem::path& jobs_dir() const { return jobs_dir_; }
+  std::filesystem::path job_dir(const std::string& id) const { return jobs_dir_ / id; }
+
+  Job* find(const std::string& id);
+  Job* find_by_key(const std::string& key);
+  // Jobs in creation order.
+  std::vector<Job*> all();
+
+  // Writes request.json and job.json of a new job durably, then indexes it.
+  Job& create(Job job, const std::string& request_canonical);
+  // Rewrites job.json durably after `job` was changed.
+  void save(const Job& job);
+  // Appends an event {at, state, phase, message} to the job (then call save()).
+  static void add_event(Job& job, const std::string& message);
+
+ private:
+  std::filesystem::path jobs_dir_;
+  std::map<std::string, Job> jobs_;
+  std::map<std::string, std::string> by_key_;
+};
+
+std::string now_rfc3339();
+double now_unix();
+
+}  // namespace assay::supervisor

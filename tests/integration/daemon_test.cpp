@@ -1,0 +1,511 @@
+// End-to-end tests of assayd through its real unix socket.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <sys/stat.h>
+#include <atomic>
+
+#include "common/identity.h"
+#include "common/request.h"
+#include "common/result.h"
+#include "common/sign.h"
+#include "tests/integration/harness.h"
+
+using namespace assay::test;
+namespace common = assay::common;
+
+namespace {
+
+// A model directory the daemon can validate requests against (config.json only): enough for
+// every check that happens before a job is queued.
+fs::path make_config_only_model(const fs::path& dir) {
+  fs::create_directories(dir);
+  spit(dir / "config.json", R"({"model_type":"llama","vocab_size":260})");
+  return dir;
+}
+
+Json valid_request(const std::string& id, const fs::path& model_dir) {
+  return Json{{"schema", "assay.next-token-request.v1"},
+              {"id", id},
+              {"model_dir", model_dir.string()},
+              {"input_token_ids", {72, 101, 108, 108, 111}},
+              {"candidates",
+               {{{"engine", "kiln"}, {"token_id", 65}, {"text", "A"}},
+                {{"engine", "vllm"}, {"token_id", 66}, {"text", "B"}}}}};
+}
+
+Json kiln_request(const Json& identity) {
+  Json r{{"schema", "kiln.hf-next-token-request.v1"},
+         {"id", "kiln-1"},
+         {"source", {{"a", {{"engine", "kiln"}}}, {"b", {{"engine", "vllm"}}}}},
+         {"model_identity", identity},
+         {"prompt", {{"token_ids", {72, 101, 108}}}},
+         {"continuation_prefix", {{"token_ids", {108, 111}}}},
+         {"input_token_ids", {72, 101, 108, 108, 111}},
+         {"candidates",
+          {{{"engine", "kiln"}, {"token_id", 65}, {"text", "A"}},
+           {{"engine", "vllm"}, {"token_id", 66}, {"text", "B"}}}}};
+  r["input_token_ids_sha256"] =
+      common::token_ids_sha256(std::vector<std::int64_t>{72, 101, 108, 108, 111});
+  return r;
+}
+
+Json fake_identity() {
+  Json mi{{"id", "fixture"},
+          {"config_hash", "sha256:" + std::string(64, 'a')},
+          {"tokenizer_hash", "sha256:" + std::string(64, 'b')},
+          {"chat_template_hash", nullptr},
+          {"weight_files",
+           {{{"path", "model.safetensors"},
+             {"bytes", 10},
+             {"sha256", "sha256:" + std::string(64, 'c')}}}}};
+  mi["content_sha256"] = common::model_content_sha256(mi);
+  return mi;
+}
+
+// The worker and client executables: the build's own, or ASSAY_TEST_<NAME> from the environment
+// (to run these tests against binaries built elsewhere).
+std::string binary(const char* env, const char* built) {
+  const char* e = std::getenv(env);
+  return e && *e ? e : built;
+}
+const std::string kFingerprint = binary("ASSAY_TEST_FINGERPRINT", ASSAY_FINGERPRINT_PATH);
+const std::string kOracle = binary("ASSAY_TEST_ORACLE", ASSAY_ORACLE_PATH);
+const std::string kClient = binary("ASSAY_TEST_CLIENT", ASSAY_CLIENT_PATH);
+
+bool have(const std::string& path) {
+  return !path.empty() && ::access(path.c_str(), X_OK) == 0;
+}
+
+// A tiny llama fixture made by the oracle's fixture generator (cached per test process).
+fs::path fixture_model(const fs::path& dir) {
+  if (fs::exists(dir / "config.json")) return dir;
+  std::string cmd = std::string(ASSAY_PYTHON3) + " " + ASSAY_SOURCE_DIR +
+                    "/tests/fixtures/make_fixture.py --arch llama --size tiny --out " +
+                    dir.string() + " > " + dir.string() + ".log 2>&1";
+  REQUIRE_MESSAGE(std::system(cmd.c_str()) == 0,
+                  "make_fixture.py failed: " << slurp(dir.string() + ".log"));
+  return dir;
+}
+
+// A worker wrapper that sleeps before running the real worker, so a test can act while the
+// worker "runs". It stays a real run of the real worker.
+fs::path slow_wrapper(const fs::path& dir, const std::string& real, double seconds) {
+  fs::path p = dir / ("slow-" + fs::path(real).filename().string());
+  spit(p, "#!/bin/sh\nsleep " + std::to_string(seconds) + "\nexec " + real + " \"$@\"\n");
+  ::chmod(p.c_str(), 0755);
+  return p;
+}
+
+std::string run_capture(const std::string& cmd) {
+  std::string out;
+  FILE* f = ::popen((cmd + " 2>&1").c_str(), "r");
+  char buf[4096];
+  std::size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
+  int st = ::pclose(f);
+  return std::to_string(WEXITSTATUS(st)) + ":" + out;
+}
+
+}  // namespace
+
+TEST_CASE("assayd answers health, info and metrics on a 0660 unix socket") {
+  TempDir tmp;
+  Daemon d(tmp.path / "state", tmp.path / "assayd.sock", {"--containment", "none"});
+  REQUIRE_MESSAGE(d.start(), d.log());
+  struct stat st {};
+  REQUIRE(::stat(d.socket().c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0660);
+  auto health = request(d.socket(), "GET", "/v1/health");
+  CHECK(health.status == 200);
+  CHECK(health.json()["status"] == "ok");
+  auto info = request(d.socket(), "GET", "/v1/info").json();
+  CHECK(info["containment"]["backend"] == "none");
+  CHECK(common::is_identity(info["key_id"].get<std::string>()));
+  CHECK(info["limits"]["max_body_bytes"].get<long>() > 0);
+  // The host key is created on first start, private and 0600.
+  REQUIRE(::stat((d.state() / "keys" / "host.key").c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0600);
+  auto metrics = request(d.socket(), "GET", "/metrics");
+  CHECK(metrics.status == 200);
+  CHECK(metrics.body.find("assay_jobs{state=\"queued\"} 0") != std::string::npos);
+  CHECK(metrics.body.find("assay_build_info{") != std::string::npos);
+  CHECK(d.stop() == 0);
+  CHECK_FALSE(fs::exists(d.socket()));
+}
+
+TEST_CASE("bad inputs each get a clear 4xx and the daemon keeps serving") {
+  TempDir tmp;
+  fs::path model = make_config_only_model(tmp.path / "model");
+  fs::create_directory_symlink(model, tmp.path / "model-link");
+  spit(tmp.path / "plain-file", "x");
+  spit(tmp.path / "config.json",
+       R"({"max_body_bytes":65536,"max_header_bytes":4096,"read_timeout_ms":1500})");
+  Daemon d(tmp.path / "state", tmp.path / "assayd.sock",
+           {"--containment", "none", "--config", (tmp.path / "config.json").string()});
+  REQUIRE_MESSAGE(d.start(), d.log());
+
+  Json good = valid_request("bad-inputs", model);
+  auto with = [&](const std::string& pointer, Json value) {
+    Json doc = good;
+    doc[Json::json_pointer(pointer)] = value;
+    return doc.dump();
+  };
+  auto without = [&](const std::string& key) {
+    Json doc = good;
+    doc.erase(key);
+    return doc.dump();
+  };
+  Json kiln = kiln_request(fake_identity());
+  auto kiln_with = [&](const std::string& pointer, Json value) {
+    Json doc = kiln;
+    doc[Json::json_pointer(pointer)] = value;
+    return doc.dump();
+  };
+  std::string q = "?model=" + model.string();
+
+  struct Case {
+    std::string name, method, target, body;
+    int status;
+    std::string code;
+  };
+  std::vector<Case> cases{
+      {"malformed JSON", "POST", "/v1/jobs", "{\"schema\":", 400, "json.invalid"},
+      {"empty body", "POST", "/v1/jobs", "", 400, "json.invalid"},
+      {"duplicate keys", "POST", "/v1/jobs",
+       R"({"schema":"assay.next-token-request.v1","schema":"x"})", 400, "json.invalid"},
+      {"trailing data", "POST", "/v1/jobs", good.dump() + "x", 400, "json.invalid"},
+      {"NaN", "POST", "/v1/jobs", R"({"schema":NaN})", 400, "json.invalid"},
+      {"not an object", "POST", "/v1/jobs", "[1,2]", 422, "request.invalid"},
+      {"wrong schema", "POST", "/v1/jobs", with("/schema", "assay.next-token-request.v9"), 422,
+       "request.unknown_schema"},
+      {"unknown field", "POST", "/v1/jobs", with("/surprise", 1), 422, "request.invalid"},
+      {"unknown candidate field", "POST", "/v1/jobs", with("/candidates/0/logit", 1.0), 422,
+       "request.invalid"},
+      {"missing candidates", "POST", "/v1/jobs", without("candidates"), 422, "request.invalid"},
+      {"one candidate", "POST", "/v1/jobs",
+       with("/candidates", Json::array({good["candidates"][0]})), 422, "request.invalid"},
+      {"duplicate engine", "POST", "/v1/jobs", with("/candidates/1/engine", "kiln"), 422,
+       "request.invalid"},
+      {"empty input ids", "POST", "/v1/jobs", with("/input_token_ids", Json::array()), 422,
+       "request.invalid"},
+      {"negative token id", "POST", "/v1/jobs", with("/input_token_ids/0", -5), 422,
+       "request.invalid_token_id"},
+      {"float token id", "POST", "/v1/jobs", with("/input_token_ids/0", 1.5), 422,
+       "request.invalid_token_id"},
+      {"input token id >= vocab", "POST", "/v1/jobs", with("/input_token_ids/2", 260), 422,
+       "request.invalid_token_id"},
+      {"candidate token id >= vocab", "POST", "/v1/jobs", with("/candidates/1/token_id", 100000),
+       422, "request.invalid_token_id"},
+      {"bad input sha", "POST", "/v1/jobs",
+       with("/input_token_ids_sha256", "sha256:" + std::string(64, '0')), 422,
+       "request.sha_mismatch"},
+      {"malformed sha", "POST", "/v1/jobs", with("/input_token_ids_sha256", "sha256:XYZ"), 422,
+       "request.invalid"},
+      {"bad limits", "POST", "/v1/jobs", with("/limits", Json{{"memory_bytes", 5}}), 422,
+       "request.invalid"},
+      {"nonexistent model", "POST", "/v1/jobs", with("/model_dir", (tmp.path / "nope").string()),
+       422, "request.bad_model"},
+      {"symlinked model", "POST", "/v1/jobs",
+       with("/model_dir", (tmp.path / "model-link").string()), 422, "request.bad_model"},
+      {"symlink inside model path", "POST", "/v1/jobs",
+       with("/model_dir", (tmp.path / "model-link" / ".").string()), 422, "request.bad_model"},
+      {"model path is a file", "POST", "/v1/jobs",
+       with("/model_dir", (tmp.path / "plain-file").string()), 422, "request.bad_model"},
+      {"model without config", "POST", "/v1/jobs", with("/model_dir", tmp.path.string()), 422,
+       "request.bad_model"},
+      {"relative model query", "POST", "/v1/jobs?model=relative/dir", good.dump(), 422,
+       "request.bad_model"},
+      {"unknown query parameter", "POST", "/v1/jobs?priority=1", good.dump(), 422, "api.bad_query"},
+      {"Kiln without a model dir", "POST", "/v1/jobs", kiln.dump(), 422, "request.no_model_dir"},
+      {"inconsistent Kiln ids", "POST", "/v1/jobs" + q, kiln_with("/input_token_ids/4", 112), 422,
+       "request.inconsistent_token_ids"},
+      {"Kiln prompt mismatch", "POST", "/v1/jobs" + q, kiln_with("/prompt/token_ids/0", 73), 422,
+       "request.inconsistent_token_ids"},
+      {"bad Kiln ids sha", "POST", "/v1/jobs" + q,
+       kiln_with("/input_token_ids_sha256", "sha256:" + std::string(64, 'f')), 422,
+       "request.sha_mismatch"},
+      {"bad Kiln content sha", "POST", "/v1/jobs" + q,
+       kiln_with("/model_identity/content_sha256", "sha256:" + std::string(64, 'e')), 422,
+       "request.sha_mismatch"},
+      {"Kiln unknown field", "POST", "/v1/jobs" + q, kiln_with("/model_dir", model.string()), 422,
+       "request.invalid"},
+      {"oversize body", "POST", "/v1/jobs", std::string(70000, ' '), 413, "api.body_too_large"},
+      {"bad job id", "GET", "/v1/jobs/../../etc/passwd", "", 400, "api.bad_job_id"},
+      {"unknown job", "GET", "/v1/jobs/j-000000000000000000000000", "", 404, "api.no_such_job"},
+      {"unknown job result", "GET", "/v1/jobs/j-000000000000000000000000/result", "", 404,
+       "api.no_such_job"},
+      {"cancel unknown job", "DELETE", "/v1/jobs/j-000000000000000000000000", "", 404,
+       "api.no_such_job"},
+      {"bad state filter", "GET", "/v1/jobs?state=sleeping", "", 400, "api.bad_state"},
+      {"unknown route", "GET", "/v2/jobs", "", 404, "api.not_found"},
+      {"wrong method", "PUT", "/v1/jobs", "{}", 405, "api.method_not_allowed"},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.name);
+    auto r = request(d.socket(), c.method, c.target, c.body);
+    CHECK(r.status == c.status);
+    REQUIRE_MESSAGE(r.status != 0, "daemon stopped answering: " << d.log());
+    auto j = r.json();
+    CHECK(j["error"]["code"] == c.code);
+    CHECK_FALSE(j["error"]["message"].get<std::string>().empty());
+  }
+  CHECK(cases.size() >= 30);
+
+  // Header too large, and bytes that are not HTTP.
+  auto big = raw_request(
+      d.socket(), "GET /v1/health HTTP/1.1\r\nX-Big: " + std::string(8000, 'a') + "\r\n\r\n");
+  CHECK(big.status == 431);
+  auto garbage = raw_request(d.socket(), "\x01\x02 nonsense\r\n\r\n");
+  CHECK(garbage.status == 400);
+
+  // A client that trickles bytes is cut off at the read deadline (1.5 s here).
+  int fd = connect_unix(d.socket());
+  REQUIRE(fd >= 0);
+  auto t0 = std::chrono::steady_clock::now();
+  std::string partial = "POST /v1/jobs HTTP/1.1\r\nContent-Length: 100\r\n\r\n{";
+  bool cut = false;
+  for (int i = 0; i < 60 && !cut; ++i) {
+    cut = ::send(fd, partial.data() + (i < (int)partial.size() ? i : 0), 1, MSG_NOSIGNAL) < 0;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    char c;
+    if (::recv(fd, &c, 1, MSG_DONTWAIT) == 0) cut = true;
+  }
+  double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ::close(fd);
+  CHECK(cut);
+  CHECK(waited < 4.0);
+
+  // Nothing bad was stored, and the daemon still serves.
+  CHECK(request(d.socket(), "GET", "/v1/jobs").json()["jobs"].empty());
+  CHECK(request(d.socket(), "GET", "/v1/health").status == 200);
+}
+
+TEST_CASE("64 concurrent clients x 100 status requests all succeed") {
+  TempDir tmp;
+  fs::path model = make_config_only_model(tmp.path / "model");
+  // /bin/false as the fingerprint worker: the job fails fast, which is all this test needs.
+  Daemon d(tmp.path / "state", tmp.path / "assayd.sock",
+           {"--containment", "none", "--fingerprint-worker", "/bin/false"});
+  REQUIRE_MESSAGE(d.start(), d.log());
+  auto sub = request(d.socket(), "POST", "/v1/jobs", valid_request("status-load", model).dump());
+  REQUIRE(sub.status == 201);
+  std::string id = sub.json()["id"];
+  Json job = wait_job(d.socket(), id, terminal, 30);
+  CHECK(job["state"] == "failed");
+  CHECK(job["error"]["code"] == "worker.fingerprint_failed");
+
+  std::atomic<int> ok{0}, bad{0};
+  std::vector<std::thread> clients;
+  for (int c = 0; c < 64; ++c)
+    clients.emplace_back([&] {
+      for (int i = 0; i < 100; ++i) {
+        auto r = request(d.socket(), "GET", "/v1/jobs/" + id);
+        (r.status == 200 && r.body.find(id) != std::string::npos ? ok : bad)++;
+      }
+    });
+  for (auto& t : clients) t.join();
+  CHECK(ok == 6400);
+  CHECK(bad == 0);
+}
+
+TEST_CASE("resubmitting an identical request returns the existing job, also after a restart") {
+  TempDir tmp;
+  fs::path model = make_config_only_model(tmp.path / "model");
+  std::vector<std::string> args{"--containment", "none", "--fingerprint-worker", "/bin/false"};
+  Daemon d(tmp.path / "state", tmp.path / "assayd.sock", args);
+  REQUIRE_MESSAGE(d.start(), d.log());
+  std::string body = valid_request("dedup", model).dump();
+  auto first = request(d.socket(), "POST", "/v1/jobs", body);
+  REQUIRE(first.status == 201);
+  auto again = request(d.socket(), "POST", "/v1/jobs", Json::parse(body).dump(2));
+  CHECK(again.status == 200);
+  CHECK(again.json()["id"] == first.json()["id"]);
+  CHECK(again.json()["duplicate"] == true);
+  wait_job(d.socket(), first.json()["id"], terminal, 30);
+  d.kill9();
+  REQUIRE_MESSAGE(d.start(), d.log());
+  auto after = request(d.socket(), "POST", "/v1/jobs", body);
+  CHECK(after.status == 200);
+  CHECK(after.json()["id"] == first.json()["id"]);
+  auto list = request(d.socket(), "GET", "/v1/jobs?state=failed").json();
+  CHECK(list["jobs"].size() == 1);
+}
+
+TEST_CASE("a job whose model differs from the expected identity fails naming both identities") {
+  if (!have(kFingerprint)) {
+    MESSAGE("skipped: assay-fingerprint was not built");
+    return;
+  }
+  TempDir tmp;
+  fs::path model = make_config_only_model(tmp.path / "model");
+  spit(model / "tokenizer.json", R"({"model":{"vocab":{}}})");
+  spit(model / "model.safetensors", std::string("\x08\0\0\0\0\0\0\0{}      ", 16));
+  Daemon d(tmp.path / "state", tmp.path / "assayd.sock",
+           {"--containment", "none", "--fingerprint-worker", kFingerprint});
+  REQUIRE_MESSAGE(d.start(), d.log());
+  Json doc = kiln_request(fake_identity());
+  auto sub = request(d.socket(), "POST", "/v1/jobs?model=" + model.string(), doc.dump());
+  REQUIRE_MESSAGE(sub.status == 201, sub.body);
+  Json job = wait_job(d.socket(), sub.json()["id"], terminal, 60);
+  CHECK(job["state"] == "failed");
+  std::string message = job["error"]["message"];
+  CAPTURE(message);
+  if (job["error"]["code"] == "job.identity_mismatch") {
+    CHECK(message.find(fake_identity()["content_sha256"].get<std::string>()) != std::string::npos);
+  } else {
+    // The fingerprint worker refused this hand-made directory; its reason is in the error.
+    CHECK(job["error"]["code"] == "worker.fingerprint_failed");
+  }
+}
+
+TEST_CASE("a real job runs both contained workers and returns a verifiable signed result") {
+  if (!have(kFingerprint) || !have(kOracle)) {
+    MESSAGE("skipped: assay-fingerprint or assay-oracle was not built");
+    return;
+  }
+  TempDir tmp;
+  fs::path model = fixture_model(tmp.path / "llama-tiny");
+  Daemon d(tmp.path / "state", tmp.path / "assayd.sock",
+           {"--containment", ASSAY_IT_CONTAINMENT, "--fingerprint-worker", kFingerprint,
+            "--oracle-worker", kOracle});
+  REQUIRE_MESSAGE(d.start(), d.log());
+  auto sub = request(d.socket(), "POST", "/v1/jobs", valid_request("e2e", model).dump());
+  REQUIRE_MESSAGE(sub.status == 201, sub.body);
+  std::string id = sub.json()["id"];
+  Json job = wait_job(d.socket(), id, terminal, 300);
+  REQUIRE_MESSAGE(job["state"] == "succeeded", job.dump(2) << "\n" << d.log());
+
+  // The event stream replays every phase and ends with the terminal state.
+  auto events = request(d.socket(), "GET", "/v1/jobs/" + id + "/events");
+  CHECK(events.status == 200);
+  CHECK(events.body.find("\"phase\":\"fingerprint\"") != std::string::npos);
+  CHECK(events.body.find("\"phase\":\"oracle\"") != std::string::npos);
+  CHECK(events.body.find("\"state\":\"succeeded\"") != std::string::npos);
+
+  auto result_reply = request(d.socket(), "GET", "/v1/jobs/" + id + "/result");
+  REQUIRE(result_reply.status == 200);
+  Json result = result_reply.json();
+  CHECK(common::canonical(result) == result_reply.body);
+  CHECK_NOTHROW(common::verify_result_sha256(result));
+  CHECK(result["verdict"]["argmax_token_id"] == result["oracle"]["argmax"]);
+  std::string winner = result["verdict"]["argmax_candidate"];
+  CHECK((winner == "kiln" || winner == "vllm" || winner == "neither"));
+  CHECK(result["request"]["sha256"] == common::sha256_canonical_id(valid_request("e2e", model)));
+
+  auto artifact = request(d.socket(), "GET", "/v1/jobs/" + id + "/artifact");
+  CHECK(artifact.status == 200);
+  CHECK(common::sha256_id(artifact.body) == result["reference_artifact"]["sha256"]);
+
+  // DSSE: verifies with the published key, subjects match both files.
+  auto envelope = request(d.socket(), "GET", "/v1/jobs/" + id + "/attestation").json();
+  std::string pub = slurp(d.state() / "keys" / "host.pub");
+  Json statement =
+      common::parse_strict(common::dsse_verify(envelope, common::public_key_raw_from_pem(pub)));
+  CHECK(statement["subject"][0]["digest"]["sha256"] ==
+        common::sha256_id(result_reply.body).substr(7));
+  CHECK(statement["subject"][1]["digest"]["sha256"] == common::sha256_id(artifact.body).substr(7));
+
+  // ... and with plain openssl over the DSSE pre-authentication encoding.
+  spit(tmp.path / "pae.bin",
+       common::dsse_pae(envelope["payloadType"].get<std::string>(),
+                        common::base64_decode(envelope["payload"].get<std::string>())));
+  spit(tmp.path / "sig.bin",
+       common::base64_decode(envelope["signatures"][0]["sig"].get<std::string>()));
+  std::string openssl =
+      run_capture("openssl pkeyutl -verify -pubin -inkey " +
+                  (d.state() / "keys" / "host.pub").string() + " -rawin -in " +
+                  (tmp.path / "pae.bin").string() + " -sigfile " + (tmp.path / "sig.bin").string());
+  CHECK_MESSAGE(openssl.rfind("0:", 0) == 0, openssl);
+
+  // assay verify, when the client was built.
+  if (have(kClient)) {
+    spit(tmp.path / "result.json", result_reply.body);
+    spit(tmp.path / "result.dsse.json", envelope.dump());
+    std::string v = run_capture(kClient + " verify " + (tmp.path / "result.json").string() +
+                                " --envelope " + (tmp.path / "result.dsse.json").string() +
+                                " --pubkey " + (d.state() / "keys" / "host.pub").string());
+    CHECK_MESSAGE(v.rfind("0:", 0) == 0, v);
+  } else {
+    MESSAGE("assay verify not checked: the client was not built");
+  }
+
+  // Every document the daemon wrote validates against its schema.
+  fs::path dir = d.state() / "jobs" / id;
+  std::string validate =
+      run_capture(std::string(ASSAY_PYTHON3) + " " + ASSAY_SOURCE_DIR +
+                  "/tests/integration/validate_schemas.py " + ASSAY_SOURCE_DIR +
+                  "/schemas next-token-oracle-result=" + (dir / "result.json").string() +
+                  " next-token-request=" + (dir / "request.json").string() +
+                  " fingerprint-input=" + (dir / "fingerprint" / "input.json").string() +
+                  " oracle-input=" + (dir / "oracle" / "input.json").string() +
+                  " process-containment=" + (dir / "oracle" / "evidence.json").string());
+  CHECK_MESSAGE(validate.rfind("0:", 0) == 0, validate);
+
+  auto metrics = request(d.socket(), "GET", "/metrics").body;
+  CHECK(metrics.find("assay_jobs{state=\"succeeded\"} 1") != std::string::npos);
+}
+
+TEST_CASE("kill -9 of assayd while a job runs loses nothing: the job is re-run after restart") {
+  if (!have(kFingerprint) || !have(kOracle)) {
+    MESSAGE("skipped: assay-fingerprint or assay-oracle was not built");
+    return;
+  }
+  TempDir tmp;
+  fs::path model = fixture_model(tmp.path / "llama-tiny");
+  fs::path slow = slow_wrapper(tmp.path, kOracle, 3);
+  Daemon d(tmp.path / "state", tmp.path / "assayd.sock",
+           {"--containment", ASSAY_IT_CONTAINMENT, "--fingerprint-worker", kFingerprint,
+            "--oracle-worker", slow.string()});
+  REQUIRE_MESSAGE(d.start(), d.log());
+  auto running = request(d.socket(), "POST", "/v1/jobs", valid_request("crash", model).dump());
+  auto queued = request(d.socket(), "POST", "/v1/jobs", valid_request("crash-2", model).dump());
+  REQUIRE(running.status == 201);
+  REQUIRE(queued.status == 201);
+  std::string id = running.json()["id"], id2 = queued.json()["id"];
+  Json job = wait_job(
+      d.socket(), id, [](const Json& j) { return j["phase"] == "oracle"; }, 120);
+  REQUIRE(job["phase"] == "oracle");
+  d.kill9();
+  Json on_disk = common::parse_strict(slurp(d.state() / "jobs" / id / "job.json"));
+  CHECK(on_disk["state"] == "running");
+
+  REQUIRE_MESSAGE(d.start(), d.log());
+  job = wait_job(d.socket(), id, terminal, 300);
+  CHECK_MESSAGE(job["state"] == "succeeded", job.dump(2));
+  CHECK(job["attempts"] == 2);
+  Json job2 = wait_job(d.socket(), id2, terminal, 300);
+  CHECK(job2["state"] == "succeeded");
+
+  // A finished result is served unchanged after another crash.
+  std::string before = request(d.socket(), "GET", "/v1/jobs/" + id + "/result").body;
+  d.kill9();
+  REQUIRE_MESSAGE(d.start(), d.log());
+  CHECK(request(d.socket(), "GET", "/v1/jobs/" + id + "/result").body == before);
+}
+
+TEST_CASE("cancelling a running job kills its worker and keeps the evidence") {
+  if (!have(kFingerprint) || !have(kOracle)) {
+    MESSAGE("skipped: assay-fingerprint or assay-oracle was not built");
+    return;
+  }
+  TempDir tmp;
+  fs::path model = fixture_model(tmp.path / "llama-tiny");
+  fs::path slow = slow_wrapper(tmp.path, kOracle, 30);
+  Daemon d(tmp.path / "state", tmp.path / "assayd.sock",
+           {"--containment", ASSAY_IT_CONTAINMENT, "--fingerprint-worker", kFingerprint,
+            "--oracle-worker", slow.string()});
+  REQUIRE_MESSAGE(d.start(), d.log());
+  std::string id =
+      request(d.socket(), "POST", "/v1/jobs", valid_request("cancel", model).dump()).json()["id"];
+  Json job = wait_job(
+      d.socket(), id, [](const Json& j) { return j["phase"] == "oracle"; }, 120);
+  REQUIRE(job["phase"] == "oracle");
+  auto t0 = std::chrono::steady_clock::now();
+  CHECK(request(d.socket(), "DELETE", "/v1/jobs/" + id).status == 202);
+  job = wait_job(d.socket(), id, terminal, 20);
+  CHECK(job["state"] == "cancelled");
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10));
+  CHECK(fs::exists(d.state() / "jobs" / id / "oracle" / "evidence.json"));
+  CHECK(request(d.socket(), "GET", "/v1/jobs/" + id + "/result").status == 409);
+}

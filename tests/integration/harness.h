@@ -1,0 +1,216 @@
+// Test harness: starts a real assayd on a temporary socket and state directory and talks HTTP/1.1
+// to it over the unix socket with plain POSIX calls (no client library between test and daemon).
+#pragma once
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <csignal>
+
+#include "common/json.h"
+
+namespace assay::test {
+
+namespace fs = std::filesystem;
+using common::Json;
+
+struct HttpReply {
+  int status = 0;
+  std::string headers;
+  std::string body;
+  Json json() const { return common::parse_strict(body); }
+};
+
+inline int connect_unix(const fs::path& socket) {
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s", socket.c_str());
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+inline void write_all(int fd, const std::string& data) {
+  std::size_t off = 0;
+  while (off < data.size()) {
+    ssize_t n = ::send(fd, data.data() + off, data.size() - off, MSG_NOSIGNAL);
+    if (n <= 0) return;
+    off += static_cast<std::size_t>(n);
+  }
+}
+
+inline std::string read_all(int fd) {
+  std::string out;
+  char buf[65536];
+  ssize_t n;
+  while ((n = ::read(fd, buf, sizeof buf)) > 0) out.append(buf, static_cast<std::size_t>(n));
+  return out;
+}
+
+// Decodes a chunked body (for the events stream).
+inline std::string dechunk(const std::string& body) {
+  std::string out;
+  std::size_t pos = 0;
+  while (pos < body.size()) {
+    auto eol = body.find("\r\n", pos);
+    if (eol == std::string::npos) break;
+    std::size_t len = std::stoul(body.substr(pos, eol - pos), nullptr, 16);
+    if (len == 0) break;
+    out += body.substr(eol + 2, len);
+    pos = eol + 2 + len + 2;
+  }
+  return out;
+}
+
+inline HttpReply parse_reply(const std::string& raw) {
+  HttpReply r;
+  auto head_end = raw.find("\r\n\r\n");
+  if (raw.size() < 12 || head_end == std::string::npos) return r;
+  r.status = std::atoi(raw.substr(9, 3).c_str());
+  r.headers = raw.substr(0, head_end);
+  r.body = raw.substr(head_end + 4);
+  if (r.headers.find("chunked") != std::string::npos) r.body = dechunk(r.body);
+  return r;
+}
+
+// Sends raw bytes (a whole HTTP request) and reads until the daemon closes.
+inline HttpReply raw_request(const fs::path& socket, const std::string& bytes) {
+  int fd = connect_unix(socket);
+  if (fd < 0) return {};
+  write_all(fd, bytes);
+  std::string raw = read_all(fd);
+  ::close(fd);
+  return parse_reply(raw);
+}
+
+inline HttpReply request(const fs::path& socket, const std::string& method,
+                         const std::string& target, const std::string& body = "") {
+  std::string req = method + " " + target + " HTTP/1.1\r\nHost: assayd\r\nConnection: close\r\n";
+  if (!body.empty() || method == "POST")
+    req +=
+        "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) + "\r\n";
+  req += "\r\n" + body;
+  return raw_request(socket, req);
+}
+
+inline std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+inline void spit(const fs::path& p, const std::string& s) {
+  std::ofstream(p, std::ios::binary) << s;
+}
+
+// A fresh temporary directory removed at the end of the test.
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    char tmpl[] = "/tmp/assay-it-XXXXXX";
+    path = ::mkdtemp(tmpl);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+class Daemon {
+ public:
+  Daemon(fs::path state, fs::path socket, std::vector<std::string> extra)
+      : state_(std::move(state)), socket_(std::move(socket)), extra_(std::move(extra)) {}
+  ~Daemon() { stop(); }
+
+  // Starts assayd and waits until /v1/health answers; false on failure.
+  bool start() {
+    log_ = state_.parent_path() / ("assayd-" + std::to_string(++starts_) + ".log");
+    std::vector<std::string> args{ASSAYD_PATH,      "serve",       "--socket",
+                                  socket_.string(), "--state-dir", state_.string()};
+    args.insert(args.end(), extra_.begin(), extra_.end());
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      int fd = ::open(log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      ::execv(argv[0], argv.data());
+      ::_exit(127);
+    }
+    for (int i = 0; i < 300; ++i) {
+      if (request(socket_, "GET", "/v1/health").status == 200) return true;
+      int st;
+      if (::waitpid(pid_, &st, WNOHANG) == pid_) {
+        pid_ = -1;
+        return false;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return false;
+  }
+
+  void kill9() {
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+
+  int stop() {
+    if (pid_ <= 0) return -1;
+    ::kill(pid_, SIGTERM);
+    int st = 0;
+    ::waitpid(pid_, &st, 0);
+    pid_ = -1;
+    return st;
+  }
+
+  std::string log() const { return slurp(log_); }
+  const fs::path& socket() const { return socket_; }
+  const fs::path& state() const { return state_; }
+
+ private:
+  fs::path state_, socket_;
+  std::vector<std::string> extra_;
+  fs::path log_;
+  pid_t pid_ = -1;
+  int starts_ = 0;
+};
+
+// Polls GET /v1/jobs/{id} until `pred(job)` or the deadline; returns the last job document.
+template <typename Pred>
+Json wait_job(const fs::path& socket, const std::string& id, Pred pred, double seconds = 120) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  Json job;
+  while (std::chrono::steady_clock::now() < deadline) {
+    auto r = request(socket, "GET", "/v1/jobs/" + id);
+    if (r.status == 200) {
+      job = r.json();
+      if (pred(job)) return job;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return job;
+}
+
+inline bool terminal(const Json& job) {
+  auto s = job.value("state", "");
+  return s == "succeeded" || s == "failed" || s == "cancelled";
+}
+
+}  // namespace assay::test

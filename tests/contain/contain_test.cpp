@@ -99,8 +99,15 @@ void check_schema(const Json& evidence, const fs::path& dir) {
   CHECK_MESSAGE(std::system(cmd.c_str()) == 0, "schema validation failed for " << evidence.dump());
 }
 
+// Default: below this process's own cgroup. ASSAY_TEST_BASE_CGROUP names another (cgroup v2
+// hosts, where the test's own cgroup holds processes and cannot enable controllers).
+RuntimeOptions test_options() {
+  RuntimeOptions o;
+  if (const char* base = std::getenv("ASSAY_TEST_BASE_CGROUP")) o.base_cgroup = base;
+  return o;
+}
 std::unique_ptr<Runtime> runtime() {
-  return Runtime::create(RuntimeOptions{});
+  return Runtime::create(test_options());
 }
 
 bool process_gone(pid_t pid) {
@@ -340,6 +347,25 @@ TEST_CASE("hidden paths are unreachable inside, the workdir below them stays usa
   CHECK(slurp(state / "secret.key") == "private");  // the host's view is untouched
 }
 
+TEST_CASE("destroying the runtime removes its owner cgroup from every hierarchy") {
+  TempDir dir;
+  std::vector<fs::path> owners;
+  {
+    auto rt = runtime();
+    rt->run(make_spec("owner", {"/bin/true"}, dir.path));
+    Json d = rt->describe();
+    if (d.contains("hierarchies")) {
+      for (auto& [k, v] : d["hierarchies"].items()) {
+        owners.push_back(fs::path(v.get<std::string>()) / d["owner"].get<std::string>());
+      }
+    } else {
+      owners.push_back(d["workers_dir"].get<std::string>());
+    }
+    for (const auto& o : owners) CHECK(fs::exists(o));
+  }
+  for (const auto& o : owners) CHECK_FALSE(fs::exists(o));
+}
+
 TEST_CASE("a command that cannot be executed is an error naming it, and leaves no cgroup") {
   TempDir dir;
   auto rt = runtime();
@@ -462,6 +488,9 @@ CliResult run_cli(std::vector<std::string> args) {
     int e = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
     ::dup2(o, 1);
     ::dup2(e, 2);
+    if (const char* base = std::getenv("ASSAY_TEST_BASE_CGROUP")) {
+      args.insert(args.begin(), {"--base-cgroup", base});
+    }
     args.insert(args.begin(), "contain");
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
@@ -488,7 +517,7 @@ TEST_CASE("assayd contain prints the evidence and exits 0 whatever the command's
 TEST_CASE("assayd contain fails with one line and exit 1 when containment is unavailable") {
   auto r = run_cli({"--mode", "v2", "--", "/bin/true"});
   TempDir probe;
-  RuntimeOptions o;
+  RuntimeOptions o = test_options();
   o.mode = Mode::kV2;
   bool v2_usable = true;
   try {

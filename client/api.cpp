@@ -151,7 +151,7 @@ http::request<http::string_body> make_request(std::string_view method, std::stri
     message = std::string(body.substr(0, 500));
   }
   throw ApiError(status, code,
-                 "assayd: HTTP " + std::to_string(status) + " " + code +
+                 "assayd answered HTTP " + std::to_string(status) + " " + code +
                      (message.empty() ? "" : ": " + message));
 }
 

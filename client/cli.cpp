@@ -174,7 +174,9 @@ int Cli::wait(const std::string& id) {
   const std::string events_path = job_path(id, "events");
   const auto start = Clock::now();
   const bool live = env_.stdout_is_tty && !o_.json;
-  Progress progress;  // the latest event seen
+  // How long assayd may stay unreachable (a restart) before wait gives up.
+  const auto kReconnectFor = std::chrono::seconds(30);
+  Progress progress;  // the latest state seen
   bool timed_out = false;
 
   auto elapsed = [&] { return std::chrono::duration<double>(Clock::now() - start).count(); };
@@ -185,44 +187,52 @@ int Cli::wait(const std::string& id) {
     if (o_.wait_timeout_s > 0 && elapsed() > o_.wait_timeout_s) timed_out = true;
     return !timed_out;
   };
-
-  Json job = api_.get_json(status_path);
-  for (int reconnects = 0; !state_is_final(job_state(job)) && !timed_out; ++reconnects) {
-    if (reconnects > 0) {
-      // The stream ended before the job did (assayd restarted, a proxy cut it): resume.
-      if (reconnects > 1000) throw ExitWith{kExitUnreachable, "the event stream keeps ending"};
-      std::this_thread::sleep_for(std::chrono::milliseconds(std::min(100 * reconnects, 2000)));
-    }
-    progress.update(job);
-    render();
+  auto on_line = [&](std::string_view line) {
+    Json ev;
     try {
-      api_.stream_lines(events_path,
-                        {.on_line =
-                             [&](std::string_view line) {
-                               Json ev;
-                               try {
-                                 ev = common::parse_strict(line);
-                               } catch (const common::Error& e) {
-                                 err_ << "assay: ignoring a malformed event: " << e.what() << "\n";
-                                 return check_deadline();
-                               }
-                               progress.update(ev);
-                               if (live)
-                                 render();
-                               else if (!o_.json)
-                                 out_ << progress_line(id, progress, elapsed()) << "\n"
-                                      << std::flush;
-                               return check_deadline();
-                             },
-                         .on_tick =
-                             [&] {
-                               render();
-                               return check_deadline();
-                             }});
-    } catch (const UnreachableError&) {
-      if (reconnects > 0) throw;  // retry once before giving up on a daemon that went away
+      ev = common::parse_strict(line);
+    } catch (const common::Error& e) {
+      err_ << "assay: ignoring a malformed event: " << e.what() << "\n";
+      return check_deadline();
     }
-    if (!timed_out) job = api_.get_json(status_path);
+    progress.update(ev);
+    if (live)
+      render();
+    else if (!o_.json)
+      out_ << progress_line(id, progress, elapsed()) << "\n" << std::flush;
+    return check_deadline();
+  };
+
+  Json job;
+  bool streamed = false;
+  auto last_contact = Clock::now();
+  while (true) {
+    try {
+      job = api_.get_json(status_path);
+      last_contact = Clock::now();
+      // A finished job still gets one pass over its events (assayd replays them and ends the
+      // stream), so plain output always shows the history.
+      if ((state_is_final(job_state(job)) && streamed) || !check_deadline()) break;
+      progress.update(job);
+      render();
+      auto stream_start = Clock::now();
+      api_.stream_lines(events_path, {.on_line = on_line, .on_tick = [&] {
+                                        render();
+                                        return check_deadline();
+                                      }});
+      last_contact = Clock::now();
+      streamed = true;
+      if (timed_out) break;
+      // The stream ended: normally the job did too; if not (assayd restarting), do not spin.
+      if (Clock::now() - stream_start < std::chrono::seconds(1))
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    } catch (const UnreachableError& e) {
+      if (Clock::now() - last_contact > kReconnectFor || !check_deadline()) {
+        if (live) out_ << "\n";
+        throw;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    }
   }
   if (live) out_ << "\r\033[K";
   if (timed_out) {
@@ -303,9 +313,16 @@ int Cli::verify() {
     key_source = o_.pubkey;
   } else {
     // Online fallback: trust the daemon we are talking to for its own key.
-    Json info = api_.get_json("/v1/info");
+    Json info;
+    try {
+      info = api_.get_json("/v1/info");
+    } catch (const UnreachableError& e) {
+      throw ExitWith{kExitUnreachable,
+                     std::string(e.what()) + "; give --pubkey FILE to verify offline"};
+    }
     auto pem = public_key_pem(info);
-    if (!pem) throw ExitWith{kExitUsage, "assayd's /v1/info has no public key; give --pubkey FILE"};
+    if (!pem)
+      throw ExitWith{kExitApiError, "assayd's /v1/info has no public key; give --pubkey FILE"};
     in.public_key = *pem;
     key_source = "assayd at " + api_.socket_path();
   }

@@ -99,9 +99,16 @@ std::string format_seconds(double s) {
 std::string describe_object(const Json& o) {
   if (!o.is_object()) return o.dump(2) + "\n";
   std::vector<std::vector<std::string>> rows;
-  for (const auto& [k, v] : o.items())
+  std::string blocks;  // multi-line strings (a PEM key) go below the table, unindented
+  for (const auto& [k, v] : o.items()) {
+    if (v.is_string() && v.get<std::string>().find('\n') != std::string::npos) {
+      std::string text = v.get<std::string>();
+      blocks += k + ":\n" + text + (text.ends_with('\n') ? "" : "\n");
+      continue;
+    }
     rows.push_back({k + ":", v.is_structured() ? v.dump() : scalar(v)});
-  return render_table(rows);
+  }
+  return render_table(rows) + blocks;
 }
 
 std::string describe_job(const Json& job) {
@@ -122,6 +129,9 @@ std::string describe_job(const Json& job) {
         e->is_object() ? field(*e, {"message"}) + " [" + field(*e, {"code"}) + "]" : scalar(*e));
     shown.push_back("error");
   }
+  // The event history and the API links are for programs (--json), not for the table.
+  shown.push_back("events");
+  shown.push_back("links");
   for (const auto& [k, v] : job.items()) {
     if (std::find(shown.begin(), shown.end(), k) != shown.end() || v.is_null()) continue;
     add(k, v.is_structured() ? v.dump() : scalar(v));

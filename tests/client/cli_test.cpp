@@ -87,3 +87,11 @@ TEST_CASE("the assay binary reads ASSAY_SOCKET and returns the documented exit s
   raw = std::system("'" ASSAY_CLIENT_BIN "' --version >/dev/null");
   CHECK(WEXITSTATUS(raw) == 0);
 }
+
+TEST_CASE("verify without --pubkey needs the daemon and says how to stay offline") {
+  TempDir dir;
+  auto r =
+      run({"verify", dir.write("result.json", "{}")}, {.socket = (dir / "none.sock").string()});
+  CHECK(r.status == 3);
+  CHECK(r.err.find("give --pubkey FILE to verify offline") != std::string::npos);
+}

@@ -1,0 +1,189 @@
+// The `assay` CLI against a real `assayd serve --containment none` on a temporary socket and
+// state directory: connection handling, error mapping and job following end to end. The full
+// happy path with real workers is in tests/integration/ (the supervisor's end-to-end tests).
+#include <csignal>
+#include <thread>
+
+#include <doctest/doctest.h>
+
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/identity.h"
+#include "common/protocol.h"
+#include "common/sign.h"
+#include "support.h"
+
+namespace {
+
+using assay::common::Json;
+namespace common = assay::common;
+using assay::client::test::run;
+using assay::client::test::TempDir;
+
+class Daemon {
+ public:
+  Daemon() {
+    socket_ = (dir_ / "assayd.sock").string();
+    std::vector<std::string> args{
+        ASSAY_DAEMON_BIN,          "serve",         "--socket", socket_,       "--state-dir",
+        (dir_ / "state").string(), "--containment", "none",     "--log-level", "warn"};
+#ifdef ASSAY_FINGERPRINT_BIN
+    args.insert(args.end(), {"--fingerprint-worker", ASSAY_FINGERPRINT_BIN});
+#endif
+    std::string log = (dir_ / "assayd.log").string();
+    pid_ = ::fork();
+    REQUIRE(pid_ >= 0);
+    if (pid_ == 0) {
+      int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      ::execv(argv[0], argv.data());
+      ::_exit(127);
+    }
+    for (int i = 0; i < 300; ++i) {  // up to 30 s on a loaded machine
+      if (run({"health"}, env()).status == 0) return;
+      int status;
+      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        FAIL("assayd exited during start-up: " << common::read_file(log, 1 << 16));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    FAIL("assayd did not answer on " << socket_ << ": " << common::read_file(log, 1 << 16));
+  }
+  ~Daemon() {
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGTERM);
+    int status;
+    ::waitpid(pid_, &status, 0);
+  }
+  assay::client::Environment env() const {
+    return {.socket = socket_};
+  }
+  const TempDir& dir() const {
+    return dir_;
+  }
+
+ private:
+  TempDir dir_;
+  std::string socket_;
+  pid_t pid_ = -1;
+};
+
+Json request_doc(const std::string& id) {
+  return Json{{"schema", std::string(assay::protocol::kNextTokenRequest)},
+              {"id", id},
+              {"input_token_ids", {1, 2, 3}},
+              {"candidates", Json::array({{{"engine", "kiln"}, {"token_id", 5}, {"text", "a"}},
+                                          {{"engine", "vllm"}, {"token_id", 9}, {"text", "b"}}})}};
+}
+
+// A model directory the request parses against (vocab 100) but no worker can run: the job is
+// accepted and then fails inside the pipeline.
+std::string broken_model(const TempDir& dir) {
+  std::filesystem::create_directories(dir / "model");
+  dir.write("model/config.json",
+            R"({"architectures":["LlamaForCausalLM"],"model_type":"llama","vocab_size":100})");
+  return (dir / "model").string();
+}
+
+}  // namespace
+
+TEST_CASE("health, info and keys read a running assayd") {
+  Daemon d;
+  auto health = run({"health"}, d.env());
+  CHECK(health.status == 0);
+  CHECK(health.out.find("status:") != std::string::npos);
+  CHECK(health.out.find("ok") != std::string::npos);
+
+  auto keys = run({"keys", "--json", "-o", (d.dir() / "pub.pem").string()}, d.env());
+  REQUIRE(keys.status == 0);
+  std::string pem = common::read_file(d.dir() / "pub.pem", 4096);
+  Json k = common::parse_strict(keys.out);
+  CHECK(k["public_key_pem"] == pem);
+  CHECK(k["key_id"] == common::sha256_id(common::public_key_raw_from_pem(pem)));
+
+  auto info = run({"info", "--json"}, d.env());
+  CHECK(info.status == 0);
+  CHECK(common::parse_strict(info.out)["key_id"] == k["key_id"]);
+}
+
+TEST_CASE("assayd's refusals exit 4 and carry the daemon's error code") {
+  Daemon d;
+  auto r = run({"status", "j-000000000000000000000000"}, d.env());
+  CHECK(r.status == 4);
+  CHECK(r.err.find("HTTP 404 api.no_such_job") != std::string::npos);
+
+  r = run({"status", "not-a-job"}, d.env());
+  CHECK(r.status == 4);
+  CHECK(r.err.find("api.bad_job_id") != std::string::npos);
+
+  r = run({"list", "--state", "sleeping"}, d.env());
+  CHECK(r.status == 4);
+  CHECK(r.err.find("sleeping") != std::string::npos);
+
+  std::string req = d.dir().write("req.json", request_doc("no-model").dump());
+  r = run({"submit", req, "--model", (d.dir() / "missing").string()}, d.env());
+  CHECK(r.status == 4);
+  CHECK(r.err.find((d.dir() / "missing").string()) != std::string::npos);
+
+  r = run({"list"}, d.env());
+  CHECK(r.status == 0);
+  CHECK(r.out == "no jobs\n");
+}
+
+TEST_CASE("a job that fails in the pipeline: wait follows it and exits 5, resubmit finds it") {
+  Daemon d;
+  std::string model = broken_model(d.dir());
+  std::string req = d.dir().write("req.json", request_doc("broken").dump());
+
+  auto submitted = run({"submit", req, "--model", model, "--json"}, d.env());
+  REQUIRE(submitted.status == 0);
+  Json job = common::parse_strict(submitted.out);
+  std::string id = job["id"];
+  CHECK(job["state"] == "queued");
+
+  // Not a TTY: one plain line per event, then the final status.
+  auto waited = run({"wait", id, "--wait-timeout", "120"}, d.env());
+  CHECK(waited.status == 5);
+  CHECK(waited.out.find("job " + id + "  queued") != std::string::npos);
+  CHECK(waited.out.find("job " + id + "  failed") != std::string::npos);
+  CHECK(waited.out.find("state:") != std::string::npos);
+  CHECK(waited.out.find("error:") != std::string::npos);
+
+  // On a TTY: one line rewritten in place, cleared before the final status.
+  auto tty_env = d.env();
+  tty_env.stdout_is_tty = true;
+  auto live = run({"wait", id}, tty_env);
+  CHECK(live.status == 5);
+  CHECK(live.out.find("\r\033[Kjob " + id + "  failed") != std::string::npos);
+  CHECK(live.out.find("\njob " + id) == std::string::npos);
+
+  auto again = run({"submit", req, "--model", model}, d.env());
+  CHECK(again.status == 0);
+  CHECK(again.out.find("existing job " + id + " (failed)") == 0);
+
+  auto status = run({"status", id, "--json"}, d.env());
+  CHECK(status.status == 0);
+  Json s = common::parse_strict(status.out);
+  CHECK(s["state"] == "failed");
+  CHECK(s["error"]["code"].is_string());
+
+  auto listed = run({"list", "--state", "failed"}, d.env());
+  CHECK(listed.out.find(id) != std::string::npos);
+  CHECK(run({"list", "--state", "running"}, d.env()).out == "no jobs\n");
+
+  CHECK(run({"result", id}, d.env()).status == 4);
+  auto cancel = run({"cancel", id}, d.env());
+  CHECK(cancel.status == 4);
+  CHECK(cancel.err.find("api.already_finished") != std::string::npos);
+
+  auto waited_json = run({"submit", req, "--model", model, "--wait", "--json"}, d.env());
+  CHECK(waited_json.status == 5);
+  CHECK(common::parse_strict(waited_json.out)["id"] == id);
+}

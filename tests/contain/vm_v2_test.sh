@@ -2,7 +2,8 @@
 # The containment runtime on a real cgroup v2 host with systemd as PID 1: boots the VM from
 # ../shared/vm (one boot for everything) and runs there
 #   1. contain_tests with the v2 backend below a base cgroup of the test service, and
-#   2. assayd contain --delegated as a transient Delegate=yes service (if assayd was built),
+#   2. assayd contain --delegated alone in a cgroup of its own, as Delegate=yes gives it (if
+#      assayd was built),
 #      checking that the worker was cloned straight into its cgroup and the OOM kill counted.
 # Not part of ctest (needs qemu and about a minute).
 #   usage: tests/contain/vm_v2_test.sh [BUILD_DIR]      (default build-contain)
@@ -16,9 +17,10 @@ if [ "${1:-}" = --inside ]; then
   cg=/sys/fs/cgroup$own
   echo "vm: kernel $(uname -r), PID 1 $(cat /proc/1/comm), cgroup $own"
   echo "vm: controllers: $(cat "$cg/cgroup.controllers")"
-  # No internal processes: this shell leaves the service cgroup before it enables controllers.
+  # No internal processes: the test service's processes (this shell and the harness that
+  # started it) move to a leaf before the service cgroup enables controllers.
   mkdir -p "$cg/runner" "$cg/pool"
-  echo $$ >"$cg/runner/cgroup.procs"
+  for p in $(cat "$cg/cgroup.procs"); do echo "$p" >"$cg/runner/cgroup.procs" 2>/dev/null || true; done
   echo "+memory +pids" >"$cg/cgroup.subtree_control"
   ASSAY_TEST_BASE_CGROUP=$own/pool "$build/tests/contain/contain_tests"
   left=$(find "$cg/pool" -mindepth 1 -type d | wc -l)
@@ -27,9 +29,13 @@ if [ "${1:-}" = --inside ]; then
     # assayd's runtime libraries, when the image was built without them.
     if ls "$build"/vm-debs/*.deb >/dev/null 2>&1; then dpkg -i "$build"/vm-debs/*.deb >/dev/null; fi
     out=$(mktemp)
-    systemd-run --quiet --wait --pipe -p Delegate=yes -p OOMPolicy=continue \
+    # What Delegate=yes gives a service: a cgroup of its own, assayd its only process (the
+    # image has no D-Bus for systemd-run, so the shell makes that cgroup and execs assayd).
+    mkdir "$cg/delegated"
+    sh -c 'echo $$ >"$1/cgroup.procs"; shift; exec "$@"' sh "$cg/delegated" \
       "$build/supervisor/assayd" contain --mode v2 --delegated --memory-max 64M -- \
       /usr/bin/python3 -c "x = b'\x01' * (200 << 20)" >"$out"
+    ls "$cg/delegated"/workers | grep . && { echo "vm: worker cgroup left" >&2; exit 1; }
     /usr/bin/python3 - "$out" <<'PY'
 import json, sys
 e = json.load(open(sys.argv[1]))

@@ -68,7 +68,9 @@ at::Tensor rope_inv_freq(double theta, int64_t dim, const Json& scaling, const s
 
 std::pair<at::Tensor, at::Tensor> rotary_cos_sin(const at::Tensor& inv_freq, int64_t seq_len,
                                                  c10::ScalarType dtype, double attention_scaling) {
-  at::Tensor position_ids = at::arange(seq_len, at::kLong).unsqueeze(0);
+  at::Tensor position_ids =
+      at::arange(seq_len, at::TensorOptions().dtype(at::kLong).device(inv_freq.device()))
+          .unsqueeze(0);
   at::Tensor inv_freq_expanded =
       inv_freq.index({at::indexing::None, at::indexing::Slice(), at::indexing::None})
           .to(at::kFloat)

@@ -128,11 +128,14 @@ class Spark2_5 final : public Model {
     };
     std::map<std::string, Tables> tables;
     for (const auto& [type, spec] : rope_) {
-      at::Tensor inv_freq = rope_inv_freq(spec.theta, spec.rotary_dim, Json(), "spark2_5");
-      at::Tensor pos = at::arange(t, at::kLong).to(at::kFloat);
+      // Frequencies on the CPU (as a module's buffers are made), the rest on the device.
+      at::Tensor inv_freq =
+          rope_inv_freq(spec.theta, spec.rotary_dim, Json(), "spark2_5").to(device);
+      at::Tensor pos =
+          at::arange(t, at::TensorOptions().dtype(at::kLong).device(device)).to(at::kFloat);
       at::Tensor freqs = at::outer(pos, inv_freq);
       at::Tensor emb = at::cat({freqs, freqs}, -1);
-      tables[type] = {emb.cos().to(dtype).to(device), emb.sin().to(dtype).to(device),
+      tables[type] = {emb.cos().to(dtype), emb.sin().to(dtype),
                       additive_causal_mask(t, dtype, type == kSliding ? window_ : 0)
                           .squeeze(0)
                           .squeeze(0)

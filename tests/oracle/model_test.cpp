@@ -1,0 +1,475 @@
+// assay-oracle against the independent Python reference (tests/reference/reference.py) on
+// fixtures from tests/fixtures/make_fixture.py: bitwise equality, determinism, and the errors
+// hostile checkpoints and inputs must produce. Runs the real binary and the real Python.
+#include <doctest/doctest.h>
+
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/fs.h"
+#include "common/identity.h"
+#include "common/json.h"
+#include "common/safetensors.h"
+#include "worker/tokenizer.h"
+
+namespace fs = std::filesystem;
+using assay::common::Json;
+
+namespace {
+
+const fs::path kSource = ASSAY_SOURCE_DIR;
+const std::string kOracle = ASSAY_ORACLE_BIN;
+const std::string kPython = ASSAY_PYTHON3;
+
+struct Result {
+  int status = -1;
+  std::string err;
+};
+
+// Runs `command` through the shell, stderr captured.
+Result run(const std::string& command, const fs::path& scratch) {
+  fs::path err = scratch / "stderr.txt";
+  int rc = std::system((command + " 2>" + err.string()).c_str());
+  Result r;
+  r.status = WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
+  std::ifstream in(err);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  r.err = ss.str();
+  return r;
+}
+
+fs::path scratch_root() {
+  static const fs::path root = [] {
+    std::string tmpl = (fs::temp_directory_path() / "assay-oracle-test-XXXXXX").string();
+    if (!mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");
+    return fs::path(tmpl);
+  }();
+  return root;
+}
+
+// A fixture directory per (arch, shards), made once per test process.
+fs::path fixture(const std::string& arch, int shards = 1) {
+  static std::map<std::string, fs::path> made;
+  std::string key = arch + "-" + std::to_string(shards);
+  if (auto it = made.find(key); it != made.end()) return it->second;
+  fs::path dir = scratch_root() / ("fixture-" + key);
+  Result r = run(kPython + " " + (kSource / "tests/fixtures/make_fixture.py").string() +
+                     " --arch " + arch + " --size tiny --seed 7 --shards " +
+                     std::to_string(shards) + " --out " + dir.string(),
+                 scratch_root());
+  REQUIRE_MESSAGE(r.status == 0, r.err);
+  made[key] = dir;
+  return dir;
+}
+
+// A fresh copy of a fixture to damage.
+fs::path copy_fixture(const std::string& arch, const std::string& name, int shards = 1) {
+  fs::path dir = scratch_root() / name;
+  fs::remove_all(dir);
+  fs::copy(fixture(arch, shards), dir);
+  return dir;
+}
+
+std::string ids_string(const std::vector<std::int64_t>& ids) {
+  std::string s;
+  for (std::size_t i = 0; i < ids.size(); ++i) s += (i ? "," : "") + std::to_string(ids[i]);
+  return s;
+}
+
+std::vector<std::int64_t> token_ids(std::size_t n, std::int64_t vocab, std::uint32_t seed = 1) {
+  std::vector<std::int64_t> ids;
+  std::uint32_t x = seed * 2654435761u + 12345u;
+  for (std::size_t i = 0; i < n; ++i) {
+    x = x * 1664525u + 1013904223u;
+    ids.push_back(static_cast<std::int64_t>((x >> 8) % static_cast<std::uint32_t>(vocab)));
+  }
+  return ids;
+}
+
+std::int64_t vocab_of(const fs::path& model) {
+  Json c = assay::common::parse_strict(assay::common::read_file(model / "config.json", 1 << 20));
+  return c.contains("text_config") ? c["text_config"]["vocab_size"].get<std::int64_t>()
+                                   : c["vocab_size"].get<std::int64_t>();
+}
+
+struct Logits {
+  std::vector<std::int64_t> shape;
+  std::vector<float> values;
+  std::string bytes;  // raw little-endian F32
+};
+
+Logits read_logits(const fs::path& file) {
+  auto st = assay::common::SafetensorsFile::open(file);
+  const auto* t = st.find("logits");
+  REQUIRE(t != nullptr);
+  REQUIRE(t->dtype == assay::common::Dtype::kF32);
+  Logits l;
+  l.shape = t->shape;
+  l.bytes.assign(reinterpret_cast<const char*>(t->data), t->nbytes);
+  l.values.resize(t->nbytes / sizeof(float));
+  std::memcpy(l.values.data(), t->data, t->nbytes);
+  return l;
+}
+
+std::string oracle_cmd(const fs::path& model, const std::vector<std::int64_t>& ids,
+                       const fs::path& out, const std::string& extra = "--all-positions") {
+  return kOracle + " logits --model " + model.string() + " --token-ids " + ids_string(ids) +
+         " --out " + out.string() + " " + extra;
+}
+
+Logits oracle(const fs::path& model, const std::vector<std::int64_t>& ids,
+              const std::string& extra = "--all-positions") {
+  static int n = 0;
+  fs::path out = scratch_root() / ("oracle-" + std::to_string(n++) + ".safetensors");
+  Result r = run(oracle_cmd(model, ids, out, extra), scratch_root());
+  REQUIRE_MESSAGE(r.status == 0, r.err);
+  return read_logits(out);
+}
+
+Logits reference(const fs::path& model, const std::vector<std::int64_t>& ids,
+                 const std::string& extra = "--all-positions") {
+  static int n = 0;
+  fs::path out = scratch_root() / ("reference-" + std::to_string(n++) + ".safetensors");
+  Result r = run(kPython + " " + (kSource / "tests/reference/reference.py").string() + " --model " +
+                     model.string() + " --token-ids " + ids_string(ids) + " --out " + out.string() +
+                     " " + extra,
+                 scratch_root());
+  REQUIRE_MESSAGE(r.status == 0, r.err);
+  return read_logits(out);
+}
+
+std::vector<std::string> architectures() {
+  std::vector<std::string> archs{"llama", "qwen2", "qwen3", "spark2_5"};
+  // Qwen3.5 joins once its three files exist (the binary then registers it).
+  if (fs::exists(kSource / "worker/qwen3_5.cpp") &&
+      fs::exists(kSource / "tests/reference/ref_qwen3_5.py") &&
+      fs::exists(kSource / "tests/fixtures/arch_qwen3_5.py")) {
+    archs.push_back("qwen3_5");
+  }
+  return archs;
+}
+
+std::size_t first_difference(const Logits& a, const Logits& b) {
+  for (std::size_t i = 0; i < a.values.size() && i < b.values.size(); ++i) {
+    if (std::memcmp(&a.values[i], &b.values[i], sizeof(float)) != 0) return i;
+  }
+  return a.values.size() == b.values.size() ? std::string::npos : 0;
+}
+
+// Expects the oracle to fail with `code` in its message and `needle` named, writing nothing.
+void expect_error(const std::string& command, const fs::path& out, const std::string& code,
+                  const std::string& needle) {
+  fs::remove(out);
+  Result r = run(command, scratch_root());
+  CHECK_MESSAGE(r.status == 2, r.err);
+  CHECK_MESSAGE(r.err.find("[" + code + "]") != std::string::npos, r.err);
+  CHECK_MESSAGE(r.err.find(needle) != std::string::npos, r.err);
+  CHECK_FALSE(fs::exists(out));
+}
+
+void rewrite_safetensors(
+    const fs::path& file,
+    const std::function<void(std::vector<assay::common::TensorToWrite>&)>& edit) {
+  std::string image = assay::common::read_file(file, 1 << 30);
+  auto index = assay::common::parse_safetensors(std::as_bytes(std::span(image)));
+  std::vector<assay::common::TensorToWrite> tensors;
+  for (const auto& t : index.tensors) {
+    tensors.push_back({t.name, t.dtype, t.shape, {t.data, t.nbytes}});
+  }
+  edit(tensors);
+  std::string out = assay::common::serialize_safetensors(tensors);
+  assay::common::atomic_write_file(file, out);
+}
+
+void edit_config(const fs::path& model, const std::function<void(Json&)>& edit) {
+  Json c = assay::common::parse_strict(assay::common::read_file(model / "config.json", 1 << 20));
+  edit(c);
+  assay::common::atomic_write_file(model / "config.json", c.dump(2));
+}
+
+}  // namespace
+
+TEST_CASE("oracle logits equal the Python reference bitwise at every position") {
+  // Lengths around the sliding window (32) and one Gated DeltaNet chunk (64).
+  for (const std::string& arch : architectures()) {
+    fs::path model = fixture(arch);
+    std::int64_t vocab = vocab_of(model);
+    for (std::size_t len : {1, 7, 33, 70}) {
+      CAPTURE(arch);
+      CAPTURE(len);
+      auto ids = token_ids(len, vocab, static_cast<std::uint32_t>(len));
+      Logits a = oracle(model, ids);
+      Logits b = reference(model, ids);
+      REQUIRE(a.shape == std::vector<std::int64_t>{static_cast<std::int64_t>(len), vocab});
+      REQUIRE(b.shape == a.shape);
+      CHECK_MESSAGE(first_difference(a, b) == std::string::npos,
+                    "first differing logit at flat index " << first_difference(a, b));
+    }
+  }
+}
+
+TEST_CASE("float32 execution equals the reference bitwise") {
+  for (const std::string arch : {"llama", "spark2_5"}) {
+    CAPTURE(arch);
+    fs::path model = fixture(arch);
+    auto ids = token_ids(40, vocab_of(model), 3);
+    Logits a = oracle(model, ids, "--all-positions --dtype float32");
+    Logits b = reference(model, ids, "--all-positions --dtype float32");
+    CHECK(first_difference(a, b) == std::string::npos);
+    Logits bf16 = oracle(model, ids);
+    CHECK(first_difference(a, bf16) != std::string::npos);  // the dtype really changed
+  }
+}
+
+TEST_CASE("a sharded checkpoint gives the same logits as the single file") {
+  auto ids = token_ids(20, vocab_of(fixture("llama")), 5);
+  Logits single = oracle(fixture("llama"), ids);
+  Logits sharded = oracle(fixture("llama", 3), ids);
+  CHECK(fs::exists(fixture("llama", 3) / "model.safetensors.index.json"));
+  CHECK(single.bytes == sharded.bytes);
+}
+
+TEST_CASE("the last-position logits are the last row of the all-positions logits") {
+  for (const std::string arch : {"qwen3", "spark2_5"}) {
+    CAPTURE(arch);
+    fs::path model = fixture(arch);
+    std::int64_t vocab = vocab_of(model);
+    auto ids = token_ids(45, vocab, 9);
+    Logits all = oracle(model, ids);
+    Logits last = oracle(model, ids, "");
+    REQUIRE(last.shape == std::vector<std::int64_t>{vocab});
+    CHECK(last.bytes == all.bytes.substr(all.bytes.size() - last.bytes.size()));
+  }
+}
+
+TEST_CASE("the same input gives the same bits run to run and with 1 or 2 threads") {
+  for (const std::string arch : {"qwen2", "spark2_5"}) {
+    CAPTURE(arch);
+    fs::path model = fixture(arch);
+    auto ids = token_ids(50, vocab_of(model), 11);
+    Logits one = oracle(model, ids, "--all-positions --threads 1");
+    Logits again = oracle(model, ids, "--all-positions --threads 1");
+    Logits two = oracle(model, ids, "--all-positions --threads 2");
+    CHECK(one.bytes == again.bytes);
+    CHECK(one.bytes == two.bytes);
+  }
+}
+
+TEST_CASE("a prefix's logits agree with the longer sequence's first rows") {
+  // Not bitwise: kernels may reduce a longer row in a different order. Close and same argmax.
+  for (const std::string arch : {"llama", "spark2_5"}) {
+    CAPTURE(arch);
+    fs::path model = fixture(arch);
+    std::int64_t vocab = vocab_of(model);
+    auto ids = token_ids(60, vocab, 13);
+    std::vector<std::int64_t> prefix(ids.begin(), ids.begin() + 25);
+    Logits full = oracle(model, ids);
+    Logits part = oracle(model, prefix);
+    double worst = 0;
+    int argmax_differs = 0;
+    for (std::int64_t row = 0; row < 25; ++row) {
+      std::int64_t best_full = 0, best_part = 0;
+      for (std::int64_t v = 0; v < vocab; ++v) {
+        float a = full.values[row * vocab + v], b = part.values[row * vocab + v];
+        worst = std::max(worst, static_cast<double>(std::abs(a - b)));
+        if (a > full.values[row * vocab + best_full]) best_full = v;
+        if (b > part.values[row * vocab + best_part]) best_part = v;
+      }
+      argmax_differs += best_full != best_part;
+    }
+    CHECK(worst < 0.1);
+    CHECK(argmax_differs == 0);
+  }
+}
+
+TEST_CASE("hostile inputs and checkpoints give a clear error naming the offender") {
+  fs::path out = scratch_root() / "hostile.safetensors";
+  auto ids = std::vector<std::int64_t>{1, 2, 3};
+
+  SUBCASE("token id outside the vocabulary") {
+    expect_error(oracle_cmd(fixture("llama"), {1, 272, 3}, out), out, "request.invalid_token_id",
+                 "272");
+    expect_error(kOracle + " logits --model " + fixture("llama").string() +
+                     " --token-ids 1,x,3 --out " + out.string(),
+                 out, "request.invalid_token_id", "\"x\"");
+  }
+  SUBCASE("missing tensor") {
+    fs::path m = copy_fixture("llama", "missing-tensor");
+    rewrite_safetensors(m / "model.safetensors", [](auto& ts) {
+      std::erase_if(ts,
+                    [](const auto& t) { return t.name == "model.layers.1.mlp.up_proj.weight"; });
+    });
+    expect_error(oracle_cmd(m, ids, out), out, "model.missing_tensor",
+                 "model.layers.1.mlp.up_proj.weight");
+  }
+  SUBCASE("tensor of the wrong shape") {
+    fs::path m = copy_fixture("spark2_5", "wrong-shape");
+    rewrite_safetensors(m / "model.safetensors", [](auto& ts) {
+      for (auto& t : ts) {
+        if (t.name == "model.layers.2.attention.g_proj.weight") {
+          t.shape = {8, 32};
+        }
+      }
+    });
+    expect_error(oracle_cmd(m, ids, out), out, "model.bad_shape",
+                 "model.layers.2.attention.g_proj.weight");
+  }
+  SUBCASE("tensor stored as integers") {
+    fs::path m = copy_fixture("qwen3", "int-tensor");
+    rewrite_safetensors(m / "model.safetensors", [](auto& ts) {
+      for (auto& t : ts) {
+        if (t.name == "model.norm.weight") t.dtype = assay::common::Dtype::kI16;
+      }
+    });
+    expect_error(oracle_cmd(m, ids, out), out, "model.bad_dtype", "model.norm.weight");
+  }
+  SUBCASE("truncated shard") {
+    fs::path m = copy_fixture("llama", "truncated", 3);
+    fs::path shard = m / "model-00002-of-00003.safetensors";
+    fs::resize_file(shard, fs::file_size(shard) - 100);
+    expect_error(oracle_cmd(m, ids, out), out, "safetensors.invalid",
+                 "model-00002-of-00003.safetensors");
+  }
+  SUBCASE("config that does not match the weights") {
+    fs::path m = copy_fixture("qwen2", "mismatch");
+    edit_config(m, [](Json& c) { c["intermediate_size"] = 96; });
+    expect_error(oracle_cmd(m, ids, out), out, "model.bad_shape", "expected [96, 64]");
+  }
+  SUBCASE("unknown extra tensor") {
+    fs::path m = copy_fixture("llama", "extra-tensor");
+    rewrite_safetensors(m / "model.safetensors", [](auto& ts) {
+      static const float kOne = 1.0f;
+      ts.push_back({"mtp.layers.0.weight",
+                    assay::common::Dtype::kF32,
+                    {1},
+                    std::as_bytes(std::span(&kOne, 1))});
+    });
+    expect_error(oracle_cmd(m, ids, out), out, "model.unexpected_tensor", "mtp.layers.0.weight");
+  }
+  SUBCASE("rotary inv_freq buffers are ignored by rule") {
+    fs::path m = copy_fixture("llama", "inv-freq");
+    rewrite_safetensors(m / "model.safetensors", [](auto& ts) {
+      static const float kFreq[8] = {};
+      ts.push_back({"model.layers.0.self_attn.rotary_emb.inv_freq",
+                    assay::common::Dtype::kF32,
+                    {8},
+                    std::as_bytes(std::span(kFreq))});
+    });
+    Result r = run(oracle_cmd(m, ids, out), scratch_root());
+    CHECK_MESSAGE(r.status == 0, r.err);
+  }
+  SUBCASE("unsupported architecture or config value") {
+    fs::path m = copy_fixture("llama", "unsupported");
+    edit_config(m, [](Json& c) { c["model_type"] = "mixtral"; });
+    expect_error(oracle_cmd(m, ids, out), out, "model.unsupported", "mixtral");
+    edit_config(m, [](Json& c) {
+      c["model_type"] = "llama";
+      c["hidden_act"] = "gelu";
+    });
+    expect_error(oracle_cmd(m, ids, out), out, "model.unsupported", "hidden_act");
+    edit_config(m, [](Json& c) {
+      c["hidden_act"] = "silu";
+      c["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+    });
+    expect_error(oracle_cmd(m, ids, out), out, "model.unsupported", "yarn");
+  }
+  SUBCASE("no weights at all") {
+    fs::path m = copy_fixture("spark2_5", "no-weights");
+    fs::remove(m / "model.safetensors");
+    expect_error(oracle_cmd(m, ids, out), out, "model.no_weights", m.string());
+  }
+}
+
+namespace {
+
+fs::path write_input(const fs::path& workdir, const fs::path& model,
+                     const std::vector<std::int64_t>& ids, const Json& candidates,
+                     int threads = 1) {
+  fs::create_directories(workdir);
+  Json in = {{"schema", "assay.oracle-input.v1"},
+             {"model_dir", model.string()},
+             {"input_token_ids", ids},
+             {"candidate_tokens", candidates},
+             {"execution", {{"device", "cpu"}, {"dtype", "bfloat16"}, {"threads", threads}}}};
+  assay::common::atomic_write_file(workdir / "input.json", in.dump());
+  return workdir / "input.json";
+}
+
+// Python's json + jsonschema (Debian's python3-jsonschema) as the independent validator.
+Result validate(const fs::path& document, const std::string& schema) {
+  std::string script =
+      "import json,sys,jsonschema; jsonschema.Draft202012Validator(json.load(open(sys.argv[1])))"
+      ".validate(json.load(open(sys.argv[2])))";
+  return run(kPython + " -c '" + script + "' " + (kSource / "schemas" / schema).string() + " " +
+                 document.string(),
+             scratch_root());
+}
+
+}  // namespace
+
+TEST_CASE("next-token writes output.json and logits.safetensors that agree with the reference") {
+  fs::path model = fixture("spark2_5");
+  auto ids = token_ids(12, vocab_of(model), 17);
+  Logits ref = reference(model, ids, "");
+  std::int64_t best = 0;
+  for (std::size_t v = 0; v < ref.values.size(); ++v) {
+    if (ref.values[v] > ref.values[best]) best = static_cast<std::int64_t>(v);
+  }
+  std::string best_text = assay::oracle::Tokenizer::load(model).decode_one(best);
+  Json cands = {{{"engine", "kiln"}, {"token_id", best}, {"text", best_text + "x"}},
+                {{"engine", "vllm"}, {"token_id", 104}, {"text", "h"}}};
+  fs::path work = scratch_root() / "next-token";
+  fs::path input = write_input(work, model, ids, cands);
+  Result r = run(kOracle + " next-token --input " + input.string() + " --workdir " + work.string(),
+                 scratch_root());
+  CHECK(r.status == 2);
+  CHECK_MESSAGE(r.err.find("[request.candidate_text_mismatch]") != std::string::npos, r.err);
+  CHECK(r.err.find("kiln") != std::string::npos);
+  CHECK_FALSE(fs::exists(work / "output.json"));
+
+  cands[0]["text"] = best_text;
+  write_input(work, model, ids, cands);
+  r = run(kOracle + " next-token --input " + input.string() + " --workdir " + work.string(),
+          scratch_root());
+  REQUIRE_MESSAGE(r.status == 0, r.err);
+
+  Json out = assay::common::parse_strict(assay::common::read_file(work / "output.json", 1 << 20));
+  Result valid = validate(work / "output.json", "oracle-output.schema.json");
+  CHECK_MESSAGE(valid.status == 0, valid.err);
+  Result valid_in = validate(input, "oracle-input.schema.json");
+  CHECK_MESSAGE(valid_in.status == 0, valid_in.err);
+
+  Logits logits = read_logits(work / "logits.safetensors");
+  CHECK(logits.bytes == ref.bytes);
+  CHECK(out["argmax"] == best);
+  CHECK(out["logits_sha256"] == assay::common::sha256_id(logits.bytes));
+  CHECK(out["input_token_count"] == 12);
+  CHECK(out["input_token_ids_sha256"] == assay::common::sha256_canonical_id(Json(ids)));
+  CHECK(out["candidate_tokens"][0]["rank"] == 1);
+  CHECK(out["candidate_tokens"][0]["is_argmax"] == true);
+  CHECK(out["candidate_tokens"][1]["text"] == "h");
+  CHECK(out["candidate_tokens"][1]["logit"] == static_cast<double>(ref.values[104]));
+  std::int64_t greater = 0;
+  for (float v : ref.values) greater += v > ref.values[104];
+  CHECK(out["candidate_tokens"][1]["rank"] == 1 + greater);
+  CHECK(out["top_tokens"].size() == 10);
+  CHECK(out["top_tokens"][0]["token_id"] == best);
+  for (std::size_t k = 1; k < out["top_tokens"].size(); ++k) {
+    CHECK(out["top_tokens"][k - 1]["logit"].get<double>() >=
+          out["top_tokens"][k]["logit"].get<double>());
+  }
+  CHECK(out["deterministic_algorithms"] == true);
+  CHECK(out["tf32_allowed"] == false);
+  CHECK(out["architecture"] == "Spark2_5ForCausalLM");
+  CHECK(out["executable_sha256"] == assay::common::sha256_file_id(kOracle));
+}

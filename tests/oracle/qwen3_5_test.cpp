@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -14,7 +15,7 @@
 #include "common/fs.h"
 #include "common/json.h"
 #include "common/safetensors.h"
-#include "tests/oracle/qwen3_5/checkpoint_weights.h"
+#include "worker/loader.h"
 #include "worker/model.h"
 
 #include <doctest/doctest.h>
@@ -24,7 +25,7 @@ using assay::common::Error;
 using assay::common::Json;
 using assay::oracle::ExecOptions;
 using assay::oracle::Model;
-using assay::oracle::test::CheckpointWeights;
+using assay::oracle::Weights;
 
 namespace {
 
@@ -52,27 +53,30 @@ class Case {
   }
 };
 
-Json read_config(const fs::path& model_dir) {
-  return assay::common::parse_strict(assay::common::read_file(model_dir / "config.json", 1 << 20));
-}
+using assay::oracle::read_config;
 
 struct Loaded {
-  std::unique_ptr<CheckpointWeights> weights;
+  std::unique_ptr<Weights> weights;  // owns the mappings the model's tensors point into
   std::unique_ptr<Model> model;
 };
 
+// The checkpoint's weights through the oracle's loader, with `config` in place of config.json.
 Loaded load_with(const fs::path& model_dir, const Json& config,
                  const std::string& variant = "current") {
-  Loaded out;
-  out.weights = std::make_unique<CheckpointWeights>(model_dir / "model.safetensors", at::kBFloat16);
   ExecOptions options;
   options.gdn_variant = variant;
+  Loaded out;
+  out.weights = assay::oracle::open_weights(model_dir, options);
   out.model = assay::oracle::qwen3_5_architecture().make(config, *out.weights, options);
   return out;
 }
 
+// What assay-oracle runs: registry by model_type, weights, then the unused-tensor rule.
 Loaded load(const fs::path& model_dir, const std::string& variant = "current") {
-  return load_with(model_dir, read_config(model_dir), variant);
+  ExecOptions options;
+  options.gdn_variant = variant;
+  auto loaded = assay::oracle::load_model(model_dir, options);
+  return {std::move(loaded.weights), std::move(loaded.model)};
 }
 
 // Reference tensors of one sequence length, copied out of the mapping.
@@ -178,7 +182,7 @@ TEST_CASE("qwen3_5_text flat checkpoint gives the same logits as the nested qwen
 }
 
 TEST_CASE("qwen3_5 uses every text tensor and leaves vision and mtp tensors to the ignore rule") {
-  Loaded m = load(Case::get().dir / "nested");
+  Loaded m = load_with(Case::get().dir / "nested", read_config(Case::get().dir / "nested"));
   CHECK(m.model->architecture() == "Qwen3_5ForConditionalGeneration");
   CHECK(m.model->vocab_size() == 260);
   CHECK(m.model->attention_implementation() == "eager");

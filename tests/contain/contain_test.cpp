@@ -311,6 +311,27 @@ TEST_CASE("cancelling a running worker kills it and still delivers the evidence"
   CHECK(my_cgroups(*rt).empty());
 }
 
+TEST_CASE("the worker gets exactly its environment, rlimits, no_new_privs and the given user") {
+  TempDir dir;
+  fs::permissions(dir.path, fs::perms::all);  // the dropped user must be able to enter it
+  auto rt = runtime();
+  auto env = make_spec("env", {"/usr/bin/env"}, dir.path);
+  rt->run(env);
+  CHECK(slurp(env.stdout_path) == "PATH=/usr/bin:/bin\nLANG=C.UTF-8\n");
+  auto who =
+      make_spec("who",
+                {"/bin/sh", "-c",
+                 "id -u; id -g; id -G; ulimit -c; ulimit -n; grep NoNewPrivs /proc/self/status"},
+                dir.path);
+  who.uid = 65534;
+  who.gid = 65534;
+  who.nofile = 256;
+  Json e = rt->run(who);
+  CHECK(e["exit"]["code"] == 0);
+  CHECK(slurp(who.stdout_path) == "65534\n65534\n65534\n0\n256\nNoNewPrivs:\t1\n");
+  CHECK(e["spawn"]["uid"] == 65534);
+}
+
 TEST_CASE("output beyond the cap is counted and dropped") {
   TempDir dir;
   auto rt = runtime();

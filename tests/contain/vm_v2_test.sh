@@ -35,7 +35,8 @@ if [ "${1:-}" = --inside ]; then
     sh -c 'echo $$ >"$1/cgroup.procs"; shift; exec "$@"' sh "$cg/delegated" \
       "$build/supervisor/assayd" contain --mode v2 --delegated --memory-max 64M -- \
       /usr/bin/python3 -c "x = b'\x01' * (200 << 20)" >"$out"
-    ls "$cg/delegated"/workers | grep . && { echo "vm: worker cgroup left" >&2; exit 1; }
+    left=$(find "$cg/delegated/workers" -mindepth 1 -type d | wc -l)
+    [ "$left" -eq 0 ] || { echo "vm: $left worker cgroups left in $cg/delegated/workers" >&2; exit 1; }
     /usr/bin/python3 - "$out" <<'PY'
 import json, sys
 e = json.load(open(sys.argv[1]))

@@ -92,7 +92,8 @@ eq "same main pid" "$(systemctl show -P MainPID assayd.service)" "$pid"
 check "alice: assay health after the OOM kill" as_alice assay health
 echo "after OOM: $(elapsed)"
 
-# 5. restart while a job is queued; it finishes afterwards
+# 5. restart while a job is queued; it finishes afterwards ("running" holds the slot; it is over
+#    its memory limit too, so it fails fast whether it is re-run or not)
 as_alice assay --json submit "$work/running.json" >$logs/submit-running.json
 as_alice assay --json submit "$work/queued.json" >$logs/submit-queued.json
 run_id=$(job_id "$(cat $logs/submit-running.json)")
@@ -106,7 +107,7 @@ as_alice assay wait "$q_id" --wait-timeout 900 >$logs/wait-queued.log 2>&1
 eq "queued job finished after the restart (wait exit status)" $? 0 || cat $logs/wait-queued.log
 eq "queued job state" "$(as_alice assay --json status "$q_id" | jq -r .state)" succeeded
 as_alice assay wait "$run_id" --wait-timeout 900 >/dev/null 2>&1
-echo "job running at the restart ended: $(as_alice assay --json status "$run_id" | jq -c '{state, error}')"
+echo "job holding the slot at the restart ended: $(as_alice assay --json status "$run_id" | jq -c '{state, error}')"
 echo "after restart: $(elapsed)"
 
 # 6. a user outside group assay is refused by the socket's permissions

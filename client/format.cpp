@@ -144,11 +144,16 @@ std::string jobs_table(const Json& doc) {
   if (!jobs || !jobs->is_array())
     throw common::Error("client.bad_response",
                         "assayd's job list is not {\"jobs\": [...]}: " + doc.dump().substr(0, 200));
-  std::vector<std::vector<std::string>> rows{{"ID", "STATE", "PHASE", "SUBMITTED", "VERDICT"}};
-  for (const Json& j : *jobs)
+  // The verdict column only when the daemon's summaries carry verdicts.
+  bool verdicts = std::any_of(jobs->begin(), jobs->end(),
+                              [](const Json& j) { return !verdict_text(j).empty(); });
+  std::vector<std::vector<std::string>> rows{{"ID", "STATE", "PHASE", "SUBMITTED"}};
+  if (verdicts) rows[0].push_back("VERDICT");
+  for (const Json& j : *jobs) {
     rows.push_back({field(j, {"id", "job_id"}), field(j, {"state"}), field(j, {"phase"}),
-                    field(j, {"created_at_utc", "submitted_at_utc", "created_at"}),
-                    verdict_text(j)});
+                    field(j, {"created_at_utc", "submitted_at_utc", "created_at"})});
+    if (verdicts) rows.back().push_back(verdict_text(j));
+  }
   if (jobs->empty()) return "no jobs\n";
   return render_table(rows);
 }

@@ -79,9 +79,10 @@ VerifyReport verify_result(const VerifyInputs& in) {
     checks.add("result.json", false, in.result.string() + " is not a JSON object");
   if (have_result) {
     auto schema = string_at(result, {"schema"});
-    checks.add("result.schema", schema == std::string(protocol::kNextTokenResult),
+    bool ok = schema == std::string(protocol::kNextTokenResult);
+    checks.add("result.schema", ok,
                "schema " + (schema ? "\"" + *schema + "\"" : std::string("missing")) +
-                   ", expected \"" + std::string(protocol::kNextTokenResult) + "\"");
+                   (ok ? "" : ", expected \"" + std::string(protocol::kNextTokenResult) + "\""));
     std::string canon = common::canonical(result);
     checks.add("result.canonical", result_bytes == canon,
                result_bytes == canon ? "file bytes are the RFC 8785 canonical form"

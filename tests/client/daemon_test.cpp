@@ -2,6 +2,7 @@
 // state directory: connection handling, error mapping and job following end to end. The full
 // happy path with real workers is in tests/integration/ (the supervisor's end-to-end tests).
 #include <csignal>
+#include <cstdlib>
 #include <thread>
 
 #include <doctest/doctest.h>
@@ -24,7 +25,7 @@ using assay::client::test::TempDir;
 
 class Daemon {
  public:
-  Daemon() {
+  explicit Daemon(std::vector<std::string> extra_args = {}) {
     socket_ = (dir_ / "assayd.sock").string();
     std::vector<std::string> args{
         ASSAY_DAEMON_BIN,          "serve",         "--socket", socket_,       "--state-dir",
@@ -32,6 +33,7 @@ class Daemon {
 #ifdef ASSAY_FINGERPRINT_BIN
     args.insert(args.end(), {"--fingerprint-worker", ASSAY_FINGERPRINT_BIN});
 #endif
+    args.insert(args.end(), extra_args.begin(), extra_args.end());
     std::string log = (dir_ / "assayd.log").string();
     pid_ = ::fork();
     REQUIRE(pid_ >= 0);
@@ -90,6 +92,13 @@ std::string broken_model(const TempDir& dir) {
   dir.write("model/config.json",
             R"({"architectures":["LlamaForCausalLM"],"model_type":"llama","vocab_size":100})");
   return (dir / "model").string();
+}
+
+// The oracle worker: $ASSAY_ORACLE_BIN, else the one in this build tree (built with LibTorch).
+std::string oracle_bin() {
+  const char* env = std::getenv("ASSAY_ORACLE_BIN");
+  std::string path = env ? env : ASSAY_ORACLE_BIN_DEFAULT;
+  return ::access(path.c_str(), X_OK) == 0 ? path : "";
 }
 
 }  // namespace
@@ -186,4 +195,61 @@ TEST_CASE("a job that fails in the pipeline: wait follows it and exits 5, resubm
   auto waited_json = run({"submit", req, "--model", model, "--wait", "--json"}, d.env());
   CHECK(waited_json.status == 5);
   CHECK(common::parse_strict(waited_json.out)["id"] == id);
+}
+
+TEST_CASE("a real job end to end: submit --wait, fetch result/envelope/artifact/key, verify") {
+  std::string oracle = oracle_bin();
+  if (oracle.empty()) {
+    MESSAGE("skipped: assay-oracle was not built (" ASSAY_ORACLE_BIN_DEFAULT ")");
+    return;
+  }
+  Daemon d({"--oracle-worker", oracle});
+  std::string model = (d.dir() / "model").string();
+  std::string make = std::string(ASSAY_PYTHON3) + " '" ASSAY_FIXTURES_DIR "/make_fixture.py' " +
+                     "--arch llama --size tiny --out '" + model + "' >/dev/null";
+  REQUIRE(std::system(make.c_str()) == 0);
+  // "Hello" and two candidates whose texts are their byte-level decodings in the fixture.
+  Json doc = request_doc("happy");
+  doc["input_token_ids"] = {72, 101, 108, 108, 111};
+  doc["candidates"] = Json::array({{{"engine", "kiln"}, {"token_id", 44}, {"text", ","}},
+                                   {{"engine", "vllm"}, {"token_id", 33}, {"text", "!"}}});
+  std::string req = d.dir().write("req.json", doc.dump());
+
+  auto submitted =
+      run({"submit", req, "--model", model, "--wait", "--wait-timeout", "300"}, d.env());
+  REQUIRE_MESSAGE(submitted.status == 0, submitted.out << submitted.err);
+  CHECK(submitted.out.find("  succeeded") != std::string::npos);
+  CHECK(submitted.out.find("verdict:") != std::string::npos);
+  CHECK(submitted.out.find("result_sha256:") != std::string::npos);
+  std::string id = common::parse_strict(run({"list", "--json"}, d.env()).out)["jobs"][0]["id"];
+
+  std::filesystem::create_directories(d.dir() / "out");
+  auto out = [&](const char* name) { return (d.dir() / "out" / name).string(); };
+  REQUIRE(run({"result", id, "-o", out("result.json")}, d.env()).status == 0);
+  REQUIRE(run({"artifact", id, "-o", out("logits.safetensors")}, d.env()).status == 0);
+  REQUIRE(run({"keys", "-o", out("pubkey.pem")}, d.env()).status == 0);
+  // `result` without -o gives the same bytes.
+  CHECK(run({"result", id}, d.env()).out == common::read_file(out("result.json"), 1 << 24));
+
+  auto verified = run({"verify", out("result.json"), "--pubkey", out("pubkey.pem"), "--artifact",
+                       out("logits.safetensors"), "--json"},
+                      {.socket = "/nonexistent/assayd.sock"});
+  CHECK(verified.status == 0);
+  Json report = common::parse_strict(verified.out);
+  CHECK(report["ok"] == true);
+  CHECK(report["checks"].size() == 10);
+
+  std::string openssl = "cd '" + (d.dir() / "out").string() +
+                        "' && sh '" ASSAY_CLIENT_TEST_DIR "/openssl_verify.sh' >/dev/null 2>&1";
+  CHECK(std::system(openssl.c_str()) == 0);
+
+  // One flipped byte in the artifact: the record no longer matches it.
+  std::string logits = common::read_file(out("logits.safetensors"), 1 << 24);
+  logits.back() ^= 1;
+  d.dir().write("out/logits.safetensors", logits);
+  auto tampered = run({"verify", out("result.json"), "--pubkey", out("pubkey.pem"), "--artifact",
+                       out("logits.safetensors")},
+                      {.socket = "/nonexistent/assayd.sock"});
+  CHECK(tampered.status == 6);
+  CHECK(tampered.out.find("FAIL  artifact.file") != std::string::npos);
 }

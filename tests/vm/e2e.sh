@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # e2e.sh: the end-to-end test on a real systemd host with a pure cgroup v2 hierarchy.
 #
-#   tests/vm/e2e.sh [--build-dir DIR] [--keep]
+#   tests/vm/e2e.sh [--build-dir DIR] [--debs DIR] [--keep]
+#
+# --debs DIR: install the assay*.deb already in DIR instead of running packaging/build-deb.
 #
 # On the host (as root): builds the Debian packages (packaging/build-deb), a tiny Llama fixture
 # model (tests/fixtures/make_fixture.py) and the job requests, then boots the Debian 12 VM of
@@ -19,11 +21,13 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=$root/build-pkg
 keep=0
+debs=""
 while [ $# -gt 0 ]; do
   case $1 in
     --build-dir) build=$(realpath -m "$2"); shift 2 ;;
+    --debs) debs=$(realpath -e "$2"); shift 2 ;;
     --keep) keep=1; shift ;;
-    -h | --help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "e2e.sh: unknown argument \"$1\" (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -54,8 +58,12 @@ work=$build/e2e
 rm -rf "$work"
 mkdir -p "$work/debs"
 chmod 0755 "$work"
-say "building the Debian packages"
-"$root/packaging/build-deb" --build-dir "$build" --out "$work/debs" --no-lintian >&2
+if [ -n "$debs" ]; then
+  cp "$debs"/assay_*.deb "$debs"/assay-oracle_*.deb "$work/debs/"
+else
+  say "building the Debian packages"
+  "$root/packaging/build-deb" --build-dir "$build" --out "$work/debs" --no-lintian >&2
+fi
 
 say "making the fixture model and requests"
 $py "$root/tests/fixtures/make_fixture.py" --arch llama --size tiny --out "$work/model" >&2

@@ -53,7 +53,9 @@ base_json=$(printf '%s\n' "${base_runs[@]}")
 overhead="not measured: assay-fingerprint or assay-oracle not built"
 if [ -x "$build/fingerprint/assay-fingerprint" ] && [ -x "$build/worker/assay-oracle" ]; then
   $py "$root/tests/fixtures/make_fixture.py" --arch llama --size tiny --out "$tmp/llama" >/dev/null
-  start overhead --containment "$containment" || { containment=none; start overhead --containment none; }
+  workers=(--fingerprint-worker "$build/fingerprint/assay-fingerprint" --oracle-worker "$build/worker/assay-oracle")
+  start overhead --containment "$containment" "${workers[@]}" ||
+    { containment=none; start overhead --containment none "${workers[@]}"; }
   overhead=$($py - "$sock" "$tmp/llama" "$runs" <<'PY'
 import http.client, json, socket, statistics, sys, time
 sock, model, runs = sys.argv[1], sys.argv[2], int(sys.argv[3])
@@ -77,6 +79,8 @@ for i in range(runs):
     call("GET", "/v1/jobs/%s/events" % job)  # returns when the job is terminal
     total = time.monotonic() - t0
     status, body = call("GET", "/v1/jobs/%s/result" % job)
+    if status != 200:
+        sys.exit("job %s has no result: %s" % (job, call("GET", "/v1/jobs/" + job)[1].decode()))
     r = json.loads(body)
     workers = (r["model_fingerprint"]["process"]["wall_usec"] + r["oracle"]["process"]["wall_usec"]) / 1e6
     rows.append((total, workers, total - workers))

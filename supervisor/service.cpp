@@ -310,9 +310,12 @@ ApiResponse Service::handle(const std::string& method, const std::string& target
         return error_response(404, "api.no_such_job", "no job " + id);
       fs::path dir = store_.job_dir(id);
       if (s.size() == 3 && method == "GET") {
-        Json j = job->summary();
-        j["events"] = job->events;
-        return json_response(200, j);
+        if (job->rendered.empty()) {
+          Json j = job->summary();
+          j["events"] = job->events;
+          job->rendered = j.dump() + "\n";
+        }
+        return ApiResponse{200, "application/json", job->rendered, {}};
       }
       if (s.size() == 3 && method == "DELETE") return cancel(*job);
       if (s.size() == 4 && method == "GET") {
@@ -592,10 +595,11 @@ void Service::release_slot(const std::string& id) {
   boost::asio::post(io_, [this] { schedule(); });
 }
 
-void Service::set_phase(Job& job, const std::string& phase, const std::string& message) {
+void Service::set_phase(Job& job, const std::string& phase, const std::string& message,
+                        bool durable) {
   job.phase = phase;
   JobStore::add_event(job, message);
-  store_.save(job);
+  store_.save(job, durable);
   publish(job);
 }
 
@@ -626,7 +630,7 @@ void Service::run_pipeline(const std::string& id) {
   job->attempts += 1;
   scratch_[id] = Json{{"started_unix", now_unix()}};
   try {
-    set_phase(*job, "preflight", "started attempt " + std::to_string(job->attempts));
+    set_phase(*job, "preflight", "started attempt " + std::to_string(job->attempts), true);
     step_preflight(id);
   } catch (const Error& e) {
     fail(id, e.code(), e.what());
@@ -663,7 +667,7 @@ void Service::step_preflight(const std::string& id) {
     job->state = JobState::kQueued;
     job->waiting_reason = "needs " + fmt_bytes(required) + " + reserve " + fmt_bytes(reserve) +
                           ", available " + fmt_bytes(available);
-    set_phase(*job, "queued", "waiting for memory: " + job->waiting_reason);
+    set_phase(*job, "queued", "waiting for memory: " + job->waiting_reason, true);
     running_slots_.erase(id);
     scratch_.erase(id);
     queue_.insert(queue_.begin(), id);
@@ -690,7 +694,7 @@ void Service::start_worker(const std::string& id, const std::string& role, const
   fs::remove_all(ws, ec);  // a previous attempt's leftovers
   fs::create_directories(ws);
   ::chmod(ws.c_str(), 0700);
-  common::atomic_write_file(ws / protocol::kInputFile, common::canonical(input), 0600);
+  replace_file_fast(ws / protocol::kInputFile, common::canonical(input), 0600);
   if (worker_uid_) {
     if (::chown(ws.c_str(), *worker_uid_, *worker_gid_) != 0 ||
         ::chown((ws / protocol::kInputFile).c_str(), *worker_uid_, *worker_gid_) != 0)
@@ -731,7 +735,7 @@ void Service::start_worker(const std::string& id, const std::string& role, const
           processes_.erase(id);
           durations_[role].push_back(now_unix() - t0);
           try {
-            common::atomic_write_file(ws / "evidence.json", common::canonical(evidence), 0600);
+            replace_file_fast(ws / "evidence.json", common::canonical(evidence), 0600);
           } catch (const Error& e) {
             spdlog::error("cannot keep evidence of {} {}: {}", id, role, e.what());
           }

@@ -86,7 +86,9 @@ class Service {
   void finish_success(const std::string& id);
   void finish(Job& job, JobState state, const std::string& message,
               std::optional<common::Json> error = std::nullopt);
-  void set_phase(Job& job, const std::string& phase, const std::string& message);
+  // Records a phase change and tells watchers; `durable` when the state changed too.
+  void set_phase(Job& job, const std::string& phase, const std::string& message,
+                 bool durable = false);
   void fail(const std::string& id, const std::string& code, const std::string& message);
   void start_worker(const std::string& id, const std::string& role,
                     const std::filesystem::path& worker, const std::string& mode,

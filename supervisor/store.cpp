@@ -4,8 +4,12 @@
 #include <chrono>
 #include <ctime>
 
+#include <fcntl.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 
 #include "common/error.h"
 #include "common/fs.h"
@@ -171,11 +175,37 @@ Job& JobStore::create(Job job, const std::string& request_canonical) {
   return it->second;
 }
 
-void JobStore::save(const Job& job) {
-  common::atomic_write_file(job_dir(job.id) / "job.json", common::canonical(job.to_json()), 0600);
+void JobStore::save(Job& job, bool durable) {
+  job.rendered.clear();
+  auto path = job_dir(job.id) / "job.json";
+  if (durable)
+    common::atomic_write_file(path, common::canonical(job.to_json()), 0600);
+  else
+    replace_file_fast(path, common::canonical(job.to_json()), 0600);
+}
+
+void replace_file_fast(const std::filesystem::path& path, std::string_view content, mode_t mode) {
+  auto tmp = path;
+  tmp += ".tmp";
+  {
+    common::UniqueFd fd = common::open_nofollow(tmp, O_WRONLY | O_CREAT | O_TRUNC, mode);
+    std::size_t off = 0;
+    while (off < content.size()) {
+      ssize_t n = ::write(fd.get(), content.data() + off, content.size() - off);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) common::throw_errno("fs.write", "write " + tmp.string(), errno);
+      off += static_cast<std::size_t>(n);
+    }
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    int err = errno;
+    ::unlink(tmp.c_str());
+    common::throw_errno("fs.rename", "rename " + tmp.string(), err);
+  }
 }
 
 void JobStore::add_event(Job& job, const std::string& message) {
+  job.rendered.clear();
   job.updated_at = now_rfc3339();
   job.events.push_back(Json{{"at", job.updated_at},
                             {"state", state_name(job.state)},

@@ -40,6 +40,8 @@ struct Job {
   std::optional<common::Json> error;  // {"code","message"} once failed
   std::string waiting_reason;         // why a queued job is not started (preflight)
   common::Json events = common::Json::array();  // every phase change, in order
+  // GET /v1/jobs/{id} as rendered since the last save(); status requests far outnumber changes.
+  std::string rendered;
 
   common::Json to_json() const;
   static Job from_json(const common::Json& j);
@@ -62,8 +64,10 @@ class JobStore {
 
   // Writes request.json and job.json of a new job durably, then indexes it.
   Job& create(Job job, const std::string& request_canonical);
-  // Rewrites job.json durably after `job` was changed.
-  void save(const Job& job);
+  // Rewrites job.json atomically after `job` was changed; durably (fsync of file and directory)
+  // unless `durable` is false, which is for phase changes inside a running attempt: a crash
+  // re-runs a running job whatever its phase, so losing one of those to a power cut is harmless.
+  void save(Job& job, bool durable = true);
   // Appends an event {at, state, phase, message} to the job (then call save()).
   static void add_event(Job& job, const std::string& message);
 
@@ -72,6 +76,10 @@ class JobStore {
   std::map<std::string, Job> jobs_;
   std::map<std::string, std::string> by_key_;
 };
+
+// temp file + rename without fsync: atomic for readers and across a crash of assayd, not
+// across a power cut. For files whose loss only means re-running a job.
+void replace_file_fast(const std::filesystem::path& path, std::string_view content, mode_t mode);
 
 std::string now_rfc3339();
 double now_unix();

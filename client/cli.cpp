@@ -138,7 +138,13 @@ int Cli::submit() {
     if (ec) throw ExitWith{kExitUsage, "--model " + o_.model + ": " + ec.message()};
     target += "?model_dir=" + url_encode(model.lexically_normal().string());
   }
-  Response r = api_.request("POST", target, std::move(body));
+  Response r;
+  try {
+    r = api_.request("POST", target, std::move(body));
+  } catch (const ApiError& e) {
+    if (e.code() != "request.no_model_dir") throw;
+    throw ExitWith{kExitApiError, std::string(e.what()) + " (with assay: give --model DIR)"};
+  }
   Json job = common::parse_strict(r.body);
   std::string id = job_id(job);
   if (o_.wait) return wait(id);

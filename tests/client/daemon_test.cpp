@@ -141,6 +141,11 @@ TEST_CASE("assayd's refusals exit 4 and carry the daemon's error code") {
   CHECK(r.status == 4);
   CHECK(r.err.find((d.dir() / "missing").string()) != std::string::npos);
 
+  r = run({"submit", req}, d.env());  // no model_dir in the request and no --model
+  CHECK(r.status == 4);
+  CHECK(r.err.find("request.no_model_dir") != std::string::npos);
+  CHECK(r.err.find("give --model DIR") != std::string::npos);
+
   r = run({"list"}, d.env());
   CHECK(r.status == 0);
   CHECK(r.out == "no jobs\n");

@@ -2,12 +2,10 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
+#include <cctype>
 #include <cstdio>
 #include <filesystem>
-#include <iomanip>
 #include <ostream>
-#include <sstream>
 #include <thread>
 
 #include <CLI/CLI.hpp>

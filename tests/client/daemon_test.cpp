@@ -1,6 +1,7 @@
 // The `assay` CLI against a real `assayd serve --containment none` on a temporary socket and
 // state directory: connection handling, error mapping and job following end to end. The full
 // happy path with real workers is in tests/integration/ (the supervisor's end-to-end tests).
+#include <algorithm>
 #include <csignal>
 #include <cstdlib>
 #include <thread>
@@ -27,22 +28,32 @@ class Daemon {
  public:
   explicit Daemon(std::vector<std::string> extra_args = {}) {
     socket_ = (dir_ / "assayd.sock").string();
-    std::vector<std::string> args{
-        ASSAY_DAEMON_BIN,          "serve",         "--socket", socket_,       "--state-dir",
-        (dir_ / "state").string(), "--containment", "none",     "--log-level", "warn"};
+    args_ = {ASSAY_DAEMON_BIN,          "serve",         "--socket", socket_,       "--state-dir",
+             (dir_ / "state").string(), "--containment", "none",     "--log-level", "warn"};
 #ifdef ASSAY_FINGERPRINT_BIN
-    args.insert(args.end(), {"--fingerprint-worker", ASSAY_FINGERPRINT_BIN});
+    if (std::find(extra_args.begin(), extra_args.end(), "--fingerprint-worker") == extra_args.end())
+      args_.insert(args_.end(), {"--fingerprint-worker", ASSAY_FINGERPRINT_BIN});
 #endif
-    args.insert(args.end(), extra_args.begin(), extra_args.end());
+    args_.insert(args_.end(), extra_args.begin(), extra_args.end());
+    start();
+  }
+  ~Daemon() {
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGTERM);
+    int status;
+    ::waitpid(pid_, &status, 0);
+  }
+  // Starts assayd on the same socket and state directory and waits until it answers.
+  void start() {
     std::string log = (dir_ / "assayd.log").string();
     pid_ = ::fork();
     REQUIRE(pid_ >= 0);
     if (pid_ == 0) {
-      int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
       ::dup2(fd, 1);
       ::dup2(fd, 2);
       std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
+      for (auto& a : args_) argv.push_back(a.data());
       argv.push_back(nullptr);
       ::execv(argv[0], argv.data());
       ::_exit(127);
@@ -58,11 +69,11 @@ class Daemon {
     }
     FAIL("assayd did not answer on " << socket_ << ": " << common::read_file(log, 1 << 16));
   }
-  ~Daemon() {
-    if (pid_ <= 0) return;
-    ::kill(pid_, SIGTERM);
+  void kill9() {
+    ::kill(pid_, SIGKILL);
     int status;
     ::waitpid(pid_, &status, 0);
+    pid_ = -1;
   }
   assay::client::Environment env() const {
     return {.socket = socket_};
@@ -74,6 +85,7 @@ class Daemon {
  private:
   TempDir dir_;
   std::string socket_;
+  std::vector<std::string> args_;
   pid_t pid_ = -1;
 };
 
@@ -200,6 +212,31 @@ TEST_CASE("a job that fails in the pipeline: wait follows it and exits 5, resubm
   auto waited_json = run({"submit", req, "--model", model, "--wait", "--json"}, d.env());
   CHECK(waited_json.status == 5);
   CHECK(common::parse_strict(waited_json.out)["id"] == id);
+}
+
+TEST_CASE("wait follows a job through a kill -9 and restart of assayd") {
+  // A fingerprint "worker" that runs for 2 s and fails: the job is running when assayd dies,
+  // is re-run after the restart, and fails again; wait must see it end.
+  TempDir tools;
+  std::string slow = tools.write("slow-worker", "#!/bin/sh\nsleep 2\nexit 3\n");
+  std::filesystem::permissions(slow, std::filesystem::perms::owner_all);
+  Daemon d({"--fingerprint-worker", slow});
+  std::string model = broken_model(d.dir());
+  std::string req = d.dir().write("req.json", request_doc("restart").dump());
+  auto submitted = run({"submit", req, "--model", model, "--json"}, d.env());
+  REQUIRE(submitted.status == 0);
+  std::string id = common::parse_strict(submitted.out)["id"];
+
+  assay::client::test::Run waited;
+  std::thread waiter([&] { waited = run({"wait", id, "--wait-timeout", "120"}, d.env()); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));
+  d.kill9();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  d.start();
+  waiter.join();
+  CHECK(waited.status == 5);
+  CHECK(waited.out.find("started attempt 2") != std::string::npos);
+  CHECK(waited.out.find("job " + id + "  failed") != std::string::npos);
 }
 
 TEST_CASE("a real job end to end: submit --wait, fetch result/envelope/artifact/key, verify") {

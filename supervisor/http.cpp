@@ -84,8 +84,11 @@ class Session : public std::enable_shared_from_this<Session> {
     parser_.emplace();
     parser_->header_limit(static_cast<std::uint32_t>(service_.config().max_header_bytes));
     parser_->body_limit(service_.config().max_body_bytes);
-    // One deadline for the whole request: a client that trickles bytes is cut off.
-    stream_.expires_after(std::chrono::milliseconds(service_.config().read_timeout_ms));
+    // One deadline for the whole request: a client that trickles bytes is cut off. A keep-alive
+    // connection may first sit idle for idle_timeout_ms before its next request starts.
+    const Config& c = service_.config();
+    stream_.expires_after(
+        std::chrono::milliseconds(c.read_timeout_ms + (served_ ? c.idle_timeout_ms : 0)));
     http::async_read(
         stream_, buffer_, *parser_,
         [self = shared_from_this()](beast::error_code ec, std::size_t) { self->on_read(ec); });
@@ -164,6 +167,7 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void after_write(beast::error_code ec) {
+    ++served_;
     if (ec || !keep_alive_) return close();
     do_read();
   }
@@ -256,6 +260,7 @@ class Session : public std::enable_shared_from_this<Session> {
   std::optional<http::request_parser<http::string_body>> parser_;
   Peer peer_;
   bool keep_alive_ = false;
+  std::uint64_t served_ = 0;  // responses written on this connection
   std::string watch_id_;
   std::uint64_t watch_handle_ = 0;
   std::vector<std::string> pending_;

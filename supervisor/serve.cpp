@@ -43,7 +43,8 @@ int serve_main(int argc, char** argv) {
   int slots = 0;
   app.add_option("--socket", socket, "unix socket path (default: systemd socket activation)");
   app.add_option("--state-dir", state_dir, "state directory (jobs, keys)");
-  app.add_option("--config", config_file, "JSON config file (keys as in the README)");
+  app.add_option("--config", config_file,
+                 "JSON config file; keys are the field names of supervisor/config.h");
   app.add_option("--containment", containment, "containment backend: auto|v2|v1|none");
   app.add_option("--fingerprint-worker", fingerprint_worker, "assay-fingerprint executable");
   app.add_option("--oracle-worker", oracle_worker, "assay-oracle executable");

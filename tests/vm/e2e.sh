@@ -17,6 +17,7 @@
 # The VM image (with LibTorch's runtime packages) is built once into $ASSAY_VM_IMAGE
 # (default /var/tmp/assay-vmimage) and reused while its package list is unchanged.
 # Under TCG emulation (no usable KVM) the whole run takes a few minutes.
+# ASSAY_E2E_WORKER_USER=root (diagnostic): workers are not dropped to assay-worker.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=$root/build-pkg
@@ -98,7 +99,7 @@ chmod -R a+rX "$work"
 
 say "booting the VM and running the checks (guest.sh)"
 set +e
-VMTEST_IMAGE_DIR=$image VMTEST_MEM=${VMTEST_MEM:-3072} VMTEST_TIMEOUT=${VMTEST_TIMEOUT:-1500} \
+VMTEST_PASS_ENV="ASSAY_E2E_WORKER_USER ${VMTEST_PASS_ENV:-}" VMTEST_IMAGE_DIR=$image VMTEST_MEM=${VMTEST_MEM:-3072} VMTEST_TIMEOUT=${VMTEST_TIMEOUT:-1500} \
   "$vm/run-in-vm.sh" "$work" ./guest.sh
 rc=$?
 set -e

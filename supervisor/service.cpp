@@ -604,13 +604,13 @@ void Service::set_phase(Job& job, const std::string& phase, const std::string& m
 }
 
 void Service::finish(Job& job, JobState state, const std::string& message,
-                     std::optional<Json> error) {
+                     std::optional<Json> error, const CommitFiles& files) {
   job.state = state;
   job.phase = std::string(state_name(state));
   job.error = std::move(error);
   job.waiting_reason.clear();
   JobStore::add_event(job, message);
-  store_.save(job);
+  store_.commit(job, files);
   durations_["job"].push_back(now_unix() - job.created_unix);
   publish(job);
 }
@@ -630,7 +630,9 @@ void Service::run_pipeline(const std::string& id) {
   job->attempts += 1;
   scratch_[id] = Json{{"started_unix", now_unix()}};
   try {
-    set_phase(*job, "preflight", "started attempt " + std::to_string(job->attempts), true);
+    // Not durable: a crash leaves the job queued on disk, which a restart runs just as it would
+    // re-run a running one; only the attempt count of this start is lost.
+    set_phase(*job, "preflight", "started attempt " + std::to_string(job->attempts));
     step_preflight(id);
   } catch (const Error& e) {
     fail(id, e.code(), e.what());
@@ -843,7 +845,7 @@ void Service::finish_success(const std::string& id) {
     throw Error("job.artifact",
                 "cannot move the oracle's artifact " + artifact_src.string() + ": " + ec.message());
   ::chmod(artifact.c_str(), 0600);
-  common::fsync_directory(dir);
+  // The artifact (its data and the rename) becomes durable in finish()'s group commit.
   std::string artifact_sha = common::sha256_file_id(artifact);
   auto artifact_bytes = fs::file_size(artifact);
 
@@ -876,15 +878,16 @@ void Service::finish_success(const std::string& id) {
        {{"name", common::kArtifactFileName}, {"bytes", artifact_bytes}, {"sha256", artifact_sha}}},
       {"verdict", verdict}};
   std::string result_bytes = common::seal_result(result);
-  common::atomic_write_file(dir / common::kResultFileName, result_bytes, 0644);
   Json statement = common::make_result_statement(result_bytes, artifact_sha);
   Json envelope = common::dsse_sign(common::kInTotoPayloadType, common::canonical(statement), key_);
-  common::atomic_write_file(dir / common::kEnvelopeFileName, common::canonical(envelope) + "\n",
-                            0644);
+  CommitFiles files{{{std::string(common::kResultFileName), result_bytes},
+                     {std::string(common::kEnvelopeFileName), common::canonical(envelope) + "\n"}},
+                    {artifact}};
   finish(*job, JobState::kSucceeded,
          "succeeded: reference argmax " +
              std::to_string(verdict["argmax_token_id"].get<std::int64_t>()) + " -> " +
-             verdict["argmax_candidate"].get<std::string>());
+             verdict["argmax_candidate"].get<std::string>(),
+         std::nullopt, files);
   release_slot(id);
 }
 

@@ -84,9 +84,11 @@ class Service {
   void step_fingerprint(const std::string& id);
   void step_oracle(const std::string& id);
   void finish_success(const std::string& id);
+  // Records the terminal state durably, with `files` (a success's result) in the same commit,
+  // before watchers are told.
   void finish(Job& job, JobState state, const std::string& message,
-              std::optional<common::Json> error = std::nullopt);
-  // Records a phase change and tells watchers; `durable` when the state changed too.
+              std::optional<common::Json> error = std::nullopt, const CommitFiles& files = {});
+  // Records a phase change and tells watchers; `durable` when a restart must see it.
   void set_phase(Job& job, const std::string& phase, const std::string& message,
                  bool durable = false);
   void fail(const std::string& id, const std::string& code, const std::string& message);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <ctime>
+#include <thread>
 
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
@@ -13,13 +14,87 @@
 
 #include "common/error.h"
 #include "common/fs.h"
+#include "common/result.h"
 
 namespace assay::supervisor {
 
 using common::Json;
 
+namespace fs = std::filesystem;
+
 namespace {
 constexpr std::size_t kMaxJobFileBytes = 64 * 1024 * 1024;
+
+// Where a file or job directory is built before its rename into place. Names starting with '.'
+// are never job ids nor final file names, so a crash leaves nothing that passes for either.
+fs::path staging_path(const fs::path& path) {
+  return path.parent_path() / ("." + path.filename().string() + ".staged");
+}
+
+// Creates or truncates `path` and writes `content`, without fsync: the caller fsyncs a group.
+void write_unsynced(const fs::path& path, std::string_view content, mode_t mode) {
+  common::UniqueFd fd = common::open_nofollow(path, O_WRONLY | O_CREAT | O_TRUNC, mode);
+  if (::fchmod(fd.get(), mode) != 0)
+    common::throw_errno("fs.write", "chmod " + path.string(), errno);
+  std::size_t off = 0;
+  while (off < content.size()) {
+    ssize_t n = ::write(fd.get(), content.data() + off, content.size() - off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) common::throw_errno("fs.write", "write " + path.string(), errno);
+    off += static_cast<std::size_t>(n);
+  }
+}
+
+void rename_or_throw(const fs::path& from, const fs::path& to) {
+  if (::rename(from.c_str(), to.c_str()) != 0)
+    common::throw_errno("fs.rename", "rename " + from.string() + " to " + to.string(), errno);
+}
+
+// Makes a new job directory with `files` in it (0600) under a staging name and renames it into
+// place once the files and the directory are on disk: a crash leaves no job or a whole one, and
+// the three fsyncs run at once instead of two temp-file commits and a directory fsync in a row.
+void create_dir_durably(const fs::path& dir,
+                        const std::vector<std::pair<std::string, std::string>>& files) {
+  fs::path staging = staging_path(dir);
+  std::error_code ec;
+  fs::remove_all(staging, ec);  // a leftover of a submission that failed or was cut off
+  try {
+    fs::create_directory(staging);
+    ::chmod(staging.c_str(), 0700);
+    std::vector<fs::path> to_sync;
+    for (const auto& [name, content] : files) {
+      write_unsynced(staging / name, content, 0600);
+      to_sync.push_back(staging / name);
+    }
+    to_sync.push_back(staging);
+    fsync_together(to_sync);
+    rename_or_throw(staging, dir);
+  } catch (const std::exception&) {
+    fs::remove_all(staging, ec);  // best effort; the next start removes it otherwise
+    throw;
+  }
+}
+
+// Whether the files a succeeded job's job.json promises are all there.
+bool has_result_files(const fs::path& dir) {
+  for (auto name : {common::kResultFileName, common::kEnvelopeFileName, common::kArtifactFileName})
+    if (!fs::exists(dir / name)) return false;
+  return true;
+}
+}  // namespace
+
+void fsync_together(const std::vector<fs::path>& paths) {
+  std::vector<common::UniqueFd> fds;
+  for (const auto& p : paths) fds.push_back(common::open_nofollow(p, O_RDONLY));
+  std::vector<int> errors(paths.size(), 0);
+  {
+    std::vector<std::jthread> threads;
+    for (std::size_t i = 1; i < fds.size(); ++i)
+      threads.emplace_back([&, i] { errors[i] = ::fsync(fds[i].get()) == 0 ? 0 : errno; });
+    if (!fds.empty()) errors[0] = ::fsync(fds[0].get()) == 0 ? 0 : errno;
+  }  // the jthreads join here
+  for (std::size_t i = 0; i < paths.size(); ++i)
+    if (errors[i] != 0) common::throw_errno("fs.fsync", "fsync " + paths[i].string(), errors[i]);
 }
 
 std::string_view state_name(JobState s) {
@@ -128,6 +203,13 @@ JobStore::JobStore(std::filesystem::path state_dir) : jobs_dir_(state_dir / "job
   ::chmod(jobs_dir_.c_str(), 0700);
   for (const auto& entry : std::filesystem::directory_iterator(jobs_dir_)) {
     if (!entry.is_directory()) continue;
+    if (entry.path().filename().string().starts_with(".")) {
+      // A staging directory: its submission was never acknowledged (create() renames it first).
+      spdlog::warn("removing {}: an unfinished submission", entry.path().string());
+      std::error_code ec;
+      fs::remove_all(entry.path(), ec);
+      continue;
+    }
     auto file = entry.path() / "job.json";
     if (!std::filesystem::exists(file)) {
       // A job directory without job.json was never acknowledged: creation writes job.json last.
@@ -137,6 +219,11 @@ JobStore::JobStore(std::filesystem::path state_dir) : jobs_dir_(state_dir / "job
     }
     try {
       Job job = Job::from_json(common::parse_strict(common::read_file(file, kMaxJobFileBytes)));
+      if (job.state == JobState::kSucceeded && !has_result_files(entry.path())) {
+        // Cut off inside commit(), before the success was acknowledged: run it again.
+        spdlog::warn("job {} says succeeded but lacks result files; re-running it", job.id);
+        job.state = JobState::kRunning;
+      }
       by_key_[job.key] = job.id;
       jobs_.emplace(job.id, std::move(job));
     } catch (const common::Error& e) {
@@ -165,10 +252,14 @@ std::vector<Job*> JobStore::all() {
 
 Job& JobStore::create(Job job, const std::string& request_canonical) {
   auto dir = job_dir(job.id);
-  std::filesystem::create_directories(dir);
-  ::chmod(dir.c_str(), 0700);
-  common::atomic_write_file(dir / "request.json", request_canonical, 0600);
-  common::atomic_write_file(dir / "job.json", common::canonical(job.to_json()), 0600);
+  std::string job_json = common::canonical(job.to_json());
+  if (fs::exists(dir)) {
+    // A leftover of a job that did not load: replace its files one by one, job.json last.
+    common::atomic_write_file(dir / "request.json", request_canonical, 0600);
+    common::atomic_write_file(dir / "job.json", job_json, 0600);
+  } else {
+    create_dir_durably(dir, {{"request.json", request_canonical}, {"job.json", job_json}});
+  }
   common::fsync_directory(jobs_dir_);
   by_key_[job.key] = job.id;
   auto [it, inserted] = jobs_.insert_or_assign(job.id, std::move(job));
@@ -176,27 +267,37 @@ Job& JobStore::create(Job job, const std::string& request_canonical) {
 }
 
 void JobStore::save(Job& job, bool durable) {
+  if (durable) return commit(job, CommitFiles{});
   job.rendered.clear();
-  auto path = job_dir(job.id) / "job.json";
-  if (durable)
-    common::atomic_write_file(path, common::canonical(job.to_json()), 0600);
-  else
-    replace_file_fast(path, common::canonical(job.to_json()), 0600);
+  replace_file_fast(job_dir(job.id) / "job.json", common::canonical(job.to_json()), 0600);
+}
+
+// Every file is written under its staging name, all of them (and `in_place`) are fsynced at
+// once, then renamed into place, job.json last, and one directory fsync makes the renames
+// durable. A crash before that fsync may keep any subset of the renames, but each file that is
+// there is whole, and the constructor re-runs a "succeeded" job whose result files are missing.
+void JobStore::commit(Job& job, const CommitFiles& files) {
+  job.rendered.clear();
+  auto dir = job_dir(job.id);
+  std::vector<std::pair<fs::path, fs::path>> renames;  // staged -> final
+  std::vector<fs::path> to_sync = files.in_place;
+  auto stage = [&](const std::string& name, std::string_view content, mode_t mode) {
+    fs::path staged = staging_path(dir / name);
+    write_unsynced(staged, content, mode);
+    to_sync.push_back(staged);
+    renames.emplace_back(staged, dir / name);
+  };
+  for (const auto& [name, content] : files.write) stage(name, content, 0644);
+  stage("job.json", common::canonical(job.to_json()), 0600);
+  fsync_together(to_sync);
+  for (const auto& [from, to] : renames) rename_or_throw(from, to);
+  common::fsync_directory(dir);
 }
 
 void replace_file_fast(const std::filesystem::path& path, std::string_view content, mode_t mode) {
   auto tmp = path;
   tmp += ".tmp";
-  {
-    common::UniqueFd fd = common::open_nofollow(tmp, O_WRONLY | O_CREAT | O_TRUNC, mode);
-    std::size_t off = 0;
-    while (off < content.size()) {
-      ssize_t n = ::write(fd.get(), content.data() + off, content.size() - off);
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) common::throw_errno("fs.write", "write " + tmp.string(), errno);
-      off += static_cast<std::size_t>(n);
-    }
-  }
+  write_unsynced(tmp, content, mode);
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     int err = errno;
     ::unlink(tmp.c_str());

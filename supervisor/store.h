@@ -1,6 +1,6 @@
 // The durable job store: one directory per job, STATE/jobs/<id>/, whose job.json is rewritten
-// atomically (temp, fsync, rename, directory fsync) on every state change before anyone is told
-// about the change.
+// atomically (temp, fsync, rename, directory fsync) on every state change a client relies on
+// before anyone is told about the change; the files of one change are fsynced together.
 #pragma once
 
 #include <cstdint>
@@ -49,6 +49,14 @@ struct Job {
   common::Json summary() const;
 };
 
+// Files that become durable together with a job's terminal state.
+struct CommitFiles {
+  // name in the job directory -> content, written with mode 0644 (results are public to readers
+  // of the job directory; job.json stays 0600)
+  std::vector<std::pair<std::string, std::string>> write;
+  std::vector<std::filesystem::path> in_place;  // already at their final path: only fsynced
+};
+
 class JobStore {
  public:
   // Creates STATE/jobs (0700) if needed and loads every job in it.
@@ -65,9 +73,14 @@ class JobStore {
   // Writes request.json and job.json of a new job durably, then indexes it.
   Job& create(Job job, const std::string& request_canonical);
   // Rewrites job.json atomically after `job` was changed; durably (fsync of file and directory)
-  // unless `durable` is false, which is for phase changes inside a running attempt: a crash
+  // unless `durable` is false, which is for changes nobody relies on across a crash: a restart
   // re-runs a running job whatever its phase, so losing one of those to a power cut is harmless.
   void save(Job& job, bool durable = true);
+  // A durable save() of `job` together with the files of its terminal state, as one group commit
+  // (see store.cpp) instead of one temp-fsync-rename-directory-fsync per file. A job.json that
+  // says "succeeded" while a file of its group is missing (a crash inside the commit, before
+  // anyone was told) is re-run on the next start.
+  void commit(Job& job, const CommitFiles& files);
   // Appends an event {at, state, phase, message} to the job (then call save()).
   static void add_event(Job& job, const std::string& message);
 
@@ -76,6 +89,10 @@ class JobStore {
   std::map<std::string, Job> jobs_;
   std::map<std::string, std::string> by_key_;
 };
+
+// fsyncs all of `paths` concurrently and throws Error("fs.fsync") naming the first that failed.
+// On ext4 concurrent fsyncs share one journal commit; one after another each pays its own.
+void fsync_together(const std::vector<std::filesystem::path>& paths);
 
 // temp file + rename without fsync: atomic for readers and across a crash of assayd, not
 // across a power cut. For files whose loss only means re-running a job.

@@ -76,6 +76,8 @@ std::optional<std::string> read_cgroup_file(const std::filesystem::path& file);
 void write_cgroup_file(const std::filesystem::path& file, const std::string& value);
 std::optional<std::uint64_t> read_u64(const std::filesystem::path& file);  // "max" -> nullopt
 std::vector<pid_t> read_pids(const std::filesystem::path& procs_file);
+// rmdir that waits (up to ~2 s) while just-killed processes leave the cgroup; ENOENT is success.
+void rmdir_retrying(const std::filesystem::path& dir);
 // "key value" lines (memory.events, cpu.stat, memory.oom_control) -> {key: value}; null when
 // the file is absent; each requested key missing from the file is null.
 common::Json read_flat_keyed(const std::filesystem::path& file,

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -239,6 +240,16 @@ bool owner_is_gone(const std::string& dir_name) {
   if (ec != std::errc() || pid <= 0) return false;
   auto start = process_start_time(pid);
   return !start || *start != parts[1];
+}
+
+void rmdir_retrying(const std::filesystem::path& dir) {
+  for (int attempt = 0;; ++attempt) {
+    if (::rmdir(dir.c_str()) == 0 || errno == ENOENT) return;
+    if (errno != EBUSY || attempt >= 200) {
+      common::throw_errno("contain.cgroup_io", "rmdir " + dir.string(), errno);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
 }
 
 }  // namespace assay::contain::detail

@@ -25,17 +25,6 @@ struct Hierarchy {
   fs::path base;           // directory of the base cgroup in this hierarchy
 };
 
-void rmdir_retrying(const fs::path& dir) {
-  // Processes that were just killed can take a moment to leave the cgroup.
-  for (int attempt = 0;; ++attempt) {
-    if (::rmdir(dir.c_str()) == 0 || errno == ENOENT) return;
-    if (errno != EBUSY || attempt >= 200) {
-      common::throw_errno("contain.cgroup_io", "rmdir " + dir.string(), errno);
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-}
-
 class V1Cgroup : public Cgroup {
  public:
   V1Cgroup(std::string name, std::string path, std::vector<Hierarchy> dirs, bool remove_parent)

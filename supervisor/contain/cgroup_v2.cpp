@@ -76,16 +76,6 @@ std::vector<std::string> enable_controllers(const fs::path& dir) {
   return want;
 }
 
-void rmdir_retrying(const fs::path& dir) {
-  for (int attempt = 0;; ++attempt) {
-    if (::rmdir(dir.c_str()) == 0 || errno == ENOENT) return;
-    if (errno != EBUSY || attempt >= 200) {
-      common::throw_errno("contain.cgroup_io", "rmdir " + dir.string(), errno);
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-}
-
 class V2Cgroup : public Cgroup {
  public:
   V2Cgroup(std::string name, std::string path, fs::path dir, bool remove_parent)

@@ -152,7 +152,8 @@ class StrictSax {
   std::vector<Frame> stack_;
 };
 
-void append_utf16_units(std::string_view s, std::u16string& out) {
+// Checks that `s` is UTF-8 and, when `out` is given, appends its UTF-16 code units there.
+void append_utf16_units(std::string_view s, std::u16string* out) {
   std::size_t i = 0;
   while (i < s.size()) {
     auto c = static_cast<unsigned char>(s[i]);
@@ -178,12 +179,12 @@ void append_utf16_units(std::string_view s, std::u16string& out) {
       if ((cc >> 6) != 2) throw Error("json.not_canonicalizable", "invalid UTF-8 in string");
       cp = (cp << 6) | (cc & 0x3f);
     }
-    if (cp >= 0x10000) {
+    if (out && cp >= 0x10000) {
       cp -= 0x10000;
-      out.push_back(static_cast<char16_t>(0xd800 + (cp >> 10)));
-      out.push_back(static_cast<char16_t>(0xdc00 + (cp & 0x3ff)));
-    } else {
-      out.push_back(static_cast<char16_t>(cp));
+      out->push_back(static_cast<char16_t>(0xd800 + (cp >> 10)));
+      out->push_back(static_cast<char16_t>(0xdc00 + (cp & 0x3ff)));
+    } else if (out) {
+      out->push_back(static_cast<char16_t>(cp));
     }
     i += n;
   }
@@ -303,8 +304,7 @@ void write_canonical(const Json& v, std::string& out) {
       break;
     case Json::value_t::string: {
       const auto& s = v.get_ref<const std::string&>();
-      std::u16string check;
-      append_utf16_units(s, check);  // validates UTF-8
+      append_utf16_units(s, nullptr);  // validates UTF-8 without building the UTF-16 copy
       write_string(s, out);
       break;
     }
@@ -323,7 +323,7 @@ void write_canonical(const Json& v, std::string& out) {
       std::vector<std::pair<std::u16string, const std::string*>> keys;
       for (auto it = v.begin(); it != v.end(); ++it) {
         std::u16string units;
-        append_utf16_units(it.key(), units);
+        append_utf16_units(it.key(), &units);
         keys.emplace_back(std::move(units), &it.key());
       }
       std::sort(keys.begin(), keys.end(),

@@ -15,6 +15,13 @@ inline constexpr std::string_view kFingerprintOutput = "assay.fingerprint-output
 inline constexpr std::string_view kOracleInput = "assay.oracle-input.v1";
 inline constexpr std::string_view kOracleOutput = "assay.oracle-output.v1";
 inline constexpr std::string_view kResultPredicateType = "https://assay.dev/next-token-oracle/v1";
+inline constexpr std::string_view kFidelityRequest = "assay.fidelity-request.v1";
+inline constexpr std::string_view kFidelityResult = "assay.fidelity-result.v1";
+inline constexpr std::string_view kFidelityPredicateType = "https://assay.dev/fidelity/v1";
+inline constexpr std::string_view kOracleCaptureInput = "assay.oracle-capture-input.v1";
+inline constexpr std::string_view kOracleCaptureOutput = "assay.oracle-capture-output.v1";
+inline constexpr std::string_view kCompareInput = "assay.compare-input.v1";
+inline constexpr std::string_view kCompareOutput = "assay.compare-output.v1";
 
 // Worker protocol: WORKER <mode> --input input.json --workdir DIR; writes output.json, exit 0.
 inline constexpr std::string_view kInputFile = "input.json";

@@ -147,6 +147,13 @@ void check_token_ids_sha(const Json& doc, const std::string& recomputed) {
 
 }  // namespace
 
+RequestLimits parse_request_limits(const Json& doc) { return parse_limits(doc); }
+
+std::vector<std::int64_t> parse_token_id_array(const Json& obj, std::string_view key,
+                                               std::string_view where, bool allow_empty) {
+  return token_ids(obj, key, where, allow_empty);
+}
+
 std::string token_ids_sha256(std::span<const std::int64_t> ids) {
   // Canonical form of an integer array is digits and commas; built directly so a million ids
   // do not go through a Json tree.

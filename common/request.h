@@ -70,6 +70,12 @@ struct NextTokenRequest {
 NextTokenRequest parse_request(std::string_view text);
 NextTokenRequest validate_request(const Json& document);
 
+// Pieces shared with the fidelity request (common/fidelity.h), with the same errors:
+// doc["limits"] (absent: no limits), and the token id array obj[key] named `where.key`.
+RequestLimits parse_request_limits(const Json& doc);
+std::vector<std::int64_t> parse_token_id_array(const Json& obj, std::string_view key,
+                                               std::string_view where, bool allow_empty);
+
 // sha256 of the canonical JSON array of the ids ("[1,2,3]"), as Kiln publishes it.
 std::string token_ids_sha256(std::span<const std::int64_t> ids);
 // Recomputes a Kiln-compatible identity's content_sha256: the canonical hash of

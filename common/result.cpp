@@ -30,13 +30,19 @@ void verify_result_sha256(const Json& result) {
 }
 
 Json make_result_statement(std::string_view result_bytes, std::string_view artifact_sha256) {
+  return make_statement(protocol::kResultPredicateType, result_bytes, kArtifactFileName,
+                        artifact_sha256);
+}
+
+Json make_statement(std::string_view predicate_type, std::string_view result_bytes,
+                    std::string_view artifact_name, std::string_view artifact_sha256) {
   if (!is_identity(artifact_sha256))
     throw Error("result.invalid",
                 "artifact sha256 \"" + std::string(artifact_sha256) + "\" is not an identity");
   std::vector<Subject> subjects{
       {std::string(kResultFileName), sha256_id(result_bytes).substr(7)},
-      {std::string(kArtifactFileName), std::string(artifact_sha256.substr(7))}};
-  return intoto_statement(subjects, protocol::kResultPredicateType,
+      {std::string(artifact_name), std::string(artifact_sha256.substr(7))}};
+  return intoto_statement(subjects, predicate_type,
                           Json{{"result_sha256", parse_strict(result_bytes)["result_sha256"]}});
 }
 

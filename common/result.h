@@ -12,6 +12,7 @@ namespace assay::common {
 inline constexpr std::string_view kResultFileName = "result.json";
 inline constexpr std::string_view kEnvelopeFileName = "result.dsse.json";
 inline constexpr std::string_view kArtifactFileName = "logits.safetensors";
+inline constexpr std::string_view kKlArtifactFileName = "kl.safetensors";  // fidelity jobs
 
 // sha256 of the canonical form of `result` without its "result_sha256" field.
 std::string compute_result_sha256(const Json& result);
@@ -24,5 +25,8 @@ void verify_result_sha256(const Json& result);
 // subjects: {name: "result.json", sha256 of result_bytes}, {name: "logits.safetensors",
 // sha256 hex = artifact_sha256 without "sha256:"}.
 Json make_result_statement(std::string_view result_bytes, std::string_view artifact_sha256);
+// The same for any sealed result: subjects result.json and `artifact_name`, `predicate_type`.
+Json make_statement(std::string_view predicate_type, std::string_view result_bytes,
+                    std::string_view artifact_name, std::string_view artifact_sha256);
 
 }  // namespace assay::common

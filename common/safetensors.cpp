@@ -212,38 +212,133 @@ SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&& o) noexcept {
   return *this;
 }
 
-std::string serialize_safetensors(const std::vector<TensorToWrite>& tensors,
-                                  const std::map<std::string, std::string>& metadata) {
+namespace {
+
+// The 8-byte length and the JSON header (padded with spaces to 8 bytes) for tensors laid out
+// one after another in `layout` order; `total` receives the data bytes they take.
+std::string safetensors_header(const std::vector<TensorLayout>& layout,
+                               const std::map<std::string, std::string>& metadata,
+                               std::uint64_t& total) {
   Json header = Json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::uint64_t offset = 0;
-  for (const auto& t : tensors) {
+  for (const auto& t : layout) {
     std::uint64_t numel = 1;
     for (auto d : t.shape) {
       if (d < 0) throw Error("safetensors.write", "tensor \"" + t.name + "\" has a negative dim");
       numel *= static_cast<std::uint64_t>(d);
     }
-    if (numel * dtype_size(t.dtype) != t.data.size())
-      throw Error("safetensors.write",
-                  "tensor \"" + t.name + "\" has " + std::to_string(t.data.size()) +
-                      " bytes for shape x dtype " + std::to_string(numel * dtype_size(t.dtype)));
     if (t.name == "__metadata__" || header.contains(t.name))
       throw Error("safetensors.write", "duplicate or reserved tensor name \"" + t.name + "\"");
+    std::uint64_t bytes = numel * dtype_size(t.dtype);
     header[t.name] = {{"dtype", dtype_name(t.dtype)},
                       {"shape", t.shape},
-                      {"data_offsets", {offset, offset + t.data.size()}}};
-    offset += t.data.size();
+                      {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
   }
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');
   std::string out;
-  out.reserve(8 + text.size() + offset);
   std::uint64_t n = text.size();
   for (int i = 0; i < 8; ++i) out += static_cast<char>((n >> (8 * i)) & 0xff);
   out += text;
+  total = offset;
+  return out;
+}
+
+void write_all(int fd, const void* data, std::size_t size, const std::filesystem::path& what) {
+  const char* p = static_cast<const char*>(data);
+  while (size > 0) {
+    ssize_t n = ::write(fd, p, size);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw Error("safetensors.write",
+                  "write " + what.string() + ": " + std::strerror(errno));
+    }
+    p += n;
+    size -= static_cast<std::size_t>(n);
+  }
+}
+
+}  // namespace
+
+std::string serialize_safetensors(const std::vector<TensorToWrite>& tensors,
+                                  const std::map<std::string, std::string>& metadata) {
+  std::vector<TensorLayout> layout;
+  for (const auto& t : tensors) {
+    layout.push_back({t.name, t.dtype, t.shape});
+    std::uint64_t numel = 1;
+    for (auto d : t.shape) numel *= static_cast<std::uint64_t>(std::max<std::int64_t>(d, 0));
+    if (numel * dtype_size(t.dtype) != t.data.size())
+      throw Error("safetensors.write",
+                  "tensor \"" + t.name + "\" has " + std::to_string(t.data.size()) +
+                      " bytes for shape x dtype " + std::to_string(numel * dtype_size(t.dtype)));
+  }
+  std::uint64_t total = 0;
+  std::string out = safetensors_header(layout, metadata, total);
+  out.reserve(out.size() + total);
   for (const auto& t : tensors)
     out.append(reinterpret_cast<const char*>(t.data.data()), t.data.size());
   return out;
+}
+
+SafetensorsStreamWriter::SafetensorsStreamWriter(std::filesystem::path path,
+                                                 const std::vector<TensorLayout>& layout,
+                                                 const std::map<std::string, std::string>& metadata)
+    : path_(std::move(path)) {
+  std::string header = safetensors_header(layout, metadata, expected_);
+  tmp_ = path_.parent_path() / ("." + path_.filename().string() + ".tmp." +
+                                std::to_string(::getpid()));
+  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd_ < 0)
+    throw Error("safetensors.write", "create " + tmp_.string() + ": " + std::strerror(errno));
+  try {
+    write_all(fd_, header.data(), header.size(), tmp_);
+  } catch (...) {
+    ::close(fd_);
+    fd_ = -1;
+    ::unlink(tmp_.c_str());
+    throw;
+  }
+}
+
+SafetensorsStreamWriter::~SafetensorsStreamWriter() {
+  if (fd_ >= 0) {
+    ::close(fd_);
+    ::unlink(tmp_.c_str());
+  }
+}
+
+void SafetensorsStreamWriter::write(std::span<const std::byte> bytes) {
+  if (fd_ < 0) throw Error("safetensors.write", path_.string() + " is already finished");
+  if (bytes.size() > expected_ - written_)
+    throw Error("safetensors.write", path_.string() + ": " + std::to_string(written_ + bytes.size()) +
+                                         " data bytes written, the header declares " +
+                                         std::to_string(expected_));
+  write_all(fd_, bytes.data(), bytes.size(), tmp_);
+  written_ += bytes.size();
+}
+
+void SafetensorsStreamWriter::finish() {
+  if (fd_ < 0) throw Error("safetensors.write", path_.string() + " is already finished");
+  if (written_ != expected_)
+    throw Error("safetensors.write", path_.string() + ": " + std::to_string(written_) +
+                                         " data bytes written, the header declares " +
+                                         std::to_string(expected_));
+  int fd = fd_;
+  fd_ = -1;
+  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+    int err = errno;
+    ::unlink(tmp_.c_str());
+    throw Error("safetensors.write", "fsync " + tmp_.string() + ": " + std::strerror(err));
+  }
+  if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
+    int err = errno;
+    ::unlink(tmp_.c_str());
+    throw Error("safetensors.write",
+                "rename " + tmp_.string() + " to " + path_.string() + ": " + std::strerror(err));
+  }
+  fsync_directory(path_.parent_path());
 }
 
 void write_safetensors(const std::filesystem::path& path, const std::vector<TensorToWrite>& tensors,

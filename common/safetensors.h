@@ -74,6 +74,33 @@ struct TensorToWrite {
 // Serialises tensors (in the given order) with the header padded with spaces to 8 bytes.
 std::string serialize_safetensors(const std::vector<TensorToWrite>& tensors,
                                   const std::map<std::string, std::string>& metadata = {});
+// A safetensors file whose tensor bytes arrive in pieces, in the order of `layout`, so that a
+// large tensor never has to be held whole (the oracle's captures). The file appears at `path`
+// only on finish(): written to a temp file in the same directory, fsynced, renamed; a writer
+// destroyed before finish() removes its temp file.
+struct TensorLayout {
+  std::string name;
+  Dtype dtype;
+  std::vector<std::int64_t> shape;
+};
+class SafetensorsStreamWriter {
+ public:
+  SafetensorsStreamWriter(std::filesystem::path path, const std::vector<TensorLayout>& layout,
+                          const std::map<std::string, std::string>& metadata = {});
+  ~SafetensorsStreamWriter();
+  SafetensorsStreamWriter(const SafetensorsStreamWriter&) = delete;
+  SafetensorsStreamWriter& operator=(const SafetensorsStreamWriter&) = delete;
+  // Appends data bytes; throws Error("safetensors.write") past the declared total.
+  void write(std::span<const std::byte> bytes);
+  // Throws Error("safetensors.write") unless exactly the declared bytes arrived.
+  void finish();
+
+ private:
+  std::filesystem::path path_, tmp_;
+  int fd_ = -1;
+  std::uint64_t expected_ = 0, written_ = 0;
+};
+
 // serialize_safetensors + atomic_write_file.
 void write_safetensors(const std::filesystem::path& path, const std::vector<TensorToWrite>& tensors,
                        const std::map<std::string, std::string>& metadata = {});

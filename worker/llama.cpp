@@ -111,7 +111,7 @@ class LlamaFamily final : public Model {
     (void)options;
   }
 
-  at::Tensor forward(const at::Tensor& input_ids) override {
+  at::Tensor hidden_states(const at::Tensor& input_ids) override {
     int64_t t = input_ids.size(1);
     at::Tensor h = at::embedding(embed_, input_ids);
     auto dtype = h.scalar_type();
@@ -138,8 +138,11 @@ class LlamaFamily final : public Model {
       x = rms_norm(h, l.post_attention_norm, eps_);
       h = residual + l.down(at::silu(l.gate(x)) * l.up(x));
     }
-    h = rms_norm(h, norm_, eps_);
-    return at::linear(h, lm_head_);
+    return rms_norm(h, norm_, eps_);
+  }
+
+  at::Tensor lm_head(const at::Tensor& hidden) const override {
+    return at::linear(hidden, lm_head_);
   }
 
   int64_t vocab_size() const override { return vocab_; }

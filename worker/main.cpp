@@ -22,6 +22,7 @@
 #include "common/identity.h"
 #include "common/protocol.h"
 #include "common/safetensors.h"
+#include "worker/capture.h"
 #include "worker/loader.h"
 #include "worker/next_token.h"
 #include "worker/tokenizer.h"
@@ -208,13 +209,33 @@ std::string executable_sha256() {
   return common::sha256_file_id(std::filesystem::read_symlink("/proc/self/exe"));
 }
 
+// What every worker-protocol output says about how it ran.
+void add_execution_report(Json& out, const ExecOptions& options, int threads,
+                          const std::string& attention, const std::string& linear_attention) {
+  out["device"] = options.device.str();
+  out["device_name"] = device_name(options.device);
+  out["dtype"] = options.dtype == at::kBFloat16 ? "bfloat16" : "float32";
+  out["torch_version"] = TORCH_VERSION;
+  out["threads"] = threads;
+  out["deterministic_algorithms"] = at::globalContext().deterministicAlgorithms();
+  out["tf32_allowed"] =
+      at::globalContext().allowTF32CuBLAS() || at::globalContext().allowTF32CuDNN();
+  out["attention_implementation"] = attention;
+  out["linear_attention_implementation"] = linear_attention;
+  out["gdn_variant"] = options.gdn_variant;
+  out["executable_sha256"] = executable_sha256();
+}
+
+void check_gdn_variant(const std::string& v) {
+  if (v != "current" && v != "legacy") {
+    throw Error("input.invalid", "execution.gdn_variant \"" + v + "\" is not current or legacy");
+  }
+}
+
 int run_next_token(const std::string& input_path, const std::string& workdir) {
   Json doc = common::parse_strict(common::read_file(input_path, 64u << 20));
   OracleInput in = parse_oracle_input(doc);
-  if (in.execution.gdn_variant != "current" && in.execution.gdn_variant != "legacy") {
-    throw Error("input.invalid", "execution.gdn_variant \"" + in.execution.gdn_variant +
-                                     "\" is not current or legacy");
-  }
+  check_gdn_variant(in.execution.gdn_variant);
   make_deterministic(in.execution.threads);
   ExecOptions options;
   options.device = parse_device(in.execution.device);
@@ -241,20 +262,109 @@ int run_next_token(const std::string& input_path, const std::string& workdir) {
   out["logits_sha256"] = common::sha256_id(values.data(), values.size_bytes());
   out["input_token_count"] = in.input_token_ids.size();
   out["input_token_ids_sha256"] = common::sha256_canonical_id(Json(in.input_token_ids));
-  out["device"] = options.device.str();
-  out["device_name"] = device_name(options.device);
-  out["dtype"] = options.dtype == at::kBFloat16 ? "bfloat16" : "float32";
-  out["torch_version"] = TORCH_VERSION;
-  out["threads"] = in.execution.threads;
-  out["deterministic_algorithms"] = at::globalContext().deterministicAlgorithms();
-  out["tf32_allowed"] =
-      at::globalContext().allowTF32CuBLAS() || at::globalContext().allowTF32CuDNN();
-  out["attention_implementation"] = f.attention;
-  out["linear_attention_implementation"] = f.linear_attention;
-  out["gdn_variant"] = options.gdn_variant;
-  out["executable_sha256"] = executable_sha256();
+  add_execution_report(out, options, in.execution.threads, f.attention, f.linear_attention);
   out["load_seconds"] = load_seconds;
   out["forward_seconds"] = f.forward_seconds;
+  out["peak_rss_bytes"] = peak_rss_bytes();
+  out["duration_seconds"] = seconds_since(kStart);
+  common::atomic_write_file(dir / protocol::kOutputFile, out.dump(2) + "\n");
+  return 0;
+}
+
+
+// Worker protocol, fidelity jobs: the logits of every scored position of every context, one
+// safetensors file per context ("positions" I64 [N], "logits" F32 [N, vocab]). The forward runs
+// once per context up to the final hidden states; the LM head then runs on blocks of at most
+// block_positions rows, each block streamed to the file, so [T, vocab] is never held whole.
+int run_capture(const std::string& input_path, const std::string& workdir) {
+  Json doc = common::parse_strict(common::read_file(input_path, 256u << 20));
+  CaptureInput in = parse_capture_input(doc);
+  check_gdn_variant(in.execution.gdn_variant);
+  make_deterministic(in.execution.threads);
+  ExecOptions options;
+  options.device = parse_device(in.execution.device);
+  options.dtype = parse_dtype(in.execution.dtype, read_config(in.model_dir));
+  options.gdn_variant = in.execution.gdn_variant;
+
+  auto t0 = Clock::now();
+  LoadedModel loaded = load_model(in.model_dir, options);
+  double load_seconds = seconds_since(t0);
+  const std::int64_t vocab = loaded.model->vocab_size();
+  std::filesystem::path dir(workdir);
+  std::map<std::string, std::string> metadata = {
+      {"architecture", loaded.model->architecture()},
+      {"dtype", options.dtype == at::kBFloat16 ? "bfloat16" : "float32"},
+      {"device", options.device.str()},
+      {"torch_version", TORCH_VERSION},
+      {"block_positions", std::to_string(in.block_positions)}};
+
+  Json captures = Json::array();
+  double forward_seconds = 0, head_seconds = 0;
+  c10::InferenceMode guard;
+  for (std::size_t i = 0; i < in.contexts.size(); ++i) {
+    const CaptureContext& ctx = in.contexts[i];
+    const auto t = static_cast<std::int64_t>(ctx.token_ids.size());
+    check_token_ids(ctx.token_ids, vocab, "contexts[" + std::to_string(i) + "].token_ids");
+    auto t1 = Clock::now();
+    at::Tensor input = at::tensor(ctx.token_ids, at::kLong).unsqueeze(0).to(options.device);
+    at::Tensor hidden = loaded.model->hidden_states(input);
+    if (hidden.dim() != 3 || hidden.size(0) != 1 || hidden.size(1) != t) {
+      throw Error("oracle.internal", "hidden states " + hidden.toString() + " of shape " +
+                                         c10::str(hidden.sizes()) + " for " + std::to_string(t) +
+                                         " tokens");
+    }
+    forward_seconds += seconds_since(t1);
+
+    auto t2 = Clock::now();
+    std::vector<std::int64_t> positions;
+    for (const auto& [b, e] : ctx.positions)
+      for (std::int64_t p = b; p < e; ++p) positions.push_back(p);
+    const auto n = static_cast<std::int64_t>(positions.size());
+    std::string file = capture_file_name(i);
+    common::SafetensorsStreamWriter writer(
+        dir / file,
+        {{"positions", common::Dtype::kI64, {n}}, {"logits", common::Dtype::kF32, {n, vocab}}},
+        metadata);
+    writer.write(std::as_bytes(std::span(positions)));
+    common::Sha256 digest;
+    for (const auto& [b, e] : ctx.positions) {
+      for (std::int64_t p = b; p < e; p += in.block_positions) {
+        std::int64_t rows = std::min(in.block_positions, e - p);
+        at::Tensor logits = loaded.model->lm_head(hidden.narrow(1, p, rows));
+        if (logits.dim() != 3 || logits.size(1) != rows || logits.size(2) != vocab) {
+          throw Error("oracle.internal", "LM head returned " + c10::str(logits.sizes()) + " for " +
+                                             std::to_string(rows) + " rows");
+        }
+        at::Tensor block = logits[0].to(at::kFloat).to(at::kCPU).contiguous();
+        std::span<const std::byte> bytes(reinterpret_cast<const std::byte*>(block.data_ptr<float>()),
+                                         static_cast<std::size_t>(block.numel()) * sizeof(float));
+        writer.write(bytes);
+        digest.update(bytes.data(), bytes.size());
+      }
+    }
+    writer.finish();
+    head_seconds += seconds_since(t2);
+    captures.push_back(Json{{"id", ctx.id},
+                            {"file", file},
+                            {"token_count", t},
+                            {"input_token_ids_sha256", common::sha256_canonical_id(Json(ctx.token_ids))},
+                            {"positions", common::position_ranges_json(ctx.positions)},
+                            {"scored_positions", n},
+                            {"logits_sha256", common::identity(digest.finish())}});
+  }
+
+  Json out{{"schema", protocol::kOracleCaptureOutput},
+           {"architecture", loaded.model->architecture()},
+           {"model_type", loaded.model_type},
+           {"vocab_size", vocab},
+           {"block_positions", in.block_positions},
+           {"captures", captures}};
+  add_execution_report(out, options, in.execution.threads,
+                       loaded.model->attention_implementation(),
+                       loaded.model->linear_attention_implementation());
+  out["load_seconds"] = load_seconds;
+  out["forward_seconds"] = forward_seconds;
+  out["lm_head_seconds"] = head_seconds;
   out["peak_rss_bytes"] = peak_rss_bytes();
   out["duration_seconds"] = seconds_since(kStart);
   common::atomic_write_file(dir / protocol::kOutputFile, out.dump(2) + "\n");
@@ -293,9 +403,19 @@ int main(int argc, char** argv) {
   next->add_option("--input", input, "input.json")->required();
   next->add_option("--workdir", workdir, "workspace directory")->required();
 
+  std::string capture_input, capture_workdir;
+  auto* capture = app.add_subcommand(
+      "capture",
+      "Worker protocol (fidelity jobs): read input.json (assay.oracle-capture-input.v1), write "
+      "output.json (assay.oracle-capture-output.v1) and one capture-<i>.safetensors per context "
+      "with the F32 logits of its scored positions");
+  capture->add_option("--input", capture_input, "input.json")->required();
+  capture->add_option("--workdir", capture_workdir, "workspace directory")->required();
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (*logits) return run_logits(la);
+    if (*capture) return run_capture(capture_input, capture_workdir);
     return run_next_token(input, workdir);
   } catch (const assay::common::Error& e) {
     std::cerr << "assay-oracle: error [" << e.code() << "]: " << e.what() << "\n";

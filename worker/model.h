@@ -44,7 +44,13 @@ class Model {
   virtual ~Model() = default;
   // input_ids: int64 [1, T] on the execution device. Returns logits [1, T, vocab] in the
   // execution dtype, computed as transformers' eager forward computes them.
-  virtual at::Tensor forward(const at::Tensor& input_ids) = 0;
+  at::Tensor forward(const at::Tensor& input_ids) { return lm_head(hidden_states(input_ids)); }
+  // The forward up to the LM head: the final normalised hidden states [1, T, hidden].
+  virtual at::Tensor hidden_states(const at::Tensor& input_ids) = 0;
+  // The LM head over hidden states [1, n, hidden] (any n rows of hidden_states' output) ->
+  // logits [1, n, vocab]. Captures apply it to blocks of positions so that [T, vocab] is never
+  // held whole.
+  virtual at::Tensor lm_head(const at::Tensor& hidden) const = 0;
   virtual int64_t vocab_size() const = 0;
   virtual std::string architecture() const = 0;             // e.g. "Qwen3ForCausalLM"
   virtual std::string attention_implementation() const = 0;  // e.g. "eager"

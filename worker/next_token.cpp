@@ -22,6 +22,22 @@ Json token_text(const Tokenizer& tokenizer, std::int64_t id) {
 
 }  // namespace
 
+Execution parse_execution(const Json& ex, const std::string& w) {
+  Execution out;
+  if (!ex.is_object()) throw Error("input.invalid", w + ": not an object");
+  common::reject_unknown_fields(ex, {"device", "dtype", "threads", "gdn_variant"}, w);
+  out.device = common::require_string(ex, "device", w);
+  out.dtype = common::require_string(ex, "dtype", w);
+  std::int64_t threads = common::require_int(ex, "threads", w);
+  if (threads < 1 || threads > kMaxThreads) {
+    throw Error("input.invalid", w + ": threads " + std::to_string(threads) + " is outside [1, " +
+                                     std::to_string(kMaxThreads) + "]");
+  }
+  out.threads = static_cast<int>(threads);
+  if (ex.contains("gdn_variant")) out.gdn_variant = common::require_string(ex, "gdn_variant", w);
+  return out;
+}
+
 OracleInput parse_oracle_input(const Json& doc) {
   const std::string where = "input.json";
   if (!doc.is_object()) throw Error("input.invalid", where + ": not an object");
@@ -64,21 +80,7 @@ OracleInput parse_oracle_input(const Json& doc) {
     c.text = common::require_string(cands[i], "text", w);
     in.candidates.push_back(std::move(c));
   }
-  const Json& ex = common::require(doc, "execution", where);
-  std::string w = where + " execution";
-  if (!ex.is_object()) throw Error("input.invalid", w + ": not an object");
-  common::reject_unknown_fields(ex, {"device", "dtype", "threads", "gdn_variant"}, w);
-  in.execution.device = common::require_string(ex, "device", w);
-  in.execution.dtype = common::require_string(ex, "dtype", w);
-  std::int64_t threads = common::require_int(ex, "threads", w);
-  if (threads < 1 || threads > kMaxThreads) {
-    throw Error("input.invalid", w + ": threads " + std::to_string(threads) + " is outside [1, " +
-                                     std::to_string(kMaxThreads) + "]");
-  }
-  in.execution.threads = static_cast<int>(threads);
-  if (ex.contains("gdn_variant")) {
-    in.execution.gdn_variant = common::require_string(ex, "gdn_variant", w);
-  }
+  in.execution = parse_execution(common::require(doc, "execution", where), where + " execution");
   return in;
 }
 

@@ -33,6 +33,9 @@ struct OracleInput {
   Execution execution;
 };
 
+// The "execution" object of the worker inputs; throws like parse_oracle_input.
+Execution parse_execution(const common::Json& ex, const std::string& where);
+
 // Throws common::Error("input.invalid" / "json.unknown_field") naming the field.
 OracleInput parse_oracle_input(const common::Json& doc);
 

@@ -534,7 +534,7 @@ class Qwen3_5Model final : public Model {
     }
   }
 
-  Tensor forward(const Tensor& input_ids) override {
+  Tensor hidden_states(const Tensor& input_ids) override {
     c10::InferenceMode guard;
     if (input_ids.dim() != 2 || input_ids.size(0) != 1 || input_ids.scalar_type() != at::kLong ||
         input_ids.size(1) == 0) {
@@ -561,8 +561,12 @@ class Qwen3_5Model final : public Model {
       x = rms_norm(h, layer.post_attention_layernorm, c_.eps);
       h = residual + mlp(layer, x);
     }
-    h = rms_norm(h, norm_, c_.eps);
-    return dense(h, lm_head_);
+    return rms_norm(h, norm_, c_.eps);
+  }
+
+  Tensor lm_head(const Tensor& hidden) const override {
+    c10::InferenceMode guard;
+    return dense(hidden, lm_head_);
   }
 
   int64_t vocab_size() const override { return c_.vocab; }

@@ -117,7 +117,7 @@ class Spark2_5 final : public Model {
     norm_ = w.get("model.norm.weight", {hidden_});
   }
 
-  at::Tensor forward(const at::Tensor& input_ids) override {
+  at::Tensor hidden_states(const at::Tensor& input_ids) override {
     int64_t t = input_ids.size(1);
     auto dtype = embedding_.scalar_type();
     auto device = embedding_.device();
@@ -172,8 +172,11 @@ class Spark2_5 final : public Model {
       at::Tensor u = at::linear(x, l.up);
       h = h + at::linear(g * u, l.down).to(at::kFloat);
     }
-    at::Tensor x = spark_norm(h, norm_, eps_, dtype);
-    return at::linear(x, embedding_);
+    return spark_norm(h, norm_, eps_, dtype);
+  }
+
+  at::Tensor lm_head(const at::Tensor& hidden) const override {
+    return at::linear(hidden, embedding_);
   }
 
   int64_t vocab_size() const override { return vocab_; }

@@ -151,3 +151,50 @@ TEST_CASE("the writer refuses data whose size disagrees with the shape") {
   std::vector<TensorToWrite> t = {{"x", Dtype::kF32, {3}, std::as_bytes(std::span(a))}};
   CHECK_THROWS_AS(serialize_safetensors(t), Error);
 }
+
+TEST_CASE("the stream writer writes in pieces what serialize_safetensors writes at once") {
+  assay::test::TempDir dir;
+  std::vector<std::int64_t> pos = {3, 4, 9};
+  std::vector<float> rows(3 * 5);
+  for (std::size_t i = 0; i < rows.size(); ++i) rows[i] = 0.25f * static_cast<float>(i) - 1.0f;
+  std::map<std::string, std::string> meta = {{"k", "v"}};
+  std::string whole = serialize_safetensors({{"positions", Dtype::kI64, {3}, std::as_bytes(std::span(pos))},
+                                             {"logits", Dtype::kF32, {3, 5}, std::as_bytes(std::span(rows))}},
+                                            meta);
+  {
+    SafetensorsStreamWriter w(dir / "s.safetensors",
+                              {{"positions", Dtype::kI64, {3}}, {"logits", Dtype::kF32, {3, 5}}},
+                              meta);
+    w.write(std::as_bytes(std::span(pos)));
+    for (std::size_t r = 0; r < 3; ++r) w.write(std::as_bytes(std::span(rows).subspan(r * 5, 5)));
+    CHECK_FALSE(std::filesystem::exists(dir / "s.safetensors"));
+    w.finish();
+  }
+  CHECK(assay::test::read_bytes(dir / "s.safetensors") == whole);
+  auto f = SafetensorsFile::open(dir / "s.safetensors");
+  REQUIRE(f.find("logits") != nullptr);
+  CHECK(f.find("logits")->shape == std::vector<std::int64_t>{3, 5});
+}
+
+TEST_CASE("the stream writer leaves nothing behind when it is short, long or abandoned") {
+  assay::test::TempDir dir;
+  std::vector<float> row(4, 1.0f);
+  auto count = [&] {
+    return std::distance(std::filesystem::directory_iterator(dir.path()),
+                         std::filesystem::directory_iterator());
+  };
+  {
+    SafetensorsStreamWriter w(dir / "a.safetensors", {{"x", Dtype::kF32, {2, 4}}});
+    w.write(std::as_bytes(std::span(row)));
+    CHECK_THROWS_AS(w.finish(), Error);  // 16 of 32 bytes
+  }
+  {
+    SafetensorsStreamWriter w(dir / "b.safetensors", {{"x", Dtype::kF32, {1, 2}}});
+    CHECK_THROWS_AS(w.write(std::as_bytes(std::span(row))), Error);  // 16 > 8 bytes
+  }
+  {
+    SafetensorsStreamWriter w(dir / "c.safetensors", {{"x", Dtype::kF32, {1, 4}}});
+    w.write(std::as_bytes(std::span(row)));
+  }  // never finished
+  CHECK(count() == 0);
+}

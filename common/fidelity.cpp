@@ -1,0 +1,249 @@
+#include "common/fidelity.h"
+
+#include <set>
+
+#include "common/error.h"
+#include "common/identity.h"
+#include "common/protocol.h"
+
+namespace assay::common {
+namespace {
+
+[[noreturn]] void invalid(const std::string& message) { throw Error("request.invalid", message); }
+
+// Runs f, turning the generic json.* field errors into request.invalid.
+template <typename F>
+auto as_request_error(F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const Error& e) {
+    if (e.code().rfind("json.", 0) == 0 && e.code() != "json.invalid")
+      throw Error("request.invalid", e.what());
+    throw;
+  }
+}
+
+void only_fields(const Json& obj, std::initializer_list<std::string_view> allowed,
+                 const std::string& where) {
+  if (!obj.is_object()) invalid(where + " must be an object, got " + obj.dump().substr(0, 80));
+  as_request_error([&] {
+    reject_unknown_fields(obj, allowed, where);
+    return 0;
+  });
+}
+
+const Json& field(const Json& obj, std::string_view key, const std::string& where) {
+  return as_request_error([&]() -> const Json& { return require(obj, key, where); });
+}
+
+std::string text_field(const Json& obj, std::string_view key, const std::string& where,
+                       std::size_t max_len) {
+  const Json& v = field(obj, key, where);
+  std::string name = where + "." + std::string(key);
+  if (!v.is_string()) invalid(name + " must be a string, got " + v.dump().substr(0, 80));
+  auto s = v.get<std::string>();
+  if (s.empty() || s.size() > max_len)
+    invalid(name + " must have 1.." + std::to_string(max_len) + " bytes, got " +
+            std::to_string(s.size()));
+  return s;
+}
+
+std::string absolute_path(const Json& obj, std::string_view key, const std::string& where) {
+  std::string p = text_field(obj, key, where, 4096);
+  std::string name = where + "." + std::string(key);
+  if (p.front() != '/') invalid(name + " \"" + p + "\" is not an absolute path");
+  if (p.find('\0') != std::string::npos) invalid(name + " contains a NUL byte");
+  return p;
+}
+
+ModelSide model_side(const Json& obj, const std::string& where, bool with_label) {
+  if (with_label)
+    only_fields(obj, {"model_dir", "model_identity", "label"}, where);
+  else
+    only_fields(obj, {"model_dir", "model_identity"}, where);
+  ModelSide side;
+  side.model_dir = absolute_path(obj, "model_dir", where);
+  while (side.model_dir.size() > 1 && side.model_dir.back() == '/') side.model_dir.pop_back();
+  if (auto mi = obj.find("model_identity"); mi != obj.end()) {
+    validate_model_identity(*mi, where + ".model_identity");
+    side.model_identity = *mi;
+  }
+  return side;
+}
+
+std::vector<PanelContext> parse_panel(const Json& panel) {
+  only_fields(panel, {"contexts"}, "request.panel");
+  const Json& contexts = field(panel, "contexts", "request.panel");
+  if (!contexts.is_array() || contexts.empty() || contexts.size() > kMaxPanelContexts)
+    invalid("request.panel.contexts must be an array of 1.." + std::to_string(kMaxPanelContexts) +
+            " contexts");
+  std::vector<PanelContext> out;
+  std::set<std::string> ids;
+  std::size_t total_tokens = 0;
+  for (std::size_t i = 0; i < contexts.size(); ++i) {
+    std::string where = "request.panel.contexts[" + std::to_string(i) + "]";
+    only_fields(contexts[i], {"id", "token_ids", "positions"}, where);
+    PanelContext c;
+    c.id = contexts[i].contains("id") ? text_field(contexts[i], "id", where, 128)
+                                      : "c" + std::to_string(i);
+    if (!ids.insert(c.id).second) invalid(where + ".id \"" + c.id + "\" appears twice");
+    c.token_ids = parse_token_id_array(contexts[i], "token_ids", where, /*allow_empty=*/false);
+    total_tokens += c.token_ids.size();
+    if (total_tokens > kMaxPanelTokens)
+      invalid("request.panel holds more than " + std::to_string(kMaxPanelTokens) + " tokens");
+    Json positions = contexts[i].contains("positions") ? contexts[i]["positions"] : Json("all");
+    c.positions = parse_position_ranges(positions, static_cast<std::int64_t>(c.token_ids.size()),
+                                        where + ".positions");
+    c.scored = count_positions(c.positions);
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+}  // namespace
+
+PositionRanges parse_position_ranges(const Json& value, std::int64_t length, std::string_view where,
+                                     std::string_view code) {
+  std::string w(where);
+  auto bad = [&](const std::string& message) { throw Error(std::string(code), w + message); };
+  if (value.is_string()) {
+    if (value.get<std::string>() != "all")
+      bad(" must be \"all\" or an array of [begin, end) ranges, got " + value.dump());
+    return {{0, length}};
+  }
+  if (!value.is_array() || value.empty())
+    bad(" must be \"all\" or a non-empty array of [begin, end) ranges");
+  PositionRanges out;
+  for (std::size_t i = 0; i < value.size(); ++i) {
+    const Json& r = value[i];
+    std::string ri = "[" + std::to_string(i) + "]";
+    if (!r.is_array() || r.size() != 2 || !r[0].is_number_integer() || !r[1].is_number_integer())
+      bad(ri + " must be a [begin, end) pair of integers, got " + r.dump().substr(0, 80));
+    std::int64_t b = r[0].get<std::int64_t>(), e = r[1].get<std::int64_t>();
+    if (b < 0 || e > length || b >= e)
+      bad(ri + " = " + r.dump() + " is not a non-empty range inside [0, " +
+          std::to_string(length) + ")");
+    if (!out.empty() && b < out.back().second)
+      bad(ri + " = " + r.dump() + " overlaps or precedes the range before it; ranges must be "
+          "sorted and disjoint");
+    out.emplace_back(b, e);
+  }
+  return out;
+}
+
+std::int64_t count_positions(const PositionRanges& ranges) {
+  std::int64_t n = 0;
+  for (const auto& [b, e] : ranges) n += e - b;
+  return n;
+}
+
+Json position_ranges_json(const PositionRanges& ranges) {
+  Json out = Json::array();
+  for (const auto& [b, e] : ranges) out.push_back(Json::array({b, e}));
+  return out;
+}
+
+std::int64_t FidelityRequest::scored_positions() const {
+  std::int64_t n = 0;
+  for (const auto& c : panel) n += c.scored;
+  return n;
+}
+
+void FidelityRequest::check_vocab(std::int64_t vocab_size) const {
+  for (std::size_t i = 0; i < panel.size(); ++i)
+    for (std::size_t k = 0; k < panel[i].token_ids.size(); ++k)
+      if (panel[i].token_ids[k] >= vocab_size)
+        throw Error("request.invalid_token_id",
+                    "request.panel.contexts[" + std::to_string(i) + "].token_ids[" +
+                        std::to_string(k) + "] = " + std::to_string(panel[i].token_ids[k]) +
+                        " is outside the model's vocabulary of " + std::to_string(vocab_size));
+}
+
+void FidelityRequest::check_context_length(std::int64_t max_positions) const {
+  for (std::size_t i = 0; i < panel.size(); ++i)
+    if (static_cast<std::int64_t>(panel[i].token_ids.size()) > max_positions)
+      throw Error("request.too_long", "request.panel.contexts[" + std::to_string(i) + "] (\"" +
+                                          panel[i].id + "\") has " +
+                                          std::to_string(panel[i].token_ids.size()) +
+                                          " tokens, more than the model's context of " +
+                                          std::to_string(max_positions));
+}
+
+FidelityRequest parse_fidelity_request(std::string_view text) {
+  ParseLimits limits;
+  limits.max_bytes = kMaxRequestBytes;
+  return validate_fidelity_request(parse_strict(text, limits));
+}
+
+FidelityRequest validate_fidelity_request(const Json& doc) {
+  if (!doc.is_object()) invalid("the request must be a JSON object");
+  const Json& schema = field(doc, "schema", "request");
+  if (!schema.is_string() || schema.get<std::string>() != protocol::kFidelityRequest)
+    throw Error("request.unknown_schema", "request.schema " + schema.dump().substr(0, 80) +
+                                              " is not \"" +
+                                              std::string(protocol::kFidelityRequest) + "\"");
+  only_fields(doc,
+              {"schema", "id", "reference", "candidate", "panel", "reproduction_confirmation",
+               "block_positions", "limits"},
+              "request");
+  FidelityRequest r;
+  r.schema = protocol::kFidelityRequest;
+  r.id = text_field(doc, "id", "request", 256);
+  r.reference = model_side(field(doc, "reference", "request"), "request.reference", false);
+
+  const Json& cand = field(doc, "candidate", "request");
+  if (!cand.is_object()) invalid("request.candidate must be an object");
+  bool has_dir = cand.contains("model_dir"), has_logits = cand.contains("logits");
+  if (has_dir == has_logits)
+    invalid("request.candidate must have exactly one of model_dir (a checkpoint to capture) and "
+            "logits (files you supply)");
+  if (has_dir) {
+    r.candidate_model = model_side(cand, "request.candidate", true);
+  } else {
+    only_fields(cand, {"logits", "label"}, "request.candidate");
+  }
+  if (cand.contains("label")) r.candidate_label = text_field(cand, "label", "request.candidate", 128);
+
+  r.panel = parse_panel(field(doc, "panel", "request"));
+
+  if (has_logits) {
+    const Json& files = cand["logits"];
+    if (!files.is_array() || files.size() != r.panel.size())
+      invalid("request.candidate.logits must be an array with one file per panel context (" +
+              std::to_string(r.panel.size()) + "), got " +
+              (files.is_array() ? std::to_string(files.size()) + " entries" : files.type_name()));
+    std::set<std::string> paths;
+    for (std::size_t i = 0; i < files.size(); ++i) {
+      std::string where = "request.candidate.logits[" + std::to_string(i) + "]";
+      only_fields(files[i], {"path", "sha256"}, where);
+      CandidateLogitsFile f;
+      f.path = absolute_path(files[i], "path", where);
+      f.sha256 = text_field(files[i], "sha256", where, 71);
+      if (!is_identity(f.sha256))
+        invalid(where + ".sha256 \"" + f.sha256 + "\" is not sha256:<64 lowercase hex>");
+      if (!paths.insert(f.path).second)
+        invalid(where + ".path \"" + f.path + "\" is named twice");
+      r.candidate_logits.push_back(std::move(f));
+    }
+  }
+
+  if (auto it = doc.find("reproduction_confirmation"); it != doc.end()) {
+    if (!it->is_boolean())
+      invalid("request.reproduction_confirmation must be true or false, got " + it->dump());
+    r.reproduction_confirmation = it->get<bool>();
+  }
+  if (auto it = doc.find("block_positions"); it != doc.end()) {
+    if (!it->is_number_integer() || it->get<std::int64_t>() < 1 ||
+        it->get<std::int64_t>() > kMaxBlockPositions)
+      invalid("request.block_positions must be an integer in [1, " +
+              std::to_string(kMaxBlockPositions) + "], got " + it->dump());
+    r.block_positions = it->get<std::int64_t>();
+  }
+  r.limits = parse_request_limits(doc);
+  r.request_sha256 = sha256_canonical_id(doc);
+  r.panel_sha256 = sha256_canonical_id(doc["panel"]);
+  r.document = doc;
+  return r;
+}
+
+}  // namespace assay::common

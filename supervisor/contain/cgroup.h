@@ -27,6 +27,11 @@ class Cgroup {
   // An O_PATH directory fd for clone3(CLONE_INTO_CGROUP), or -1 where the backend has none.
   virtual int clone_into_fd() const = 0;
   virtual void attach(pid_t pid) = 0;
+  // Control files a freshly cloned, still single-threaded child writes "0" to, first thing,
+  // to move itself in (v1 `tasks`): a task moving itself skips the kernel's global
+  // threadgroup lock, whose write side waits for an RCU grace period (~10 ms) when the parent
+  // writes the child's pid to cgroup.procs instead. Empty: the parent calls attach().
+  virtual std::vector<std::string> self_attach_files() const { return {}; }
   virtual void set_limits(const Limits& limits) = 0;
   // Kills every process in the cgroup (v2 cgroup.kill, v1 freeze + SIGKILL + thaw); returns
   // how many processes it signalled (v2: how many were listed before the kill).

@@ -45,6 +45,11 @@ class V1Cgroup : public Cgroup {
   void attach(pid_t pid) override {
     for (const auto& h : dirs_) write_cgroup_file(h.base / "cgroup.procs", std::to_string(pid));
   }
+  std::vector<std::string> self_attach_files() const override {
+    std::vector<std::string> out;
+    for (const auto& h : dirs_) out.push_back(h.base / "tasks");
+    return out;
+  }
 
   void set_limits(const Limits& limits) override {
     if (limits.memory_high) {

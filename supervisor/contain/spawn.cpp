@@ -53,6 +53,7 @@ enum Stage : int {
   kStageSetuid,
   kStageNoNewPrivs,
   kStageExec,
+  kStageAttach,
 };
 
 const char* stage_name(int stage) {
@@ -87,6 +88,8 @@ const char* stage_name(int stage) {
       return "PR_SET_NO_NEW_PRIVS";
     case kStageExec:
       return "execve";
+    case kStageAttach:
+      return "move itself into the cgroup (write 0 to)";
   }
   return "unknown step";
 }
@@ -94,7 +97,7 @@ const char* stage_name(int stage) {
 struct ChildReport {
   int stage;
   int err;
-  int op;  // index of the failed mount op, or -1
+  int op;  // index of the failed mount op or attach file, or -1
 };
 
 struct MountOp {
@@ -121,6 +124,8 @@ struct ChildPlan {
   char* const* envp;
   const MountOp* ops;
   std::size_t op_count;
+  const char* const* attach_files;  // the child writes "0" to each (Cgroup::self_attach_files)
+  std::size_t attach_count;
   rlim_t nofile;
   bool set_ids;
   uid_t uid;
@@ -134,13 +139,41 @@ struct ChildPlan {
   ::_exit(127);
 }
 
+// Moves the calling (single-threaded) child into one cgroup; false with errno set on failure.
+bool write_zero(const char* file) {
+  int fd = ::open(file, O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  ssize_t n;
+  do {
+    n = ::write(fd, "0", 1);
+  } while (n < 0 && errno == EINTR);
+  int err = errno;
+  ::close(fd);
+  errno = err;
+  return n == 1;
+}
+
 [[noreturn]] void child_main(const ChildPlan& p) {
+  // Into the worker's cgroups before anything else, while the parent reads our namespaces.
+  int attach_failed = -1, attach_errno = 0;
+  for (std::size_t i = 0; i < p.attach_count; ++i) {
+    if (!write_zero(p.attach_files[i])) {
+      attach_failed = static_cast<int>(i);
+      attach_errno = errno;
+      break;
+    }
+  }
   char go = 0;
   ssize_t n;
   do {
     n = ::read(p.gate_read, &go, 1);
   } while (n < 0 && errno == EINTR);
   if (n != 1) ::_exit(127);  // the parent gave up (could not attach us to the cgroup)
+  // Reported only now: the parent writes the gate whatever happened, and must not get EPIPE.
+  if (attach_failed >= 0) {
+    errno = attach_errno;
+    child_fail(p, kStageAttach, attach_failed);
+  }
 
   // Own session and process group: the timeout's SIGTERM goes to the group.
   if (::setsid() < 0) child_fail(p, kStageSetsid);
@@ -371,6 +404,12 @@ Spawned spawn_contained(const SpawnSpec& spec, Cgroup* cgroup) {
   plan.envp = env_ptrs.data();
   plan.ops = ops.data();
   plan.op_count = ops.size();
+  std::vector<std::string> attach_store;
+  if (cgroup && cgroup->clone_into_fd() < 0) attach_store = cgroup->self_attach_files();
+  std::vector<const char*> attach_ptrs;
+  for (const auto& f : attach_store) attach_ptrs.push_back(f.c_str());
+  plan.attach_files = attach_ptrs.data();
+  plan.attach_count = attach_ptrs.size();
   plan.nofile = spec.nofile;
   plan.set_ids = spec.uid.has_value() || spec.gid.has_value();
   plan.uid = spec.uid.value_or(::getuid());
@@ -398,14 +437,17 @@ Spawned spawn_contained(const SpawnSpec& spec, Cgroup* cgroup) {
     pid = ::syscall(SYS_clone3, &args, sizeof args);
   }
   if (pid == 0) child_main(plan);
+  const bool self_attach = plan.attach_count > 0;
   if (pid > 0) {
-    method = into_cgroup ? "clone3-into-cgroup" : "clone3-pipe-gate";
+    method = into_cgroup   ? "clone3-into-cgroup"
+             : self_attach ? "clone3-self-attach"
+                           : "clone3-pipe-gate";
   } else if (errno == ENOSYS) {
     // clone3 filtered (older seccomp profiles): clone with CLONE_PIDFD via parent_tid.
     into_cgroup = false;
     pid = ::syscall(SYS_clone, ns_flags | CLONE_PIDFD | SIGCHLD, nullptr, &pidfd, nullptr, nullptr);
     if (pid == 0) child_main(plan);
-    method = "clone-pipe-gate";
+    method = self_attach ? "clone-self-attach" : "clone-pipe-gate";
   }
   if (pid < 0) common::throw_errno("contain.spawn_failed", "clone3 " + exe, errno);
 
@@ -426,7 +468,7 @@ Spawned spawn_contained(const SpawnSpec& spec, Cgroup* cgroup) {
     if (err == 0) throw common::Error("contain.spawn_failed", why);
     common::throw_errno("contain.spawn_failed", why, err);
   };
-  if (cgroup && !into_cgroup) {
+  if (cgroup && !into_cgroup && !self_attach) {
     try {
       cgroup->attach(s.pid);
     } catch (const common::Error& e) {
@@ -455,7 +497,11 @@ Spawned spawn_contained(const SpawnSpec& spec, Cgroup* cgroup) {
     ::waitid(P_PID, static_cast<id_t>(s.pid), &info, WEXITED);
     std::string what = stage_name(report.stage);
     if (report.stage == kStageExec) what += " " + exe;
-    if (report.op >= 0 && static_cast<std::size_t>(report.op) < ops.size()) {
+    if (report.stage == kStageAttach) {
+      if (report.op >= 0 && static_cast<std::size_t>(report.op) < attach_store.size()) {
+        what += " " + attach_store[static_cast<std::size_t>(report.op)];
+      }
+    } else if (report.op >= 0 && static_cast<std::size_t>(report.op) < ops.size()) {
       what += std::string(" ") + ops[static_cast<std::size_t>(report.op)].target;
     }
     common::throw_errno("contain.spawn_failed", what, report.err);

@@ -1,5 +1,6 @@
 // Starting one contained process: clone3 (into the cgroup where the kernel allows it, else a
-// pipe gate that holds the child until it was attached), private network and mount
+// pipe gate that holds the child until it was attached: by itself on v1, where it moves into
+// its cgroups as its first act, by the parent otherwise), private network and mount
 // namespaces, cleared environment, rlimits, optional privilege drop, pidfd.
 #pragma once
 
@@ -20,7 +21,9 @@ struct Spawned {
   common::UniqueFd pidfd;
   common::UniqueFd stdout_read;
   common::UniqueFd stderr_read;
-  std::string method;    // "clone3-into-cgroup", "clone3-pipe-gate", "clone-pipe-gate"
+  // "clone3-into-cgroup"; "clone3-self-attach"/"clone-self-attach" (v1: the gated child moved
+  // itself in); "clone3-pipe-gate"/"clone-pipe-gate" (the parent attached the gated child).
+  std::string method;
   common::Json network;  // {"namespace": "private", "interfaces": [...]} as the kernel lists them
   common::Json mounts;   // {"namespace": "private", "hidden": [...], "absent": [...]}
 };

@@ -24,6 +24,7 @@
 #include "supervisor/commands.h"
 #include "supervisor/contain/cgroup.h"
 #include "supervisor/contain/contain.h"
+#include "supervisor/contain/spawn.h"
 
 namespace {
 
@@ -404,6 +405,72 @@ TEST_CASE("a command that cannot be executed is an error naming it, and leaves n
     CHECK(std::string(e.what()).find("/nonexistent/tool") != std::string::npos);
   }
   CHECK(my_cgroups(*rt).empty());
+}
+
+TEST_CASE("the worker runs in its leaf cgroup of every hierarchy before it executes") {
+  TempDir dir;
+  auto rt = runtime();
+  auto spec = make_spec("where", {"/bin/cat", "/proc/self/cgroup"}, dir.path);
+  Json e = rt->run(spec);
+  REQUIRE(e["exit"]["code"] == 0);
+  std::string method = e["spawn"]["method"];
+  std::string leaf = "/" + spec.name;
+  std::string seen = slurp(spec.stdout_path);
+  if (rt->backend() == "cgroup-v1") {
+    CHECK((method == "clone3-self-attach" || method == "clone-self-attach"));
+    for (auto& [controller, dir_path] : e["cgroup"]["hierarchies"].items()) {
+      bool found = false;
+      std::istringstream lines(seen);
+      for (std::string line; std::getline(lines, line);) {
+        auto second = line.find(':', line.find(':') + 1);
+        std::string ctrls =
+            "," + line.substr(line.find(':') + 1, second - line.find(':') - 1) + ",";
+        if (ctrls.find("," + controller + ",") == std::string::npos) continue;
+        found = line.size() > leaf.size() && line.ends_with(leaf);
+      }
+      CHECK_MESSAGE(found, controller << " not in the leaf: " << seen);
+    }
+  } else {
+    CHECK(seen.find("0::") != std::string::npos);
+    CHECK(seen.find(leaf + "\n") != std::string::npos);
+  }
+  CHECK(my_cgroups(*rt).empty());
+}
+
+// A cgroup whose self-attach file cannot be written: the child must not run the command.
+class UnwritableCgroup : public assay::contain::detail::Cgroup {
+ public:
+  const std::string& name() const override { return name_; }
+  std::string path() const override { return "/unwritable"; }
+  Json hierarchies() const override { return Json::object(); }
+  int clone_into_fd() const override { return -1; }
+  void attach(pid_t) override { FAIL("the parent must not attach when the child attaches itself"); }
+  std::vector<std::string> self_attach_files() const override {
+    return {"/nonexistent-cgroup/tasks"};
+  }
+  void set_limits(const Limits&) override {}
+  int kill_all() override { return 0; }
+  std::vector<pid_t> pids() const override { return {}; }
+  Json counters() const override { return nullptr; }
+  void remove() override {}
+
+ private:
+  std::string name_ = "unwritable";
+};
+
+TEST_CASE("a child that cannot move itself into its cgroup never executes, and says which file") {
+  TempDir dir;
+  fs::path marker = dir.path / "ran";
+  auto spec = make_spec("noattach", {"/bin/touch", marker.string()}, dir.path);
+  UnwritableCgroup cg;
+  try {
+    assay::contain::detail::spawn_contained(spec, &cg);
+    FAIL("expected contain.spawn_failed");
+  } catch (const assay::common::Error& e) {
+    CHECK(e.code() == "contain.spawn_failed");
+    CHECK(std::string(e.what()).find("/nonexistent-cgroup/tasks") != std::string::npos);
+  }
+  CHECK(!fs::exists(marker));
 }
 
 TEST_CASE("a bad worker name is rejected before anything is created") {

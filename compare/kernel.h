@@ -1,0 +1,53 @@
+// The per-position KL kernel: KL(reference || candidate) of one logits row pair in fp64 over
+// the full vocabulary, plus both argmaxes and a non-finite check, in three passes over the row.
+//
+// Determinism: the kernel is compiled twice from one source (kernel_impl.inc), as a baseline
+// x86-64 (SSE2) clone and an AVX2 clone, with -ffp-contract=off and no FMA, so both clones do
+// the same IEEE operations lane by lane in the same order and give bitwise identical results
+// on every x86-64 host. The AVX2 clone is chosen at run time when the CPU has it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace assay::compare {
+
+// How the row's elements are stored (little-endian, any alignment).
+enum class Element { kF32, kBF16 };
+
+struct Row {
+  const void* data;  // `vocab` elements
+  Element element;
+};
+
+struct RowResult {
+  double kl = 0;  // nats; exactly 0.0 when the rows are equal element for element
+  std::int64_t reference_argmax = 0;  // lowest index on ties
+  std::int64_t candidate_argmax = 0;
+  // -1: both rows finite. 0: the reference, 1: the candidate holds a NaN or an infinity, first
+  // at non_finite_column; kl and the argmaxes are then meaningless.
+  int non_finite = -1;
+  std::int64_t non_finite_column = -1;
+};
+
+// scratch: at least scratch_size(vocab) doubles, reused across rows.
+std::size_t scratch_size(std::size_t vocab);
+RowResult kl_row(Row reference, Row candidate, std::size_t vocab, double* scratch);
+
+// exp for x <= 0 as the kernel computes it: within 2 ulp of exp for -708 <= x <= 0, exactly 0
+// below -708 (see kernel_impl.inc). x must not be NaN.
+void exp_nonpositive(const double* x, double* y, std::size_t n);
+
+// The clone that kl_row and exp_nonpositive use here: "avx2" or "baseline".
+const char* active_clone();
+
+// Both clones, callable explicitly (the AVX2 ones only where cpu_has_avx2()).
+namespace clones {
+bool cpu_has_avx2();
+RowResult kl_row_baseline(Row reference, Row candidate, std::size_t vocab, double* scratch);
+RowResult kl_row_avx2(Row reference, Row candidate, std::size_t vocab, double* scratch);
+void exp_baseline(const double* x, double* y, std::size_t n);
+void exp_avx2(const double* x, double* y, std::size_t n);
+}  // namespace clones
+
+}  // namespace assay::compare

@@ -1,0 +1,121 @@
+// Logits files, temp dirs and command runs for the compare tests.
+#pragma once
+
+#include <sys/wait.h>
+
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "common/fs.h"
+#include "common/json.h"
+#include "common/safetensors.h"
+
+namespace assay::compare::test {
+
+namespace fs = std::filesystem;
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (fs::temp_directory_path() / "assay-cmp-XXXXXX").string();
+    if (!::mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");
+    path_ = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const fs::path& path() const { return path_; }
+  fs::path operator/(const std::string& name) const { return path_ / name; }
+
+ private:
+  fs::path path_;
+};
+
+// Round to nearest even, as torch and numpy-based writers store bf16.
+inline std::uint16_t to_bf16(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<std::uint16_t>(u >> 16);
+}
+
+inline float from_bf16(std::uint16_t h) {
+  std::uint32_t u = static_cast<std::uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+// Row-major [rows, vocab] logits ~ N(0, sigma), deterministic per seed.
+inline std::vector<float> random_logits(std::size_t rows, std::size_t vocab, std::uint64_t seed,
+                                        float sigma = 3.0f) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> d(0.0f, sigma);
+  std::vector<float> v(rows * vocab);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+// values rounded to bf16 and back, so F32 and BF16 files can hold the same numbers.
+inline std::vector<float> bf16_exact(std::vector<float> v) {
+  for (float& x : v) x = from_bf16(to_bf16(x));
+  return v;
+}
+
+// Writes a safetensors file with `name` holding `values` as F32 or BF16 [rows, vocab].
+inline void write_logits(const fs::path& path, const std::vector<float>& values, std::size_t rows,
+                         std::size_t vocab, common::Dtype dtype = common::Dtype::kF32,
+                         const std::string& name = "logits") {
+  std::vector<std::uint16_t> half;
+  std::span<const std::byte> bytes = std::as_bytes(std::span<const float>(values));
+  if (dtype == common::Dtype::kBF16) {
+    for (float f : values) half.push_back(to_bf16(f));
+    bytes = std::as_bytes(std::span<const std::uint16_t>(half));
+  }
+  common::write_safetensors(
+      path,
+      {{name, dtype, {static_cast<std::int64_t>(rows), static_cast<std::int64_t>(vocab)}, bytes}});
+}
+
+struct CommandResult {
+  int status = -1;
+  std::string out;
+};
+
+inline CommandResult run_command(const std::string& cmd) {
+  CommandResult r;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) throw std::runtime_error("popen failed: " + cmd);
+  std::array<char, 4096> buf{};
+  std::size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  int st = ::pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  return r;
+}
+
+inline std::string quote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) out += (c == '\'') ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+inline bool contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+}  // namespace assay::compare::test

@@ -16,6 +16,8 @@
 #include "common/error.h"
 #include "common/fs.h"
 #include "common/json.h"
+#include "common/fidelity.h"
+#include "common/protocol.h"
 #include "common/request.h"
 
 namespace assay::client {
@@ -66,7 +68,8 @@ class Cli {
         api_({.socket_path = o.socket,
               .timeout = std::chrono::milliseconds(static_cast<long long>(o.timeout_s * 1000))}) {}
 
-  int submit();
+  int submit(bool fidelity_only = false);
+  int fidelity_show();
   int wait(const std::string& id);
   int status();
   int list();
@@ -121,14 +124,43 @@ void Cli::save(const fs::path& path, std::string_view bytes, mode_t mode) {
   }
 }
 
-int Cli::submit() {
-  std::string body = read_local(o_.file, common::kMaxRequestBytes, "the request");
-  common::NextTokenRequest req;
+// Parses a request file of either kind offline, refusing locally what assayd would refuse.
+// Returns its request_sha256; `fidelity` tells which kind it is.
+std::string check_request_file(const std::string& file, const std::string& text, bool& fidelity,
+                               Json* report = nullptr) {
   try {
-    req = common::parse_request(body);  // refuse locally what assayd would refuse
+    Json doc = common::parse_strict(text, {.max_bytes = common::kMaxRequestBytes});
+    fidelity = doc.is_object() && doc.value("schema", Json()) == protocol::kFidelityRequest;
+    if (fidelity) {
+      auto r = common::validate_fidelity_request(doc);
+      if (report)
+        *report = Json{{"schema", r.schema},
+                       {"request_sha256", r.request_sha256},
+                       {"panel_sha256", r.panel_sha256},
+                       {"contexts", r.panel.size()},
+                       {"scored_positions", r.scored_positions()},
+                       {"candidate", r.candidate_model ? "model" : "logits"}};
+      return r.request_sha256;
+    }
+    auto r = common::validate_request(doc);
+    if (report) *report = r.check_report();
+    return r.request_sha256;
   } catch (const common::Error& e) {
-    throw ExitWith{kExitInvalidInput, o_.file + ": " + e.what() + " [" + e.code() + "]"};
+    throw ExitWith{kExitInvalidInput, file + ": " + e.what() + " [" + e.code() + "]"};
   }
+}
+
+int Cli::submit(bool fidelity_only) {
+  std::string body = read_local(o_.file, common::kMaxRequestBytes, "the request");
+  bool fidelity = false;
+  std::string request_sha256 = check_request_file(o_.file, body, fidelity);
+  if (fidelity_only && !fidelity)
+    throw ExitWith{kExitInvalidInput, o_.file + " is not an " +
+                                          std::string(protocol::kFidelityRequest) +
+                                          " request; submit it with `assay submit`"};
+  if (fidelity && !o_.model.empty())
+    throw ExitWith{kExitUsage, "--model does not apply to a fidelity request: it names its "
+                               "reference and candidate itself"};
   std::string target = "/v1/jobs";
   if (!o_.model.empty()) {
     std::error_code ec;
@@ -149,8 +181,8 @@ int Cli::submit() {
   if (o_.json) {
     print_json(job);
   } else {
-    out_ << (r.status == 200 ? "existing job " : "submitted job ") << id << " (" << job_state(job)
-         << ")  request " << req.request_sha256 << "\n";
+    out_ << (r.status == 200 ? "existing " : "submitted ") << (fidelity ? "fidelity job " : "job ")
+         << id << " (" << job_state(job) << ")  request " << request_sha256 << "\n";
   }
   return kExitOk;
 }
@@ -162,6 +194,11 @@ int Cli::finished(const Json& job) {
     print_json(job);
   } else {
     Json shown = job;
+    if (ok && job.value("request_schema", "") == protocol::kFidelityRequest) {
+      out_ << describe_job(shown) << "\n"
+           << fidelity_report(api_.get_json(job_path(job_id(job), "result")));
+      return kExitOk;
+    }
     if (ok) {
       // The verdict lives in the result; show it with the status so `wait` answers the question.
       Json result = api_.get_json(job_path(job_id(job), "result"));
@@ -386,13 +423,32 @@ int Cli::info() {
 
 int Cli::request_check() {
   std::string text = read_local(o_.file, common::kMaxRequestBytes, "the request");
-  try {
-    common::NextTokenRequest req = common::parse_request(text);
-    out_ << req.check_report().dump(o_.json ? -1 : 2) << "\n";
-    return kExitOk;
-  } catch (const common::Error& e) {
-    throw ExitWith{kExitInvalidInput, o_.file + ": " + e.what() + " [" + e.code() + "]"};
+  bool fidelity = false;
+  Json report;
+  check_request_file(o_.file, text, fidelity, &report);
+  out_ << report.dump(o_.json ? -1 : 2) << "\n";
+  return kExitOk;
+}
+
+int Cli::fidelity_show() {
+  Json job = api_.get_json(job_path(o_.id));
+  if (job.value("request_schema", "") != protocol::kFidelityRequest)
+    throw ExitWith{kExitUsage, "job " + o_.id + " is not a fidelity job (" +
+                                   job.value("request_schema", std::string("unknown")) +
+                                   "); use `assay status`"};
+  if (!state_is_success(job_state(job))) {
+    if (o_.json)
+      print_json(job);
+    else
+      out_ << describe_job(job);
+    return state_is_final(job_state(job)) ? kExitJobFailed : kExitOk;
   }
+  Json result = api_.get_json(job_path(o_.id, "result"));
+  if (o_.json)
+    print_json(result);
+  else
+    out_ << fidelity_report(result);
+  return kExitOk;
 }
 
 int exit_status_of(const common::Error& e) {
@@ -409,7 +465,8 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   Options o;
   o.socket = env.socket.empty() ? kDefaultSocket : env.socket;
 
-  CLI::App app{"assay: submit next-token oracle jobs to assayd and verify their signed results",
+  CLI::App app{"assay: submit next-token oracle and fidelity jobs to assayd and verify their "
+               "signed results",
                "assay"};
   app.footer(kExitCodesHelp);
   app.require_subcommand(1);
@@ -423,13 +480,27 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
       ->check(CLI::PositiveNumber);
 
   auto* submit = app.add_subcommand("submit", "submit a request file as a job");
-  submit->add_option("FILE", o.file, "assay.next-token-request.v1 or kiln.hf-next-token-request.v1")
+  submit->add_option("FILE", o.file,
+                     "assay.next-token-request.v1, kiln.hf-next-token-request.v1 or "
+                     "assay.fidelity-request.v1")
       ->required();
   submit->add_option("--model", o.model,
                      "model directory (required for Kiln requests; overrides an assay request's)");
   submit->add_flag("--wait", o.wait, "wait for the job to finish (as `assay wait`)");
   submit->add_option("--wait-timeout", o.wait_timeout_s, "with --wait: give up after SECONDS")
       ->check(CLI::NonNegativeNumber);
+
+  auto* fidelity = app.add_subcommand(
+      "fidelity", "fidelity jobs: KL(reference || candidate) over a panel of contexts");
+  fidelity->require_subcommand(1);
+  auto* fsubmit = fidelity->add_subcommand("submit", "submit an assay.fidelity-request.v1 file");
+  fsubmit->add_option("FILE", o.file, "assay.fidelity-request.v1")->required();
+  fsubmit->add_flag("--wait", o.wait, "wait for the job, then print its metric table");
+  fsubmit->add_option("--wait-timeout", o.wait_timeout_s, "with --wait: give up after SECONDS")
+      ->check(CLI::NonNegativeNumber);
+  auto* fshow = fidelity->add_subcommand(
+      "show", "a fidelity job's metrics, per-context table and KL histogram (--json: the receipt)");
+  fshow->add_option("ID", o.id, "job id")->required();
 
   auto* wait = app.add_subcommand("wait", "follow a job until it ends (live progress on a TTY)");
   wait->add_option("ID", o.id, "job id")->required();
@@ -449,7 +520,8 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
                      "write the result here and its DSSE envelope beside it (<stem>.dsse.json); "
                      "default: the result bytes to stdout");
 
-  auto* artifact = app.add_subcommand("artifact", "fetch a job's logits artifact");
+  auto* artifact = app.add_subcommand(
+      "artifact", "fetch a job's artifact (logits; a fidelity job's token-wise KL vector)");
   artifact->add_option("ID", o.id, "job id")->required();
   artifact->add_option("-o,--output", o.output, "file to write (safetensors)")->required();
 
@@ -508,6 +580,8 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   try {
     Cli cli(o, out, err, env);
     if (*submit) return cli.submit();
+    if (*fsubmit) return cli.submit(/*fidelity_only=*/true);
+    if (*fshow) return cli.fidelity_show();
     if (*wait) return cli.wait(o.id);
     if (*status) return cli.status();
     if (*list) return cli.list();

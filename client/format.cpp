@@ -211,4 +211,123 @@ std::string key_id_of(const Json& info) {
   return "";
 }
 
+namespace {
+
+std::string number(const Json& v, const char* fmt = "%.6g") {
+  if (!v.is_number()) return scalar(v);
+  char buf[64];
+  std::snprintf(buf, sizeof buf, fmt, v.get<double>());
+  return buf;
+}
+
+std::string model_line(const Json& side) {
+  if (!side.is_object()) return "-";
+  std::string s;
+  if (const Json* label = find(side, {"label"})) s += scalar(*label) + ": ";
+  if (side.value("kind", "") == "logits") {
+    std::size_t n = side.contains("logits_files") ? side["logits_files"].size() : 0;
+    return s + "logits supplied in " + std::to_string(n) + " file(s)";
+  }
+  const Json* mi = find(side, {"model_identity"});
+  if (mi) s += field(*mi, {"id"}) + "  " + field(*mi, {"content_sha256"});
+  if (const Json* dir = find(side, {"model_dir"})) s += "  (" + scalar(*dir) + ")";
+  return s;
+}
+
+// Text bars for the histogram of assay-compare: "zero" and "negative" (rounding) counts, and
+// counts[i] for KL in [edges[i-1], edges[i]) (bin 0 above 0, the last from the last edge up).
+// Bins outside the first and last non-empty one are left out; the longest bar is 40 characters
+// and any non-empty bin shows at least one.
+std::string histogram_text(const Json& h) {
+  if (!h.is_object() || !h.contains("counts") || !h["counts"].is_array() ||
+      !h.contains("edges") || !h["edges"].is_array() ||
+      h["counts"].size() != h["edges"].size() + 1)
+    return "";
+  const Json& counts = h["counts"];
+  const Json& edges = h["edges"];
+  auto count = [](const Json& v) { return v.is_number_integer() ? v.get<std::uint64_t>() : 0; };
+  std::vector<std::pair<std::string, std::uint64_t>> bins;
+  if (count(h.value("negative", Json())) > 0)
+    bins.emplace_back("< 0 (rounding)", count(h["negative"]));
+  bins.emplace_back("= 0", count(h.value("zero", Json())));
+  std::size_t first = counts.size(), last = 0;
+  for (std::size_t i = 0; i < counts.size(); ++i)
+    if (count(counts[i]) > 0) {
+      first = std::min(first, i);
+      last = i;
+    }
+  for (std::size_t i = first; i <= last && i < counts.size(); ++i) {
+    std::string label = i == 0                ? "(0, " + number(edges[0], "%.0e") + ")"
+                        : i == edges.size() ? ">= " + number(edges[i - 1], "%.0e")
+                                            : "[" + number(edges[i - 1], "%.0e") + ", " +
+                                                  number(edges[i], "%.0e") + ")";
+    bins.emplace_back(label, count(counts[i]));
+  }
+  std::uint64_t most = 1;
+  for (const auto& [label, n] : bins) most = std::max(most, n);
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& [label, n] : bins) {
+    std::size_t len = n == 0 ? 0 : std::max<std::size_t>(1, n * 40 / most);
+    rows.push_back({"  " + label, std::string(len, '#'), std::to_string(n)});
+  }
+  return render_table(rows);
+}
+
+}  // namespace
+
+std::string fidelity_report(const Json& r) {
+  std::ostringstream o;
+  const Json req = r.value("request", Json::object());
+  const Json panel = r.value("panel", Json::object());
+  const Json cmp = r.value("comparison", Json::object());
+  const Json metrics = cmp.value("metrics", Json::object());
+  const Json kl = metrics.value("kl", Json::object());
+  o << "fidelity job " << field(r, {"job_id"}) << "  request \"" << field(req, {"id"}) << "\"\n"
+    << "reference:  " << model_line(r.value("reference", Json())) << "\n"
+    << "candidate:  " << model_line(r.value("candidate", Json())) << "\n"
+    << "panel:      " << (panel.contains("contexts") ? panel["contexts"].size() : 0)
+    << " context(s), " << field(panel, {"scored_positions"}) << " scored positions, vocab "
+    << field(panel, {"vocab_size"}) << "\n\n"
+    << "KL(reference || candidate) per position, nats (fp64, full vocabulary)\n";
+  std::vector<std::vector<std::string>> rows;
+  for (const char* k : {"mean", "median", "p95", "p99", "p99_9", "max"}) {
+    std::string label = k == std::string("p99_9") ? "p99.9" : k;
+    std::string value = number(kl.value(k, Json()));
+    if (label == "max" && metrics.contains("max_at"))
+      value += "  (context " + field(metrics["max_at"], {"context"}) + ", position " +
+               field(metrics["max_at"], {"position"}) + ")";
+    rows.push_back({"  " + label, value});
+  }
+  rows.push_back({"  top-1 agreement", number(metrics.value("top1_agreement", Json())) + "  (" +
+                                            field(metrics, {"top1_agree_count"}) + " of " +
+                                            field(panel, {"scored_positions"}) + ")"});
+  o << render_table(rows);
+
+  const Json rep = r.value("reproduction", Json());
+  if (rep.is_object()) {
+    bool confirmed = rep.value("confirmed", false);
+    o << "reproduction: " << (confirmed ? "confirmed" : "NOT CONFIRMED")
+      << " (second reference capture: digests " << (rep.value("digests_equal", false) ? "equal" : "differ")
+      << ", max KL " << number(rep.value("kl", Json::object()).value("max", Json()))
+      << ", top-1 agreement " << number(rep.value("top1_agreement", Json())) << ")\n";
+  } else {
+    o << "reproduction: not requested\n";
+  }
+
+  if (cmp.contains("contexts") && cmp["contexts"].is_array()) {
+    std::vector<std::vector<std::string>> ctx{{"  context", "positions", "mean KL", "max KL", "p99 KL", "top-1"}};
+    for (const Json& c : cmp["contexts"]) {
+      const Json ckl = c.value("kl", Json::object());
+      ctx.push_back({"  " + field(c, {"id"}), field(c, {"positions"}), number(ckl.value("mean", Json())),
+                     number(ckl.value("max", Json())), number(ckl.value("p99", Json())),
+                     number(c.value("top1_agreement", Json()))});
+    }
+    o << "\nper context\n" << render_table(ctx);
+  }
+  std::string hist = histogram_text(cmp.value("histogram", Json()));
+  if (!hist.empty()) o << "\ntoken-wise KL histogram\n" << hist;
+  o << "\nresult_sha256 " << field(r, {"result_sha256"}) << "\n";
+  return o.str();
+}
+
 }  // namespace assay::client

@@ -20,6 +20,10 @@ std::string describe_job(const common::Json& job);
 std::string describe_object(const common::Json& object);
 // A table of jobs from GET /v1/jobs ({"jobs": [...]} or a bare array).
 std::string jobs_table(const common::Json& jobs);
+// A fidelity receipt (assay.fidelity-result.v1) for people: identities, the KL metric table,
+// top-1 agreement, reproduction, a per-context table and a text histogram of token-wise KL.
+std::string fidelity_report(const common::Json& result);
+
 // One line per check: "ok  name  detail" / "FAIL  name  detail".
 std::string checks_table(const VerifyReport& report);
 // "0.42s", "1m03s", "2h05m".

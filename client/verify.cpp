@@ -33,6 +33,22 @@ std::optional<std::string> string_at(const Json& doc, std::initializer_list<cons
   return cur->get<std::string>();
 }
 
+// What each kind of result looks like to the verifier.
+struct ResultKind {
+  std::string_view schema, predicate_type;
+  const char* artifact_key;  // the result's member naming the artifact {name, bytes, sha256}
+};
+constexpr ResultKind kKinds[] = {
+    {protocol::kNextTokenResult, protocol::kResultPredicateType, "reference_artifact"},
+    {protocol::kFidelityResult, protocol::kFidelityPredicateType, "kl_artifact"},
+};
+
+const ResultKind* kind_of(const std::optional<std::string>& schema) {
+  for (const ResultKind& k : kKinds)
+    if (schema && *schema == k.schema) return &k;
+  return nullptr;
+}
+
 class Checks {
  public:
   void add(std::string name, bool ok, std::string detail) {
@@ -77,12 +93,16 @@ VerifyReport verify_result(const VerifyInputs& in) {
   bool have_result = result.is_object();
   if (!result.is_null() && !have_result)
     checks.add("result.json", false, in.result.string() + " is not a JSON object");
+  // Unknown schemas are checked as next-token results (and fail result.schema).
+  const ResultKind* kind = &kKinds[0];
   if (have_result) {
     auto schema = string_at(result, {"schema"});
-    bool ok = schema == std::string(protocol::kNextTokenResult);
-    checks.add("result.schema", ok,
+    const ResultKind* known = kind_of(schema);
+    if (known) kind = known;
+    checks.add("result.schema", known != nullptr,
                "schema " + (schema ? "\"" + *schema + "\"" : std::string("missing")) +
-                   (ok ? "" : ", expected \"" + std::string(protocol::kNextTokenResult) + "\""));
+                   (known ? "" : ", expected \"" + std::string(protocol::kNextTokenResult) +
+                                     "\" or \"" + std::string(protocol::kFidelityResult) + "\""));
     std::string canon = common::canonical(result);
     checks.add("result.canonical", result_bytes == canon,
                result_bytes == canon ? "file bytes are the RFC 8785 canonical form"
@@ -145,7 +165,7 @@ VerifyReport verify_result(const VerifyInputs& in) {
     checks.add(
         "statement.type",
         type == std::string(common::kInTotoStatementType) &&
-            ptype == std::string(protocol::kResultPredicateType),
+            ptype == std::string(kind->predicate_type),
         "_type " + type.value_or("missing") + ", predicateType " + ptype.value_or("missing"));
     std::vector<std::pair<std::string, std::string>> subjects;  // name, hex
     if (statement->contains("subject") && (*statement)["subject"].is_array())
@@ -160,17 +180,18 @@ VerifyReport verify_result(const VerifyInputs& in) {
                    : "no subject has the result file's sha256 " + result_file_hex);
 
     if (have_result) {
-      auto art_id = string_at(result, {"reference_artifact", "sha256"});
+      auto art_id = string_at(result, {kind->artifact_key, "sha256"});
       std::string art_hex = art_id ? strip_sha256_prefix(*art_id) : "";
       auto art_subject = std::find_if(subjects.begin(), subjects.end(), [&](const auto& s) {
         return !art_hex.empty() && s.second == art_hex;
       });
       checks.add("subject.artifact", art_subject != subjects.end(),
-                 !art_id ? "result has no reference_artifact.sha256"
+                 !art_id ? "result has no " + std::string(kind->artifact_key) + ".sha256"
                  : art_subject != subjects.end()
-                     ? "subject \"" + art_subject->first +
-                           "\" is the result's reference_artifact " + *art_id
-                     : "no subject has the result's reference_artifact sha256 " + *art_id);
+                     ? "subject \"" + art_subject->first + "\" is the result's " +
+                           kind->artifact_key + " " + *art_id
+                     : "no subject has the result's " + std::string(kind->artifact_key) +
+                           " sha256 " + *art_id);
     }
   }
 
@@ -178,11 +199,11 @@ VerifyReport verify_result(const VerifyInputs& in) {
   if (in.artifact) {
     std::string file_id = common::sha256_file_id(*in.artifact);
     std::uintmax_t size = std::filesystem::file_size(*in.artifact);
-    auto art_id = have_result ? string_at(result, {"reference_artifact", "sha256"}) : std::nullopt;
-    const Json* bytes = have_result && result.contains("reference_artifact") &&
-                                result["reference_artifact"].is_object() &&
-                                result["reference_artifact"].contains("bytes")
-                            ? &result["reference_artifact"]["bytes"]
+    const char* key = kind->artifact_key;
+    auto art_id = have_result ? string_at(result, {key, "sha256"}) : std::nullopt;
+    const Json* bytes = have_result && result.contains(key) && result[key].is_object() &&
+                                result[key].contains("bytes")
+                            ? &result[key]["bytes"]
                             : nullptr;
     bool same_hash = art_id && strip_sha256_prefix(*art_id) == strip_sha256_prefix(file_id);
     bool same_size = bytes && bytes->is_number_unsigned() && bytes->get<std::uintmax_t>() == size;

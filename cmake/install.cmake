@@ -1,6 +1,6 @@
 # Install rules for the Debian packages (packaging/build-deb) and for `cmake --install`.
 # Two components, one per package:
-#   assay         assayd, the assay client, assay-fingerprint, systemd units, sysusers/tmpfiles,
+#   assay         assayd, the assay client, assay-fingerprint, assay-compare, systemd units, sysusers/tmpfiles,
 #                 the default config, schemas and docs
 #   assay-oracle  assay-oracle (links LibTorch), so hosts without LibTorch can run the rest
 # Workers live in libexec: users never call them directly, assayd finds them through
@@ -14,7 +14,8 @@ set(ASSAY_CONFDIR /etc/assay CACHE PATH "directory of assayd.json")
 set(ASSAY_WORKERDIR ${CMAKE_INSTALL_LIBEXECDIR}/assay)
 
 foreach(spec "assayd;${CMAKE_INSTALL_SBINDIR};assay" "assay;${CMAKE_INSTALL_BINDIR};assay"
-             "assay-fingerprint;${ASSAY_WORKERDIR};assay" "assay-oracle;${ASSAY_WORKERDIR};assay-oracle")
+             "assay-fingerprint;${ASSAY_WORKERDIR};assay" "assay-compare;${ASSAY_WORKERDIR};assay"
+             "assay-oracle;${ASSAY_WORKERDIR};assay-oracle")
   list(GET spec 0 target)
   list(GET spec 1 destination)
   list(GET spec 2 component)

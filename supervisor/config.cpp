@@ -80,6 +80,7 @@ void Config::load_file(const std::filesystem::path& path) {
                                  "socket_group",
                                  "admin_group",
                                  "fingerprint_worker",
+                                 "compare_worker",
                                  "oracle_worker",
                                  "containment",
                                  "base_cgroup",
@@ -107,6 +108,8 @@ void Config::load_file(const std::filesystem::path& path) {
   if (take_string(j, "fingerprint_worker", s = fingerprint_worker.string()), !s.empty())
     fingerprint_worker = s;
   if (take_string(j, "oracle_worker", s = oracle_worker.string()), !s.empty()) oracle_worker = s;
+  if (take_string(j, "compare_worker", s = compare_worker.string()), !s.empty())
+    compare_worker = s;
   if (j.contains("containment")) {
     take_string(j, "containment", s);
     containment.mode = mode_from_name(s);
@@ -151,6 +154,7 @@ void Config::finalize() {
   if (fingerprint_worker.empty())
     fingerprint_worker = find_worker("assay-fingerprint", "fingerprint");
   if (oracle_worker.empty()) oracle_worker = find_worker("assay-oracle", "worker");
+  if (compare_worker.empty()) compare_worker = find_worker("assay-compare", "compare");
   if (device_slots < 1 || device_slots > 64)
     throw Error("config.invalid",
                 "device_slots must be in 1..64, got " + std::to_string(device_slots));
@@ -169,6 +173,7 @@ std::string Config::describe() const {
          {"state_dir", state_dir.string()},
          {"fingerprint_worker", fingerprint_worker.string()},
          {"oracle_worker", oracle_worker.string()},
+         {"compare_worker", compare_worker.string()},
          {"containment", mode_name(containment.mode)},
          {"device_slots", device_slots},
          {"max_queue", max_queue}};

@@ -62,8 +62,7 @@ Outcome judge_evidence(const Json& ev) {
   return o;
 }
 
-Json oracle_input(const std::string& model_dir, const common::NextTokenRequest& request,
-                  const Json& candidates, const std::string& device, int threads) {
+std::string execution_dtype(const std::string& model_dir) {
   // Execute in the checkpoint's own dtype: float32 checkpoints in float32, the rest in bf16.
   std::string dtype = "bfloat16";
   try {
@@ -76,6 +75,46 @@ Json oracle_input(const std::string& model_dir, const common::NextTokenRequest& 
   } catch (const Error&) {
     // The oracle reports an unreadable config itself, naming the file.
   }
+  return dtype;
+}
+
+namespace {
+
+Json read_config(const std::filesystem::path& model_dir) {
+  auto cfg_path = model_dir / "config.json";
+  try {
+    return common::parse_strict(common::read_file(cfg_path, 4 << 20));
+  } catch (const Error& e) {
+    throw Error("request.bad_model", "cannot read " + cfg_path.string() + ": " + e.what());
+  }
+}
+
+// The integer `key` at the top level of config.json or in its text_config.
+std::optional<std::int64_t> config_int(const Json& cfg, const char* key) {
+  for (const Json* c : {&cfg, cfg.contains("text_config") ? &cfg["text_config"] : nullptr}) {
+    if (c && c->is_object() && c->contains(key) && (*c)[key].is_number_integer())
+      return (*c)[key].get<std::int64_t>();
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::int64_t read_vocab_size(const std::filesystem::path& model_dir) {
+  auto v = config_int(read_config(model_dir), "vocab_size");
+  if (!v)
+    throw Error("request.bad_model", (model_dir / "config.json").string() +
+                                         " has no integer vocab_size");
+  return *v;
+}
+
+std::optional<std::int64_t> read_max_positions(const std::filesystem::path& model_dir) {
+  return config_int(read_config(model_dir), "max_position_embeddings");
+}
+
+Json oracle_input(const std::string& model_dir, const common::NextTokenRequest& request,
+                  const Json& candidates, const std::string& device, int threads) {
+  std::string dtype = execution_dtype(model_dir);
   return Json{{"schema", protocol::kOracleInput},
               {"model_dir", model_dir},
               {"input_token_ids", request.input_token_ids},

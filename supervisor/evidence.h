@@ -2,7 +2,9 @@
 // oracle's input and output, and the verdict.
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 
 #include "common/json.h"
@@ -19,6 +21,14 @@ struct Outcome {
 // Reads an assay.process-containment.v1 document: ok when the process exited 0 and was neither
 // OOM-killed nor timed out.
 Outcome judge_evidence(const common::Json& evidence);
+
+// The dtype the oracle runs a checkpoint in: float32 checkpoints in float32, the rest bfloat16.
+std::string execution_dtype(const std::string& model_dir);
+// config.json's vocab_size (top level or text_config, as multimodal checkpoints nest it);
+// throws Error("request.bad_model") naming the file when unreadable or absent.
+std::int64_t read_vocab_size(const std::filesystem::path& model_dir);
+// config.json's max_position_embeddings, when it has one.
+std::optional<std::int64_t> read_max_positions(const std::filesystem::path& model_dir);
 
 // assay.oracle-input.v1 for a request.
 common::Json oracle_input(const std::string& model_dir, const common::NextTokenRequest& request,

@@ -39,7 +39,7 @@ int serve_main(int argc, char** argv) {
       "assayd serve"};
   Config config;
   std::string config_file, socket, state_dir, containment, fingerprint_worker, oracle_worker,
-      log_level = "info";
+      compare_worker, log_level = "info";
   int slots = 0;
   app.add_option("--socket", socket, "unix socket path (default: systemd socket activation)");
   app.add_option("--state-dir", state_dir, "state directory (jobs, keys)");
@@ -48,6 +48,7 @@ int serve_main(int argc, char** argv) {
   app.add_option("--containment", containment, "containment backend: auto|v2|v1|none");
   app.add_option("--fingerprint-worker", fingerprint_worker, "assay-fingerprint executable");
   app.add_option("--oracle-worker", oracle_worker, "assay-oracle executable");
+  app.add_option("--compare-worker", compare_worker, "assay-compare executable (fidelity jobs)");
   app.add_option("--device-slots", slots, "jobs that run at once (default 1)");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
   try {
@@ -64,6 +65,7 @@ int serve_main(int argc, char** argv) {
     if (!containment.empty()) config.containment.mode = mode_from_name(containment);
     if (!fingerprint_worker.empty()) config.fingerprint_worker = fingerprint_worker;
     if (!oracle_worker.empty()) config.oracle_worker = oracle_worker;
+    if (!compare_worker.empty()) config.compare_worker = compare_worker;
     if (slots) config.device_slots = slots;
     config.finalize();
 

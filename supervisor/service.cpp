@@ -114,22 +114,6 @@ std::string fmt_bytes(std::uint64_t b) {
   return buf;
 }
 
-// vocab_size from config.json (top level or text_config, as multimodal checkpoints nest it).
-std::int64_t read_vocab_size(const fs::path& model_dir) {
-  auto cfg_path = model_dir / "config.json";
-  Json cfg;
-  try {
-    cfg = common::parse_strict(common::read_file(cfg_path, 4 << 20));
-  } catch (const Error& e) {
-    throw Error("request.bad_model", "cannot read " + cfg_path.string() + ": " + e.what());
-  }
-  for (const Json* c : {&cfg, cfg.contains("text_config") ? &cfg["text_config"] : nullptr}) {
-    if (c && c->is_object() && c->contains("vocab_size") && (*c)["vocab_size"].is_number_integer())
-      return (*c)["vocab_size"].get<std::int64_t>();
-  }
-  throw Error("request.bad_model", cfg_path.string() + " has no integer vocab_size");
-}
-
 // The host signing key, created (0600, in a 0700 directory) on first start.
 common::SigningKey load_host_key(const fs::path& dir) {
   fs::create_directories(dir);
@@ -333,7 +317,7 @@ ApiResponse Service::handle(const std::string& method, const std::string& target
           r.body = common::read_file(dir / common::kEnvelopeFileName, 64 << 20);
         } else {
           r.content_type = "application/octet-stream";
-          r.file = dir / common::kArtifactFileName;
+          r.file = dir / job->artifact_name();
         }
         return r;
       }
@@ -354,7 +338,11 @@ std::string Service::resolve_model_dir(const common::NextTokenRequest& request,
     throw Error("request.no_model_dir",
                 "no model directory: the request has no model_dir (Kiln requests never do); "
                 "pass ?model_dir=/abs/dir");
-  if (dir.front() != '/')
+  return check_model_dir(dir);
+}
+
+std::string Service::check_model_dir(std::string dir) const {
+  if (dir.empty() || dir.front() != '/')
     throw Error("request.bad_model", "model directory \"" + dir + "\" is not absolute");
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
   struct stat st {};
@@ -374,27 +362,43 @@ std::string Service::resolve_model_dir(const common::NextTokenRequest& request,
 }
 
 ApiResponse Service::submit(const std::string& query, const std::string& body, const Peer& peer) {
-  common::NextTokenRequest request;
-  std::string model_dir;
+  Job job;
+  Json document;
   try {
     auto params = parse_query(query);
-    std::string query_model;
-    for (const auto& [k, v] : params) {
-      if (k != "model_dir" && k != "model")
-        throw Error("api.bad_query", "unknown query parameter \"" + k + "\" (only model_dir=)");
-      query_model = v;
+    document = common::parse_strict(body, {.max_bytes = common::kMaxRequestBytes});
+    if (document.is_object() && document.value("schema", Json()) == protocol::kFidelityRequest) {
+      if (!params.empty())
+        throw Error("api.bad_query", "a fidelity request names its model directories itself; "
+                                     "query parameter \"" + params.begin()->first +
+                                         "\" is not allowed");
+      job = accept_fidelity(document, peer);
+    } else {
+      std::string query_model;
+      for (const auto& [k, v] : params) {
+        if (k != "model_dir" && k != "model")
+          throw Error("api.bad_query", "unknown query parameter \"" + k + "\" (only model_dir=)");
+        query_model = v;
+      }
+      auto request = common::validate_request(document);
+      std::string model_dir = resolve_model_dir(request, query_model);
+      request.check_vocab(read_vocab_size(model_dir));
+      job.key = common::sha256_canonical_id(
+          Json{{"request_sha256", request.request_sha256}, {"model_dir", model_dir}});
+      job.request_sha256 = request.request_sha256;
+      job.request_schema = request.schema;
+      job.request_id = request.id;
+      job.model_dir = model_dir;
     }
-    request = common::parse_request(body);
-    model_dir = resolve_model_dir(request, query_model);
-    request.check_vocab(read_vocab_size(model_dir));
   } catch (const Error& e) {
     ++rejected_;
     return error_response(e.code() == "json.invalid" ? 400 : 422, e.code(), e.what());
   }
+  return enqueue(std::move(job), document, peer);
+}
 
-  std::string key = common::sha256_canonical_id(
-      Json{{"request_sha256", request.request_sha256}, {"model_dir", model_dir}});
-  if (Job* existing = store_.find_by_key(key)) {
+ApiResponse Service::enqueue(Job job, const Json& document, const Peer& peer) {
+  if (Job* existing = store_.find_by_key(job.key)) {
     if (!peer.admin && existing->submitter_uid != peer.uid)
       return error_response(
           409, "api.duplicate",
@@ -410,19 +414,13 @@ ApiResponse Service::submit(const std::string& query, const std::string& body, c
         429, "api.queue_full",
         "the queue holds " + std::to_string(queue_.size()) + " jobs, its limit (max_queue)");
   }
-  Job job;
-  job.id = "j-" + key.substr(7, 24);
-  job.key = key;
-  job.request_sha256 = request.request_sha256;
-  job.request_schema = request.schema;
-  job.request_id = request.id;
-  job.model_dir = model_dir;
+  job.id = "j-" + job.key.substr(7, 24);
   job.submitter_uid = peer.uid;
   job.created_at = now_rfc3339();
   job.created_unix = now_unix();
   JobStore::add_event(job, "accepted");
   try {
-    Job& stored = store_.create(std::move(job), common::canonical(request.document));
+    Job& stored = store_.create(std::move(job), common::canonical(document));
     ++submissions_;
     queue_.push_back(stored.id);
     Json j = stored.summary();
@@ -588,6 +586,15 @@ void Service::schedule() {
 }
 
 void Service::release_slot(const std::string& id) {
+  // Logits the workers left in their workspaces are scratch, whatever the outcome: a result's
+  // artifact has moved to the job directory itself, and a fidelity job's captures ([positions,
+  // vocab] floats each) are named by digest in its receipt. Logs and evidence stay.
+  std::error_code ec;
+  for (const auto& ws : fs::directory_iterator(store_.job_dir(id), ec)) {
+    if (!ws.is_directory(ec) || ws.is_symlink(ec)) continue;
+    for (const auto& file : fs::directory_iterator(ws.path(), ec))
+      if (file.path().extension() == ".safetensors") fs::remove(file.path(), ec);
+  }
   running_slots_.erase(id);
   processes_.erase(id);
   cancel_requested_.erase(id);
@@ -645,7 +652,8 @@ void Service::step_preflight(const std::string& id) {
   Job* job = store_.find(id);
   std::uint64_t required = 0;
   try {
-    required = estimate_required_bytes(job->model_dir);
+    required = job->is_fidelity() ? fidelity_required_bytes(*job)
+                                  : estimate_required_bytes(job->model_dir);
   } catch (const std::exception& e) {
     return fail(id, "preflight.bad_model", std::string("cannot size the model: ") + e.what());
   }
@@ -684,12 +692,16 @@ void Service::step_preflight(const std::string& id) {
     return;
   }
   job->waiting_reason.clear();
-  step_fingerprint(id);
+  if (job->is_fidelity())
+    fidelity_start(id);
+  else
+    step_fingerprint(id);
 }
 
 void Service::start_worker(const std::string& id, const std::string& role, const fs::path& worker,
                            const std::string& mode, const Json& input,
-                           std::function<void(Json)> next) {
+                           std::function<void(Json)> next,
+                           const std::vector<std::pair<fs::path, std::string>>& move_in) {
   Job* job = store_.find(id);
   fs::path ws = store_.job_dir(id) / role;
   std::error_code ec;
@@ -697,6 +709,14 @@ void Service::start_worker(const std::string& id, const std::string& role, const
   fs::create_directories(ws);
   ::chmod(ws.c_str(), 0700);
   replace_file_fast(ws / protocol::kInputFile, common::canonical(input), 0600);
+  for (const auto& [source, name] : move_in) {
+    fs::rename(source, ws / name, ec);
+    if (ec)
+      return fail(id, "worker.workspace",
+                  "cannot move " + source.string() + " into " + ws.string() + ": " + ec.message());
+    if (worker_uid_ && ::chown((ws / name).c_str(), *worker_uid_, *worker_gid_) != 0)
+      return fail(id, "worker.workspace", "cannot hand " + (ws / name).string() + " to the worker user");
+  }
   if (worker_uid_) {
     if (::chown(ws.c_str(), *worker_uid_, *worker_gid_) != 0 ||
         ::chown((ws / protocol::kInputFile).c_str(), *worker_uid_, *worker_gid_) != 0)

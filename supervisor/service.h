@@ -77,6 +77,22 @@ class Service {
   ApiResponse cancel(Job& job);
   std::string resolve_model_dir(const common::NextTokenRequest& request,
                                 const std::string& query_model) const;
+  // Throws Error("request.bad_model") unless `dir` is an absolute path to a directory without
+  // symlinks or .. in it; returns it without trailing slashes.
+  std::string check_model_dir(std::string dir) const;
+  // Dedup, queue limit, durable creation: the common end of both kinds of submission.
+  ApiResponse enqueue(Job job, const common::Json& document, const Peer& peer);
+
+  // Fidelity jobs (supervisor/fidelity.cpp): reference and candidate fingerprints, captures in
+  // contained oracle runs, the contained comparison, the signed receipt.
+  Job accept_fidelity(const common::Json& document, const Peer& peer);
+  std::uint64_t fidelity_required_bytes(const Job& job);
+  void fidelity_start(const std::string& id);
+  void fidelity_next(const std::string& id);
+  void fidelity_fingerprint(const std::string& id, const std::string& side);
+  void fidelity_capture(const std::string& id, const std::string& side);
+  void fidelity_compare(const std::string& id);
+  void fidelity_finish(const std::string& id);
 
   void schedule();
   void run_pipeline(const std::string& id);
@@ -92,9 +108,13 @@ class Service {
   void set_phase(Job& job, const std::string& phase, const std::string& message,
                  bool durable = false);
   void fail(const std::string& id, const std::string& code, const std::string& message);
+  // Runs `worker mode --input ... --workdir STATE/jobs/ID/ROLE` contained; `move_in` files are
+  // renamed into the fresh workspace first (source, name there), since a worker sees only its
+  // own workspace of the state directory.
   void start_worker(const std::string& id, const std::string& role,
                     const std::filesystem::path& worker, const std::string& mode,
-                    const common::Json& input, std::function<void(common::Json)> next);
+                    const common::Json& input, std::function<void(common::Json)> next,
+                    const std::vector<std::pair<std::filesystem::path, std::string>>& move_in = {});
   void publish(const Job& job);
   void release_slot(const std::string& id);
 

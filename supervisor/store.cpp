@@ -14,6 +14,7 @@
 
 #include "common/error.h"
 #include "common/fs.h"
+#include "common/protocol.h"
 #include "common/result.h"
 
 namespace assay::supervisor {
@@ -76,8 +77,9 @@ void create_dir_durably(const fs::path& dir,
 }
 
 // Whether the files a succeeded job's job.json promises are all there.
-bool has_result_files(const fs::path& dir) {
-  for (auto name : {common::kResultFileName, common::kEnvelopeFileName, common::kArtifactFileName})
+bool has_result_files(const fs::path& dir, const Job& job) {
+  for (auto name : {std::string(common::kResultFileName), std::string(common::kEnvelopeFileName),
+                    job.artifact_name()})
     if (!fs::exists(dir / name)) return false;
   return true;
 }
@@ -185,6 +187,13 @@ Job Job::from_json(const Json& j) {
   return job;
 }
 
+bool Job::is_fidelity() const { return request_schema == protocol::kFidelityRequest; }
+
+std::string Job::artifact_name() const {
+  return is_fidelity() ? std::string(common::kKlArtifactFileName)
+                       : std::string(common::kArtifactFileName);
+}
+
 Json Job::summary() const {
   Json j = to_json();
   j.erase("events");
@@ -219,7 +228,7 @@ JobStore::JobStore(std::filesystem::path state_dir) : jobs_dir_(state_dir / "job
     }
     try {
       Job job = Job::from_json(common::parse_strict(common::read_file(file, kMaxJobFileBytes)));
-      if (job.state == JobState::kSucceeded && !has_result_files(entry.path())) {
+      if (job.state == JobState::kSucceeded && !has_result_files(entry.path(), job)) {
         // Cut off inside commit(), before the success was acknowledged: run it again.
         spdlog::warn("job {} says succeeded but lacks result files; re-running it", job.id);
         job.state = JobState::kRunning;

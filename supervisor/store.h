@@ -43,6 +43,10 @@ struct Job {
   // GET /v1/jobs/{id} as rendered since the last save(); status requests far outnumber changes.
   std::string rendered;
 
+  bool is_fidelity() const;  // an assay.fidelity-request.v1 job (else a next-token job)
+  // The artifact its result names: logits.safetensors, or kl.safetensors for fidelity jobs.
+  std::string artifact_name() const;
+
   common::Json to_json() const;
   static Job from_json(const common::Json& j);
   // Public view for the API: to_json() plus links, without the event list.

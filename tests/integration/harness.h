@@ -13,12 +13,16 @@
 
 #include <fcntl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <csignal>
 
+#include <doctest/doctest.h>
+
 #include "common/json.h"
+#include "common/request.h"
 
 namespace assay::test {
 
@@ -208,9 +212,93 @@ Json wait_job(const fs::path& socket, const std::string& id, Pred pred, double s
   return job;
 }
 
+inline HttpReply request_json(const Daemon& d, const Json& body) {
+  return request(d.socket(), "POST", "/v1/jobs", body.dump());
+}
+inline HttpReply request_get(const Daemon& d, const std::string& target) {
+  return request(d.socket(), "GET", target);
+}
+
 inline bool terminal(const Json& job) {
   auto s = job.value("state", "");
   return s == "succeeded" || s == "failed" || s == "cancelled";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shared by the test files: binaries, containment, fixtures.
+
+// A syntactically valid model identity (no such model exists).
+inline Json fake_identity() {
+  Json mi{{"id", "fixture"},
+          {"config_hash", "sha256:" + std::string(64, 'a')},
+          {"tokenizer_hash", "sha256:" + std::string(64, 'b')},
+          {"chat_template_hash", nullptr},
+          {"weight_files",
+           {{{"path", "model.safetensors"},
+             {"bytes", 10},
+             {"sha256", "sha256:" + std::string(64, 'c')}}}}};
+  mi["content_sha256"] = common::model_content_sha256(mi);
+  return mi;
+}
+
+// The worker and client executables: the build's own, or ASSAY_TEST_<NAME> from the environment
+// (to run these tests against binaries built elsewhere).
+inline std::string binary(const char* env, const char* built) {
+  const char* e = std::getenv(env);
+  return e && *e ? e : built;
+}
+inline const std::string kFingerprint = binary("ASSAY_TEST_FINGERPRINT", ASSAY_FINGERPRINT_PATH);
+inline const std::string kOracle = binary("ASSAY_TEST_ORACLE", ASSAY_ORACLE_PATH);
+inline const std::string kClient = binary("ASSAY_TEST_CLIENT", ASSAY_CLIENT_PATH);
+inline const std::string kCompare = binary("ASSAY_TEST_COMPARE", ASSAY_COMPARE_PATH);
+
+// The containment mode for jobs with real workers: ASSAY_IT_CONTAINMENT (default "auto") when
+// `assayd contain` can use it on this host, else "none" with a printed reason.
+inline std::string containment() {
+  static std::string mode = [] {
+    std::string wanted = ASSAY_IT_CONTAINMENT;
+    if (wanted == "none") return wanted;
+    std::string cmd = std::string(ASSAYD_PATH) + " contain --mode " + wanted +
+                      " -- /bin/true > /dev/null 2>&1";
+    if (std::system(cmd.c_str()) == 0) return wanted;
+    MESSAGE("containment \"" << wanted << "\" is unavailable on this host: real jobs run with none");
+    return std::string("none");
+  }();
+  return mode;
+}
+
+inline bool have(const std::string& path) {
+  return !path.empty() && ::access(path.c_str(), X_OK) == 0;
+}
+
+// A tiny llama fixture made by the oracle's fixture generator (cached per test process).
+inline fs::path fixture_model(const fs::path& dir) {
+  if (fs::exists(dir / "config.json")) return dir;
+  std::string cmd = std::string(ASSAY_PYTHON3) + " " + ASSAY_SOURCE_DIR +
+                    "/tests/fixtures/make_fixture.py --arch llama --size tiny --out " +
+                    dir.string() + " > " + dir.string() + ".log 2>&1";
+  REQUIRE_MESSAGE(std::system(cmd.c_str()) == 0,
+                  "make_fixture.py failed: " << slurp(dir.string() + ".log"));
+  return dir;
+}
+
+// A worker wrapper that sleeps before running the real worker, so a test can act while the
+// worker "runs". It stays a real run of the real worker.
+inline fs::path slow_wrapper(const fs::path& dir, const std::string& real, double seconds) {
+  fs::path p = dir / ("slow-" + fs::path(real).filename().string());
+  spit(p, "#!/bin/sh\nsleep " + std::to_string(seconds) + "\nexec " + real + " \"$@\"\n");
+  ::chmod(p.c_str(), 0755);
+  return p;
+}
+
+inline std::string run_capture(const std::string& cmd) {
+  std::string out;
+  FILE* f = ::popen((cmd + " 2>&1").c_str(), "r");
+  char buf[4096];
+  std::size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
+  int st = ::pclose(f);
+  return std::to_string(WEXITSTATUS(st)) + ":" + out;
 }
 
 }  // namespace assay::test

@@ -450,7 +450,9 @@ Comparison compare(const CompareInput& input, const Options& options) {
   for (OpenedContext& o : opened)
     for (Logits* l : {o.reference.get(), o.candidate.get(), o.reproduction.get()}) {
       if (!l) continue;
-      l->hash(options.digests || l->ref.sha256.has_value(), options.digests);
+      // The whole file's digest only where the input names one to check (a user's candidate
+      // file); the tensor's raw-byte digest, which identifies the logits, always.
+      l->hash(l->ref.sha256.has_value(), options.digests);
       if (l->ref.sha256) l->check_sha256();
     }
 
@@ -524,7 +526,7 @@ Comparison compare(const CompareInput& input, const Options& options) {
                                             " argmaxes equal");
       digests_equal &= equal;
       reproduction = {{"sha256", *o.reproduction->tensor_sha256},
-                      {"file_sha256", *o.reproduction->file_sha256},
+                      {"file_sha256", nullable(o.reproduction->file_sha256)},
                       {"dtype", dtype_text(o.reproduction->element)},
                       {"digest_equal", equal},
                       {"kl_max", s.max},

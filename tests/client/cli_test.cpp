@@ -6,6 +6,7 @@
 
 #include <sys/wait.h>
 
+#include "client/format.h"
 #include "support.h"
 
 namespace {
@@ -19,7 +20,7 @@ TEST_CASE("help lists every command and the exit codes") {
   auto r = run({"--help"});
   CHECK(r.status == 0);
   for (const char* cmd : {"submit", "wait", "status", "list", "result", "artifact", "cancel",
-                          "verify", "keys", "health", "request"})
+                          "verify", "keys", "health", "request", "fidelity"})
     CHECK_MESSAGE(r.out.find(std::string("  ") + cmd + " ") != std::string::npos, cmd);
   CHECK(r.out.find("8  wait --timeout expired") != std::string::npos);
   CHECK(run({"verify", "--help"}).status == 0);
@@ -94,4 +95,82 @@ TEST_CASE("verify without --pubkey needs the daemon and says how to stay offline
       run({"verify", dir.write("result.json", "{}")}, {.socket = (dir / "none.sock").string()});
   CHECK(r.status == 3);
   CHECK(r.err.find("give --pubkey FILE to verify offline") != std::string::npos);
+}
+
+TEST_CASE("fidelity submit checks the request locally; fidelity show needs an id") {
+  TempDir dir;
+  assay::client::Environment env{.socket = "/nonexistent/assayd.sock"};
+  // A next-token request is not a fidelity request.
+  auto r = run({"fidelity", "submit",
+                dir.write("nt.json", R"({"schema":"assay.next-token-request.v1","id":"x"})")},
+               env);
+  CHECK(r.status == 7);
+  // A fidelity request with overlapping ranges is refused before any connection.
+  std::string bad = R"({"schema":"assay.fidelity-request.v1","id":"f","reference":{"model_dir":"/m"},
+    "candidate":{"model_dir":"/c"},"panel":{"contexts":[{"token_ids":[1,2,3],
+    "positions":[[0,2],[1,3]]}]}})";
+  r = run({"fidelity", "submit", dir.write("bad.json", bad)}, env);
+  CHECK(r.status == 7);
+  CHECK(r.err.find("overlaps") != std::string::npos);
+  CHECK(r.err.find("cannot connect") == std::string::npos);
+  // A valid one gets as far as the (absent) daemon; --model does not apply to it.
+  std::string good = R"({"schema":"assay.fidelity-request.v1","id":"f","reference":{"model_dir":"/m"},
+    "candidate":{"model_dir":"/c"},"panel":{"contexts":[{"token_ids":[1,2,3]}]}})";
+  r = run({"fidelity", "submit", dir.write("good.json", good)}, env);
+  CHECK(r.status == 3);
+  r = run({"submit", dir.write("good2.json", good), "--model", "/x"}, env);
+  CHECK(r.status == 2);
+  CHECK(r.err.find("--model does not apply") != std::string::npos);
+  // request check reports a fidelity request's identities.
+  r = run({"request", "check", dir / "good.json"}, env);
+  CHECK(r.status == 0);
+  CHECK(r.out.find("\"panel_sha256\"") != std::string::npos);
+  CHECK(r.out.find("\"scored_positions\": 3") != std::string::npos);
+  r = run({"fidelity", "show"}, env);
+  CHECK(r.status == 2);
+  r = run({"fidelity"}, env);
+  CHECK(r.status == 2);
+}
+
+TEST_CASE("fidelity_report shows the metric table, per-context rows and the histogram") {
+  using assay::common::Json;
+  Json stats = {{"mean", 0.5}, {"median", 0.25}, {"p95", 1.0}, {"p99", 1.5},
+                {"p99_9", 1.9}, {"max", 2.0},     {"min", 0.0}};
+  Json r = {
+      {"job_id", "j-0123456789abcdef01234567"},
+      {"request", {{"id", "q4"}}},
+      {"panel", {{"contexts", Json::array({Json::object(), Json::object()})},
+                 {"scored_positions", 40},
+                 {"vocab_size", 151936}}},
+      {"reference",
+       {{"model_dir", "/models/ref"},
+        {"model_identity", {{"id", "qwen3"}, {"content_sha256", "sha256:" + std::string(64, 'a')}}}}},
+      {"candidate", {{"kind", "logits"}, {"label", "kiln int4"}, {"logits_files", Json::array({1, 2})}}},
+      {"reproduction",
+       {{"confirmed", false}, {"digests_equal", false}, {"kl", stats}, {"top1_agreement", 0.9}}},
+      {"comparison",
+       {{"metrics",
+         {{"kl", stats},
+          {"max_at", {{"context", "b"}, {"position", 17}}},
+          {"top1_agreement", 0.975},
+          {"top1_agree_count", 39}}},
+        {"contexts",
+         {{{"id", "a"}, {"positions", 20}, {"kl", stats}, {"top1_agreement", 1.0}},
+          {{"id", "b"}, {"positions", 20}, {"kl", stats}, {"top1_agreement", 0.95}}}},
+        {"histogram",
+         {{"zero", 3},
+          {"negative", 0},
+          {"edges", {1e-3, 1e-2, 1e-1}},
+          {"counts", {0, 10, 20, 7}}}}}},
+      {"result_sha256", "sha256:" + std::string(64, 'f')}};
+  std::string text = assay::client::fidelity_report(r);
+  INFO(text);
+  for (const char* s : {"request \"q4\"", "kiln int4: logits supplied in 2 file(s)", "qwen3",
+                        "40 scored positions, vocab 151936", "p99.9", "1.9",
+                        "(context b, position 17)", "0.975  (39 of 40)", "NOT CONFIRMED",
+                        "per context", "0.95", "= 0", "[1e-03, 1e-02)", ">= 1e-01",
+                        "########################################  20"})
+    CHECK_MESSAGE(text.find(s) != std::string::npos, s);
+  // Leading and trailing empty bins are left out.
+  CHECK(text.find("(0, 1e-03)") == std::string::npos);
 }

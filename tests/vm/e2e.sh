@@ -68,6 +68,7 @@ fi
 
 say "making the fixture model and requests"
 $py "$root/tests/fixtures/make_fixture.py" --arch llama --size tiny --out "$work/model" >&2
+$py "$root/tests/fixtures/quantize_fixture.py" --in "$work/model" --out "$work/model-q4" --bits 4 >&2
 $py - "$work" "$root/tests/fixtures" <<'PY'
 import json, sys
 work, fixtures = sys.argv[1], sys.argv[2]
@@ -93,6 +94,15 @@ request("oom", [("kiln", ord("l")), ("vllm", ord("y"))], {"memory_bytes": 16 << 
 # the restart instead of costing a second full forward pass under emulation.
 request("running", [("kiln", ord("l")), ("vllm", ord("z"))], {"memory_bytes": 16 << 20})
 request("queued", [("kiln", ord("l")), ("vllm", ord("q"))])
+# A fidelity job: the 4-bit copy against the model, the reference captured twice.
+json.dump({"schema": "assay.fidelity-request.v1", "id": "e2e-fidelity",
+           "reference": {"model_dir": work + "/model"},
+           "candidate": {"model_dir": work + "/model-q4", "label": "4-bit copy"},
+           "panel": {"contexts": [{"id": "hello", "token_ids": list(b"Hello, world")},
+                                  {"id": "fox", "token_ids": list(b"The quick brown fox"),
+                                   "positions": [[4, 19]]}]},
+           "reproduction_confirmation": True},
+          open(work + "/fidelity.json", "w"), indent=1)
 PY
 cp "$root/tests/vm/guest.sh" "$work/guest.sh"
 chmod -R a+rX "$work"

@@ -85,6 +85,23 @@ check "memory.events present, no OOM kill ($events)" jq_true '.oracle.process.co
 eq "oracle cgroup was removed" "$(jq -r .oracle.process.cgroup.removed $r)" true
 echo "oracle cgroup: $(jq -r .oracle.process.cgroup.path $r), verdict: $(jq -c .verdict $r)"
 
+# 3b. a fidelity job as alice: five contained workers, a verified receipt
+out=$(as_alice assay --json fidelity submit "$work/fidelity.json" --wait --wait-timeout 900 2>&1)
+eq "alice: fidelity submit --wait exit status" $? 0 || { echo "$out"; journalctl -u assayd.service --no-pager | tail -30; }
+fid_id=$(job_id "$out")
+as_alice assay result "$fid_id" -o /home/alice/out/fidelity.json >/dev/null
+as_alice assay artifact "$fid_id" -o /home/alice/out/kl.safetensors >/dev/null
+as_alice assay verify /home/alice/out/fidelity.json --pubkey /home/alice/out/pub.pem \
+  --artifact /home/alice/out/kl.safetensors >$logs/verify-fidelity.log 2>&1
+check "alice: assay verify of the fidelity receipt" [ $? = 0 ] || cat $logs/verify-fidelity.log
+f=/home/alice/out/fidelity.json
+eq "fidelity: reproduction confirmed" "$(jq -r .reproduction.confirmed $f)" true
+eq "fidelity: capture ran in cgroup v2" "$(jq -r .reference.capture.process.mode $f)" cgroup-v2
+eq "fidelity: compare ran as the worker user" "$(jq -r .comparison.process.spawn.uid $f)" "$worker_uid"
+check "fidelity: mean KL > 0 for the 4-bit copy" jq_true '.comparison.metrics.kl.mean > 0' $f
+echo "fidelity: $(jq -c '.comparison.metrics' $f)"
+check "fidelity: no captured logits left" [ -z "$(find /var/lib/assay/jobs/$fid_id -mindepth 2 -name '*.safetensors')" ]
+
 # 4. an over-limit job is OOM-killed; the service stays up and unrestarted
 restarts_before=$(systemctl show -P NRestarts assayd.service)
 out=$(as_alice assay --json submit "$work/oom.json" --wait --wait-timeout 900 2>/dev/null)

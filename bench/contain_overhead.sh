@@ -26,6 +26,8 @@ for ((i = 0; i < runs; i++)); do
   echo $((t1 - t0)) >>"$tmp/unshare_nm"
   t0=$(now); "$assayd" contain --mode none -- /bin/true >/dev/null; t1=$(now)
   echo $((t1 - t0)) >>"$tmp/none"
+  t0=$(now); /bin/true; t1=$(now)
+  echo $((t1 - t0)) >>"$tmp/true"
 done
 # The last evidence must say the run was contained, or the numbers mean nothing.
 /usr/bin/python3 - "$tmp/evidence.json" <<'PY'
@@ -45,6 +47,9 @@ c_med, c_p90 = ms("contain")
 s_med, s_p90 = ms("startup")
 m_med, m_p90 = ms("unshare_nm")
 n_med, n_p90 = ms("none")
+t_med, t_p90 = ms("true")
+needed = [l.split("[")[1].rstrip("]\n") for l in subprocess.run(["readelf", "-d", assayd],
+          capture_output=True, text=True).stdout.splitlines() if "(NEEDED)" in l]
 mode = json.load(open(os.path.join(tmp, "evidence.json")))["mode"]
 text = f"""# Containment overhead
 
@@ -62,14 +67,19 @@ Last run: {datetime.datetime.utcnow().strftime('%Y-%m-%d %H:%M UTC')}, kernel {p
 | breakdown: `assayd --version` (process start-up only) | {s_med:.2f} | {s_p90:.2f} |
 | breakdown: `unshare -n -m /bin/true` (network + mount namespace) | {m_med:.2f} | {m_p90:.2f} |
 | breakdown: `assayd contain --mode none -- /bin/true` (no cgroup) | {n_med:.2f} | {n_p90:.2f} |
+| floor: `/bin/true` (fork+exec from the shell, timing included) | {t_med:.2f} | {t_p90:.2f} |
 
 **Ratio (median): {c_med / u_med:.2f}x** (p90: {c_p90 / u_p90:.2f}x).
 
 The contained run also makes a mount namespace, creates and removes a leaf cgroup in each
 v1 hierarchy (memory, pids, freezer, cpuacct), reads the counters and prints the evidence.
 Cost of the cgroup work (median): {c_med - n_med:.2f} ms; of the mount namespace on top of the
-network one: {m_med - u_med:.2f} ms; of starting the assayd binary: {s_med:.2f} ms.
+network one: {m_med - u_med:.2f} ms; of starting the assayd binary: {s_med:.2f} ms
+({s_med - t_med:.2f} ms more than `/bin/true`). assayd's shared libraries: {", ".join(needed)}.
 """
-open(out, "w").write(text)
+# Hand-written notes below "## History" in the previous file are kept.
+old = open(out).read() if os.path.exists(out) else ""
+history = old[old.find("\n## History"):] if "\n## History" in old else ""
+open(out, "w").write(text + history)
 print(text)
 PY

@@ -380,3 +380,38 @@ TEST_CASE("fidelity: a candidate file with a wrong digest, NaN or the wrong shap
                                                      common::Dtype::kBF16)}));
   CHECK_MESSAGE(job["state"] == "succeeded", job.dump(2));
 }
+
+TEST_CASE("fidelity: kill -9 of assayd during the comparison loses nothing: the job is re-run") {
+  if (!have_workers()) return;
+  TempDir tmp;
+  fs::path model = fixture_model(tmp.path / "llama-tiny");
+  fs::path slow = slow_wrapper(tmp.path, kCompare, 3);
+  Daemon d(tmp.path / "state", tmp.path / "assayd.sock",
+           {"--containment", containment(), "--fingerprint-worker", kFingerprint,
+            "--oracle-worker", kOracle, "--compare-worker", slow.string()});
+  REQUIRE_MESSAGE(d.start(), d.log());
+  Json request{{"schema", "assay.fidelity-request.v1"},
+               {"id", "crash"},
+               {"reference", {{"model_dir", model.string()}}},
+               {"candidate", {{"model_dir", model.string()}}},
+               {"panel", {{"contexts", {{{"token_ids", kIdsA}}}}}}};
+  auto sub = request_json(d, request);
+  REQUIRE_MESSAGE(sub.status == 201, sub.body);
+  std::string id = sub.json()["id"];
+  Json job = wait_job(d.socket(), id, [](const Json& j) { return j["phase"] == "compare"; }, 120);
+  REQUIRE(job["phase"] == "compare");
+  d.kill9();
+  // The captures sat in the comparison's workspace; the restart runs the pipeline again.
+  REQUIRE_MESSAGE(d.start(), d.log());
+  job = wait_job(d.socket(), id, terminal, 300);
+  REQUIRE_MESSAGE(job["state"] == "succeeded", job.dump(2) << "\n" << d.log());
+  CHECK(job["attempts"] == 2);
+  // The same checkpoint on both sides: exactly 0 everywhere.
+  Json result = request_get(d, "/v1/jobs/" + id + "/result").json();
+  CHECK(result["comparison"]["metrics"]["kl"]["max"].get<double>() == 0.0);
+  CHECK(result["comparison"]["metrics"]["top1_agreement"].get<double>() == 1.0);
+  // A resubmission is answered with the finished job.
+  auto again = request_json(d, request);
+  CHECK(again.status == 200);
+  CHECK(again.json()["id"] == id);
+}

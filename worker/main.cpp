@@ -226,21 +226,25 @@ void add_execution_report(Json& out, const ExecOptions& options, int threads,
   out["executable_sha256"] = executable_sha256();
 }
 
-void check_gdn_variant(const std::string& v) {
-  if (v != "current" && v != "legacy") {
-    throw Error("input.invalid", "execution.gdn_variant \"" + v + "\" is not current or legacy");
+// The worker-protocol "execution" object as options, after making ATen deterministic (which
+// must come before any ATen work).
+ExecOptions prepare_execution(const Execution& e, const std::filesystem::path& model_dir) {
+  if (e.gdn_variant != "current" && e.gdn_variant != "legacy") {
+    throw Error("input.invalid",
+                "execution.gdn_variant \"" + e.gdn_variant + "\" is not current or legacy");
   }
+  make_deterministic(e.threads);
+  ExecOptions options;
+  options.device = parse_device(e.device);
+  options.dtype = parse_dtype(e.dtype, read_config(model_dir));
+  options.gdn_variant = e.gdn_variant;
+  return options;
 }
 
 int run_next_token(const std::string& input_path, const std::string& workdir) {
   Json doc = common::parse_strict(common::read_file(input_path, 64u << 20));
   OracleInput in = parse_oracle_input(doc);
-  check_gdn_variant(in.execution.gdn_variant);
-  make_deterministic(in.execution.threads);
-  ExecOptions options;
-  options.device = parse_device(in.execution.device);
-  options.dtype = parse_dtype(in.execution.dtype, read_config(in.model_dir));
-  options.gdn_variant = in.execution.gdn_variant;
+  ExecOptions options = prepare_execution(in.execution, in.model_dir);
 
   Tokenizer tokenizer = Tokenizer::load(in.model_dir);
   auto t0 = Clock::now();
@@ -271,7 +275,6 @@ int run_next_token(const std::string& input_path, const std::string& workdir) {
   return 0;
 }
 
-
 // Worker protocol, fidelity jobs: the logits of every scored position of every context, one
 // safetensors file per context ("positions" I64 [N], "logits" F32 [N, vocab]). The forward runs
 // once per context up to the final hidden states; the LM head then runs on blocks of at most
@@ -279,12 +282,7 @@ int run_next_token(const std::string& input_path, const std::string& workdir) {
 int run_capture(const std::string& input_path, const std::string& workdir) {
   Json doc = common::parse_strict(common::read_file(input_path, 256u << 20));
   CaptureInput in = parse_capture_input(doc);
-  check_gdn_variant(in.execution.gdn_variant);
-  make_deterministic(in.execution.threads);
-  ExecOptions options;
-  options.device = parse_device(in.execution.device);
-  options.dtype = parse_dtype(in.execution.dtype, read_config(in.model_dir));
-  options.gdn_variant = in.execution.gdn_variant;
+  ExecOptions options = prepare_execution(in.execution, in.model_dir);
 
   auto t0 = Clock::now();
   LoadedModel loaded = load_model(in.model_dir, options);

@@ -4,7 +4,8 @@
 #                 the default config, schemas and docs
 #   assay-oracle  assay-oracle (links LibTorch), so hosts without LibTorch can run the rest
 # Workers live in libexec: users never call them directly, assayd finds them through
-# /etc/assay/assayd.json. Unit paths follow Debian 12 (units in /lib/systemd/system).
+# /etc/assay/assayd.json. assayd-serve, the daemon that `assayd serve` execs, lives there too.
+# Unit paths follow Debian 12 (units in /lib/systemd/system).
 include(GNUInstallDirs)
 
 set(ASSAY_SYSTEMD_UNITDIR /lib/systemd/system CACHE PATH "systemd system unit directory")
@@ -13,7 +14,8 @@ set(ASSAY_TMPFILESDIR /usr/lib/tmpfiles.d CACHE PATH "tmpfiles.d directory")
 set(ASSAY_CONFDIR /etc/assay CACHE PATH "directory of assayd.json")
 set(ASSAY_WORKERDIR ${CMAKE_INSTALL_LIBEXECDIR}/assay)
 
-foreach(spec "assayd;${CMAKE_INSTALL_SBINDIR};assay" "assay;${CMAKE_INSTALL_BINDIR};assay"
+foreach(spec "assayd;${CMAKE_INSTALL_SBINDIR};assay" "assayd-serve;${ASSAY_WORKERDIR};assay"
+             "assay;${CMAKE_INSTALL_BINDIR};assay"
              "assay-fingerprint;${ASSAY_WORKERDIR};assay" "assay-compare;${ASSAY_WORKERDIR};assay"
              "assay-oracle;${ASSAY_WORKERDIR};assay-oracle")
   list(GET spec 0 target)

@@ -33,9 +33,9 @@ void arm_watchdog(boost::asio::steady_timer& timer, std::chrono::microseconds in
 
 int serve_main(int argc, char** argv) {
   CLI::App app{
-      "assayd serve: run the supervisor daemon. Accepts next-token oracle jobs over HTTP/1.1 on a "
-      "unix socket, runs the fingerprint and oracle workers in contained processes, and keeps "
-      "signed results under the state directory.",
+      "assayd serve: run the supervisor daemon. Accepts next-token oracle and fidelity jobs over "
+      "HTTP/1.1 on a unix socket, runs the fingerprint, oracle and compare workers in contained "
+      "processes, and keeps signed results under the state directory.",
       "assayd serve"};
   Config config;
   std::string config_file, socket, state_dir, containment, fingerprint_worker, oracle_worker,

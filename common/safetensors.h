@@ -55,6 +55,8 @@ class SafetensorsFile {
   const TensorView* find(std::string_view name) const { return index_.find(name); }
   const std::filesystem::path& path() const { return path_; }
   std::size_t file_size() const { return size_; }
+  // The whole file's bytes (header and data), e.g. to hash it without reading it again.
+  std::span<const std::byte> image() const { return {static_cast<const std::byte*>(map_), size_}; }
 
  private:
   SafetensorsFile() = default;

@@ -1,10 +1,5 @@
 #include "compare/compare.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
@@ -12,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <set>
 
@@ -85,36 +81,19 @@ bool printable_ascii(const std::string& s) {
 
 // ---- logits files ----
 
-class Mapping {
- public:
-  explicit Mapping(const std::string& path, const std::string& what) {
-    common::UniqueFd fd;
-    try {
-      fd = common::open_nofollow(path, O_RDONLY);
-    } catch (const Error& e) {
+// Opens and validates a safetensors file; any failure is compare.bad_file naming `what`.
+common::SafetensorsFile open_logits_file(const std::string& path, const std::string& what) {
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(path, ec) && std::filesystem::file_size(path, ec) == 0)
+    throw Error("compare.bad_file", what + " is empty");
+  try {
+    return common::SafetensorsFile::open(path);
+  } catch (const Error& e) {
+    if (e.code().rfind("fs.", 0) == 0)
       throw Error("compare.bad_file", what + ": cannot open: " + e.what());
-    }
-    struct stat st {};
-    if (::fstat(fd.get(), &st) != 0)
-      throw Error("compare.bad_file", what + ": stat: " + std::strerror(errno));
-    if (!S_ISREG(st.st_mode)) throw Error("compare.bad_file", what + " is not a regular file");
-    size_ = static_cast<std::size_t>(st.st_size);
-    if (size_ == 0) throw Error("compare.bad_file", what + " is empty");
-    void* m = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd.get(), 0);
-    if (m == MAP_FAILED) throw Error("compare.bad_file", what + ": mmap: " + std::strerror(errno));
-    data_ = static_cast<const std::byte*>(m);
+    throw Error("compare.bad_file", what + ": " + e.what());
   }
-  ~Mapping() {
-    if (data_) ::munmap(const_cast<std::byte*>(data_), size_);
-  }
-  Mapping(const Mapping&) = delete;
-  Mapping& operator=(const Mapping&) = delete;
-  std::span<const std::byte> bytes() const { return {data_, size_}; }
-
- private:
-  const std::byte* data_ = nullptr;
-  std::size_t size_ = 0;
-};
+}
 
 // One opened, validated logits file. Not movable: views point into the mapping.
 struct Logits {
@@ -122,23 +101,18 @@ struct Logits {
       : ref(r),
         role(std::move(role_)),
         what(role + " logits " + r.path + " (context '" + context_ + "')"),
-        map(r.path, what) {
-    try {
-      index = common::parse_safetensors(map.bytes());
-    } catch (const Error& e) {
-      throw Error("compare.bad_file", what + ": " + e.what());
-    }
-    const common::TensorView* t = index.find("logits");
+        file(open_logits_file(r.path, what)) {
+    const common::TensorView* t = file.find("logits");
     if (!t) {
-      if (index.tensors.size() != 1) {
+      if (file.tensors().size() != 1) {
         std::string names;
-        for (const auto& v : index.tensors)
+        for (const auto& v : file.tensors())
           names += (names.empty() ? "\"" : ", \"") + v.name + "\"";
         throw Error("compare.missing_tensor",
-                    what + " has no tensor \"logits\" and " + std::to_string(index.tensors.size()) +
+                    what + " has no tensor \"logits\" and " + std::to_string(file.tensors().size()) +
                         " tensors (" + (names.empty() ? "none" : names) + "), not exactly one");
       }
-      t = &index.tensors.front();
+      t = &file.tensors().front();
     }
     tensor = *t;
     if (tensor.dtype == common::Dtype::kF32)
@@ -178,21 +152,21 @@ struct Logits {
   }
 
   // One pass over the mapping feeding both hashes: the whole file, and the tensor's raw bytes.
-  void hash(bool file, bool raw) {
+  void hash(bool whole_file, bool raw) {
     constexpr std::size_t kChunk = 4 << 20;
     common::Sha256 file_hash, tensor_hash;
-    std::span<const std::byte> image = map.bytes();
+    std::span<const std::byte> image = file.image();
     const std::byte* t0 = tensor.data;
     const std::byte* t1 = tensor.data + tensor.nbytes;
     for (std::size_t off = 0; off < image.size(); off += kChunk) {
       const std::byte* a = image.data() + off;
       const std::byte* b = a + std::min(kChunk, image.size() - off);
-      if (file) file_hash.update(a, static_cast<std::size_t>(b - a));
+      if (whole_file) file_hash.update(a, static_cast<std::size_t>(b - a));
       const std::byte* lo = std::max(a, t0);
       const std::byte* hi = std::min(b, t1);
       if (raw && lo < hi) tensor_hash.update(lo, static_cast<std::size_t>(hi - lo));
     }
-    if (file) file_sha256 = common::identity(file_hash.finish());
+    if (whole_file) file_sha256 = common::identity(file_hash.finish());
     if (raw) tensor_sha256 = common::identity(tensor_hash.finish());
   }
 
@@ -226,8 +200,7 @@ struct Logits {
   const LogitsFileRef& ref;
   std::string role;
   std::string what;
-  Mapping map;
-  common::SafetensorsIndex index;
+  common::SafetensorsFile file;
   common::TensorView tensor;
   Element element = Element::kF32;
   std::optional<std::string> file_sha256, tensor_sha256;

@@ -38,11 +38,6 @@ namespace {
 
 constexpr const char* kCompareRole = "compare";
 
-common::FidelityRequest load_request(const fs::path& job_dir) {
-  return common::validate_fidelity_request(
-      common::parse_strict(common::read_file(job_dir / "request.json", 64 << 20)));
-}
-
 // Whether the peer could itself read `path` (and search every directory above it): assayd and
 // its workers may be able to read files the submitting user cannot, and must not read them on
 // that user's behalf.
@@ -176,17 +171,27 @@ Job Service::accept_fidelity(const Json& document, const Peer& peer) {
   return job;
 }
 
+const common::FidelityRequest& Service::fidelity_request(const std::string& id) {
+  auto it = fidelity_requests_.find(id);
+  if (it == fidelity_requests_.end()) {
+    auto r = common::validate_fidelity_request(
+        common::parse_strict(common::read_file(store_.job_dir(id) / "request.json", 64 << 20)));
+    it = fidelity_requests_.emplace(id, std::move(r)).first;
+  }
+  return it->second;
+}
+
 std::uint64_t Service::fidelity_required_bytes(const Job& job) {
   // The workers run one after another: the larger checkpoint sets the need.
   std::uint64_t need = estimate_required_bytes(job.model_dir);
-  auto r = load_request(store_.job_dir(job.id));
+  const common::FidelityRequest& r = fidelity_request(job.id);
   if (r.candidate_model)
     need = std::max(need, estimate_required_bytes(r.candidate_model->model_dir));
   return need;
 }
 
 void Service::fidelity_start(const std::string& id) {
-  auto r = load_request(store_.job_dir(id));
+  const common::FidelityRequest& r = fidelity_request(id);
   Json& s = scratch_[id];
   s["limits"] = r.document.value("limits", Json::object());
   s["vocab_size"] = read_vocab_size(r.reference.model_dir);
@@ -212,7 +217,7 @@ void Service::fidelity_next(const std::string& id) {
 }
 
 void Service::fidelity_fingerprint(const std::string& id, const std::string& side) {
-  auto r = load_request(store_.job_dir(id));
+  const common::FidelityRequest& r = fidelity_request(id);
   const common::ModelSide& m = side == "reference" ? r.reference : *r.candidate_model;
   std::string name = m.model_identity ? (*m.model_identity)["id"].get<std::string>()
                                       : fs::path(m.model_dir).filename().string();
@@ -241,13 +246,13 @@ void Service::fidelity_fingerprint(const std::string& id, const std::string& sid
 }
 
 void Service::fidelity_capture(const std::string& id, const std::string& side) {
-  auto r = load_request(store_.job_dir(id));
+  const common::FidelityRequest& r = fidelity_request(id);
   const std::string& dir =
       side == "candidate" ? r.candidate_model->model_dir : r.reference.model_dir;
   std::int64_t vocab = scratch_[id]["vocab_size"].get<std::int64_t>();
   start_worker(id, "capture-" + side, config_.oracle_worker, "capture",
-               capture_input(dir, r, config_.oracle_device), [this, id, side, r, vocab](Json output) {
-                 check_capture_output(output, r, vocab, side);
+               capture_input(dir, r, config_.oracle_device), [this, id, side, vocab](Json output) {
+                 check_capture_output(output, fidelity_request(id), vocab, side);
                  scratch_[id]["fidelity"]["capture-" + side] = std::move(output);
                  fidelity_next(id);
                });
@@ -255,7 +260,7 @@ void Service::fidelity_capture(const std::string& id, const std::string& side) {
 
 void Service::fidelity_compare(const std::string& id) {
   fs::path dir = store_.job_dir(id);
-  auto r = load_request(dir);
+  const common::FidelityRequest& r = fidelity_request(id);
   fs::path ws = dir / kCompareRole;
   const Json& f = scratch_[id]["fidelity"];
   std::vector<std::pair<fs::path, std::string>> move_in;
@@ -284,7 +289,8 @@ void Service::fidelity_compare(const std::string& id) {
              {"contexts", contexts}};
   start_worker(
       id, kCompareRole, config_.compare_worker, "run", input,
-      [this, id, r](Json output) {
+      [this, id](Json output) {
+        const common::FidelityRequest& r = fidelity_request(id);
         if (output.value("schema", "") != protocol::kCompareOutput)
           throw Error("worker.compare_output", "compare output.json has schema " +
                                                    output.value("schema", std::string("(none)")));
@@ -296,6 +302,11 @@ void Service::fidelity_compare(const std::string& id) {
                                                    std::to_string(ctx.size()) + " contexts, not " +
                                                    std::to_string(r.panel.size()));
         auto ref = capture_digests(f["capture-reference"]);
+        auto cand = r.candidate_model ? capture_digests(f["capture-candidate"])
+                                      : std::vector<std::string>{};
+        auto repro = f.contains("capture-reproduction")
+                         ? capture_digests(f["capture-reproduction"])
+                         : std::vector<std::string>{};
         for (std::size_t i = 0; i < r.panel.size(); ++i) {
           auto mismatch = [&](const std::string& what, const Json& got, const std::string& want) {
             if (got != Json(want))
@@ -305,15 +316,14 @@ void Service::fidelity_compare(const std::string& id) {
           };
           mismatch("reference logits", ctx[i].value("reference_sha256", Json()), ref[i]);
           if (r.candidate_model)
-            mismatch("candidate logits", ctx[i].value("candidate_sha256", Json()),
-                     capture_digests(f["capture-candidate"])[i]);
+            mismatch("candidate logits", ctx[i].value("candidate_sha256", Json()), cand[i]);
           else
             mismatch("candidate file", ctx[i].value("candidate_file_sha256", Json()),
                      r.candidate_logits[i].sha256);
-          if (f.contains("capture-reproduction"))
+          if (!repro.empty())
             mismatch("reproduction logits",
                      ctx[i].value("reproduction", Json::object()).value("sha256", Json()),
-                     capture_digests(f["capture-reproduction"])[i]);
+                     repro[i]);
         }
         scratch_[id]["fidelity"]["compare"] = std::move(output);
         fidelity_next(id);
@@ -325,7 +335,7 @@ void Service::fidelity_finish(const std::string& id) {
   Job* job = store_.find(id);
   set_phase(*job, "assembling", "assembling and signing the receipt");
   fs::path dir = store_.job_dir(id);
-  auto r = load_request(dir);
+  const common::FidelityRequest& r = fidelity_request(id);
   Json& s = scratch_[id];
   const Json& f = s["fidelity"];
   const Json& cmp = f["compare"];

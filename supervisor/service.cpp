@@ -599,6 +599,7 @@ void Service::release_slot(const std::string& id) {
   processes_.erase(id);
   cancel_requested_.erase(id);
   scratch_.erase(id);
+  fidelity_requests_.erase(id);
   boost::asio::post(io_, [this] { schedule(); });
 }
 
@@ -680,6 +681,7 @@ void Service::step_preflight(const std::string& id) {
     set_phase(*job, "queued", "waiting for memory: " + job->waiting_reason, true);
     running_slots_.erase(id);
     scratch_.erase(id);
+    fidelity_requests_.erase(id);
     queue_.insert(queue_.begin(), id);
     if (!retry_armed_) {
       retry_armed_ = true;

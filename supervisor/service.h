@@ -15,6 +15,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
 
+#include "common/fidelity.h"
 #include "common/json.h"
 #include "common/request.h"
 #include "common/sign.h"
@@ -86,6 +87,9 @@ class Service {
   // Fidelity jobs (supervisor/fidelity.cpp): reference and candidate fingerprints, captures in
   // contained oracle runs, the contained comparison, the signed receipt.
   Job accept_fidelity(const common::Json& document, const Peer& peer);
+  // The job's request, parsed from request.json once per run of the job (dropped by
+  // release_slot): a panel can hold millions of token ids.
+  const common::FidelityRequest& fidelity_request(const std::string& id);
   std::uint64_t fidelity_required_bytes(const Job& job);
   void fidelity_start(const std::string& id);
   void fidelity_next(const std::string& id);
@@ -132,6 +136,7 @@ class Service {
   std::map<std::string, std::shared_ptr<contain::Running>> processes_;
   std::map<std::string, bool> cancel_requested_;
   std::map<std::string, common::Json> scratch_;  // per running job: fingerprint/oracle outputs
+  std::map<std::string, common::FidelityRequest> fidelity_requests_;  // see fidelity_request()
   boost::asio::steady_timer retry_timer_;
   bool retry_armed_ = false;
   bool stopping_ = false;

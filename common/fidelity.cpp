@@ -5,51 +5,22 @@
 #include "common/error.h"
 #include "common/identity.h"
 #include "common/protocol.h"
+#include "common/request_fields.h"
 
 namespace assay::common {
 namespace {
 
-[[noreturn]] void invalid(const std::string& message) { throw Error("request.invalid", message); }
+using namespace request_fields;
 
-// Runs f, turning the generic json.* field errors into request.invalid.
-template <typename F>
-auto as_request_error(F&& f) -> decltype(f()) {
-  try {
-    return f();
-  } catch (const Error& e) {
-    if (e.code().rfind("json.", 0) == 0 && e.code() != "json.invalid")
-      throw Error("request.invalid", e.what());
-    throw;
-  }
-}
-
-void only_fields(const Json& obj, std::initializer_list<std::string_view> allowed,
-                 const std::string& where) {
+// only_fields for a value that must be an object first.
+void object_fields(const Json& obj, std::initializer_list<std::string_view> allowed,
+                   const std::string& where) {
   if (!obj.is_object()) invalid(where + " must be an object, got " + obj.dump().substr(0, 80));
-  as_request_error([&] {
-    reject_unknown_fields(obj, allowed, where);
-    return 0;
-  });
-}
-
-const Json& field(const Json& obj, std::string_view key, const std::string& where) {
-  return as_request_error([&]() -> const Json& { return require(obj, key, where); });
-}
-
-std::string text_field(const Json& obj, std::string_view key, const std::string& where,
-                       std::size_t max_len) {
-  const Json& v = field(obj, key, where);
-  std::string name = where + "." + std::string(key);
-  if (!v.is_string()) invalid(name + " must be a string, got " + v.dump().substr(0, 80));
-  auto s = v.get<std::string>();
-  if (s.empty() || s.size() > max_len)
-    invalid(name + " must have 1.." + std::to_string(max_len) + " bytes, got " +
-            std::to_string(s.size()));
-  return s;
+  only_fields(obj, allowed, where);
 }
 
 std::string absolute_path(const Json& obj, std::string_view key, const std::string& where) {
-  std::string p = text_field(obj, key, where, 4096);
+  std::string p = string_field(obj, key, where, 4096);
   std::string name = where + "." + std::string(key);
   if (p.front() != '/') invalid(name + " \"" + p + "\" is not an absolute path");
   if (p.find('\0') != std::string::npos) invalid(name + " contains a NUL byte");
@@ -58,9 +29,9 @@ std::string absolute_path(const Json& obj, std::string_view key, const std::stri
 
 ModelSide model_side(const Json& obj, const std::string& where, bool with_label) {
   if (with_label)
-    only_fields(obj, {"model_dir", "model_identity", "label"}, where);
+    object_fields(obj, {"model_dir", "model_identity", "label"}, where);
   else
-    only_fields(obj, {"model_dir", "model_identity"}, where);
+    object_fields(obj, {"model_dir", "model_identity"}, where);
   ModelSide side;
   side.model_dir = absolute_path(obj, "model_dir", where);
   while (side.model_dir.size() > 1 && side.model_dir.back() == '/') side.model_dir.pop_back();
@@ -72,7 +43,7 @@ ModelSide model_side(const Json& obj, const std::string& where, bool with_label)
 }
 
 std::vector<PanelContext> parse_panel(const Json& panel) {
-  only_fields(panel, {"contexts"}, "request.panel");
+  object_fields(panel, {"contexts"}, "request.panel");
   const Json& contexts = field(panel, "contexts", "request.panel");
   if (!contexts.is_array() || contexts.empty() || contexts.size() > kMaxPanelContexts)
     invalid("request.panel.contexts must be an array of 1.." + std::to_string(kMaxPanelContexts) +
@@ -82,9 +53,9 @@ std::vector<PanelContext> parse_panel(const Json& panel) {
   std::size_t total_tokens = 0;
   for (std::size_t i = 0; i < contexts.size(); ++i) {
     std::string where = "request.panel.contexts[" + std::to_string(i) + "]";
-    only_fields(contexts[i], {"id", "token_ids", "positions"}, where);
+    object_fields(contexts[i], {"id", "token_ids", "positions"}, where);
     PanelContext c;
-    c.id = contexts[i].contains("id") ? text_field(contexts[i], "id", where, 128)
+    c.id = contexts[i].contains("id") ? string_field(contexts[i], "id", where, 128)
                                       : "c" + std::to_string(i);
     if (!ids.insert(c.id).second) invalid(where + ".id \"" + c.id + "\" appears twice");
     c.token_ids = parse_token_id_array(contexts[i], "token_ids", where, /*allow_empty=*/false);
@@ -182,13 +153,13 @@ FidelityRequest validate_fidelity_request(const Json& doc) {
     throw Error("request.unknown_schema", "request.schema " + schema.dump().substr(0, 80) +
                                               " is not \"" +
                                               std::string(protocol::kFidelityRequest) + "\"");
-  only_fields(doc,
+  object_fields(doc,
               {"schema", "id", "reference", "candidate", "panel", "reproduction_confirmation",
                "block_positions", "limits"},
               "request");
   FidelityRequest r;
   r.schema = protocol::kFidelityRequest;
-  r.id = text_field(doc, "id", "request", 256);
+  r.id = string_field(doc, "id", "request", 256);
   r.reference = model_side(field(doc, "reference", "request"), "request.reference", false);
 
   const Json& cand = field(doc, "candidate", "request");
@@ -200,9 +171,9 @@ FidelityRequest validate_fidelity_request(const Json& doc) {
   if (has_dir) {
     r.candidate_model = model_side(cand, "request.candidate", true);
   } else {
-    only_fields(cand, {"logits", "label"}, "request.candidate");
+    object_fields(cand, {"logits", "label"}, "request.candidate");
   }
-  if (cand.contains("label")) r.candidate_label = text_field(cand, "label", "request.candidate", 128);
+  if (cand.contains("label")) r.candidate_label = string_field(cand, "label", "request.candidate", 128);
 
   r.panel = parse_panel(field(doc, "panel", "request"));
 
@@ -215,10 +186,10 @@ FidelityRequest validate_fidelity_request(const Json& doc) {
     std::set<std::string> paths;
     for (std::size_t i = 0; i < files.size(); ++i) {
       std::string where = "request.candidate.logits[" + std::to_string(i) + "]";
-      only_fields(files[i], {"path", "sha256"}, where);
+      object_fields(files[i], {"path", "sha256"}, where);
       CandidateLogitsFile f;
       f.path = absolute_path(files[i], "path", where);
-      f.sha256 = text_field(files[i], "sha256", where, 71);
+      f.sha256 = string_field(files[i], "sha256", where, 71);
       if (!is_identity(f.sha256))
         invalid(where + ".sha256 \"" + f.sha256 + "\" is not sha256:<64 lowercase hex>");
       if (!paths.insert(f.path).second)

@@ -192,21 +192,14 @@ std::uint64_t estimate_required_bytes(const fs::path& model_dir) {
   std::uint64_t shard_bytes = 0;
   for (const auto& e : fs::directory_iterator(model_dir))
     if (e.is_regular_file() && e.path().extension() == ".safetensors") shard_bytes += e.file_size();
-  // Weights are mapped in their stored dtype; a float32 checkpoint served as bf16 (or the other
-  // way round) is converted, which costs a second copy of the converted size.
+  // Weights are mapped in their stored dtype and, for bf16 and float32 checkpoints, executed in it
+  // (execution_dtype): no copy. Without a readable config.json the dtype is unknown: assume half
+  // the bytes get converted.
   double factor = 1.0;
   try {
-    Json cfg = common::parse_strict(common::read_file(model_dir / "config.json", 4 << 20));
-    const Json* c = &cfg;
-    if (cfg.contains("text_config") && cfg["text_config"].contains("torch_dtype"))
-      c = &cfg["text_config"];
-    std::string dtype = c->value("torch_dtype", std::string("bfloat16"));
-    if (dtype == "float32")
-      factor = 1.0;
-    else
-      factor = 1.0;  // bf16/f16 stored as such: mapped without a copy
+    common::parse_strict(common::read_file(model_dir / "config.json", 4 << 20));
   } catch (const Error&) {
-    factor = 1.5;  // unknown dtype: assume a conversion of half the bytes
+    factor = 1.5;
   }
   // Activations, the logits row and the runtime itself: a quarter of the weights + 256 MiB.
   return static_cast<std::uint64_t>(shard_bytes * factor) + shard_bytes / 4 + (256ull << 20);

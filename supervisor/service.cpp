@@ -279,12 +279,9 @@ ApiResponse Service::handle(const std::string& method, const std::string& target
     }
     if (s.size() >= 3 && s[1] == "jobs") {
       const std::string& id = s[2];
-      if (!valid_job_id(id))
-        return error_response(400, "api.bad_job_id",
-                              "job id \"" + id.substr(0, 64) + "\" is not j-<24 hex digits>");
-      Job* job = store_.find(id);
-      if (!job || (!peer.admin && job->submitter_uid != peer.uid))
-        return error_response(404, "api.no_such_job", "no job " + id);
+      std::optional<ApiResponse> refusal;
+      Job* job = visible_job(id, peer, refusal);
+      if (!job) return *refusal;
       fs::path dir = store_.job_dir(id);
       if (s.size() == 3 && method == "GET") {
         if (job->rendered.empty()) {
@@ -526,14 +523,26 @@ ApiResponse Service::cancel(Job& job) {
   return json_response(202, job.summary());
 }
 
+Job* Service::visible_job(const std::string& id, const Peer& peer,
+                          std::optional<ApiResponse>& refusal) {
+  if (!valid_job_id(id)) {
+    refusal = error_response(400, "api.bad_job_id",
+                             "job id \"" + id.substr(0, 64) + "\" is not j-<24 hex digits>");
+    return nullptr;
+  }
+  Job* job = store_.find(id);
+  if (!job || (!peer.admin && job->submitter_uid != peer.uid)) {
+    refusal = error_response(404, "api.no_such_job", "no job " + id);
+    return nullptr;
+  }
+  return job;
+}
+
 std::optional<ApiResponse> Service::watch(const std::string& id, const Peer& peer, EventSink sink,
                                           std::uint64_t& handle) {
-  if (!valid_job_id(id))
-    return error_response(400, "api.bad_job_id",
-                          "job id \"" + id.substr(0, 64) + "\" is not j-<24 hex digits>");
-  Job* job = store_.find(id);
-  if (!job || (!peer.admin && job->submitter_uid != peer.uid))
-    return error_response(404, "api.no_such_job", "no job " + id);
+  std::optional<ApiResponse> refusal;
+  Job* job = visible_job(id, peer, refusal);
+  if (!job) return refusal;
   bool terminal = is_terminal(job->state);
   for (std::size_t i = 0; i < job->events.size(); ++i)
     sink(job->events[i].dump() + "\n", terminal && i + 1 == job->events.size());

@@ -76,6 +76,9 @@ class Service {
   ApiResponse info() const;
   ApiResponse metrics() const;
   ApiResponse cancel(Job& job);
+  // The job `id` if it exists and the peer may see it (its submitter or an admin); else null,
+  // with `refusal` set to the 400 (malformed id) or 404 to answer.
+  Job* visible_job(const std::string& id, const Peer& peer, std::optional<ApiResponse>& refusal);
   std::string resolve_model_dir(const common::NextTokenRequest& request,
                                 const std::string& query_model) const;
   // Throws Error("request.bad_model") unless `dir` is an absolute path to a directory without

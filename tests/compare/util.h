@@ -1,9 +1,7 @@
 // Logits files, temp dirs and command runs for the compare tests.
 #pragma once
 
-#include <sys/wait.h>
 
-#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -19,30 +17,13 @@
 #include "common/fs.h"
 #include "common/json.h"
 #include "common/safetensors.h"
+#include "tests/support/process.h"
 
 namespace assay::compare::test {
 
 namespace fs = std::filesystem;
 
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "assay-cmp-XXXXXX").string();
-    if (!::mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const fs::path& path() const { return path_; }
-  fs::path operator/(const std::string& name) const { return path_ / name; }
-
- private:
-  fs::path path_;
-};
+using test_support::TempDir;
 
 // Round to nearest even, as torch and numpy-based writers store bf16.
 inline std::uint16_t to_bf16(float f) {
@@ -91,28 +72,9 @@ inline void write_logits(const fs::path& path, const std::vector<float>& values,
       {{name, dtype, {static_cast<std::int64_t>(rows), static_cast<std::int64_t>(vocab)}, bytes}});
 }
 
-struct CommandResult {
-  int status = -1;
-  std::string out;
-};
-
-inline CommandResult run_command(const std::string& cmd) {
-  CommandResult r;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (!p) throw std::runtime_error("popen failed: " + cmd);
-  std::array<char, 4096> buf{};
-  std::size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  int st = ::pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-  return r;
-}
-
-inline std::string quote(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) out += (c == '\'') ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
+using test_support::CommandResult;
+using test_support::quote;
+using test_support::run_command;
 
 inline bool contains(const std::string& haystack, const std::string& needle) {
   return haystack.find(needle) != std::string::npos;

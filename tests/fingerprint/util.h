@@ -1,10 +1,8 @@
 // Model directories on disk and command runs for the fingerprint tests.
 #pragma once
 
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -15,31 +13,13 @@
 #include <string>
 
 #include "fingerprint/fingerprint.h"
+#include "tests/support/process.h"
 
 namespace assay::fingerprint::test {
 
 namespace fs = std::filesystem;
 
-// A fresh directory under $TMPDIR, removed with everything in it.
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "assay-fp-XXXXXX").string();
-    if (!::mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const fs::path& path() const { return path_; }
-  fs::path operator/(const std::string& name) const { return path_ / name; }
-
- private:
-  fs::path path_;
-};
+using test_support::TempDir;
 
 inline void write_file(const fs::path& path, const std::string& content) {
   fs::create_directories(path.parent_path());
@@ -81,28 +61,8 @@ inline Options with_hook(std::function<void(const std::string&)> after_read, uns
   return o;
 }
 
-struct CommandResult {
-  int status = -1;
-  std::string out;
-};
-
-// Runs `cmd` with /bin/sh; stdout (and stderr if the command redirects it) is captured.
-inline CommandResult run_command(const std::string& cmd) {
-  CommandResult r;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (!p) throw std::runtime_error("popen failed: " + cmd);
-  std::array<char, 4096> buf{};
-  std::size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  int st = ::pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-  return r;
-}
-
-inline std::string quote(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) out += (c == '\'') ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
+using test_support::CommandResult;
+using test_support::quote;
+using test_support::run_command;
 
 }  // namespace assay::fingerprint::test

@@ -52,7 +52,7 @@ class Backend {
   virtual std::unique_ptr<Cgroup> create(const std::string& name) = 0;
   // Worker cgroups left behind by a supervisor that is gone.
   virtual std::vector<std::unique_ptr<Cgroup>> orphans() = 0;
-  // Removes this process's (empty) owner directory, if the backend made one.
+  // Removes this process's (empty) owner directory, if the backend made one (v2).
   virtual void release() = 0;
 };
 
@@ -89,10 +89,11 @@ common::Json read_flat_keyed(const std::filesystem::path& file,
                              const std::vector<std::string>& keys);
 common::Json u64_or_null(const std::optional<std::uint64_t>& value);
 
-// Owner directory name of this process: "assayd-<pid>-<start time in ticks>".
+// Owner name of this process, "assayd-<pid>-<start time in ticks>": the v2 owner directory,
+// the prefix of v1 leaf names.
 std::string owner_dir_name();
-// True when `dir_name` is an owner directory whose process is gone (or was replaced).
-bool owner_is_gone(const std::string& dir_name);
+// True when `owner` is an owner name whose process is gone (or was replaced).
+bool owner_is_gone(const std::string& owner);
 
 std::unique_ptr<Backend> make_v2_backend(const RuntimeOptions& options,
                                          const std::vector<CgroupMembership>& membership,

@@ -231,10 +231,13 @@ std::string owner_dir_name() {
   return "assayd-" + std::to_string(self) + "-" + *start;
 }
 
-bool owner_is_gone(const std::string& dir_name) {
-  if (!dir_name.starts_with("assayd-")) return false;
-  auto parts = split(dir_name.substr(7), '-');
-  if (parts.size() != 2) return false;
+bool owner_is_gone(const std::string& owner) {
+  if (!owner.starts_with("assayd-")) return false;
+  auto parts = split(owner.substr(7), '-');
+  auto digits = [](const std::string& t) {
+    return !t.empty() && t.find_first_not_of("0123456789") == std::string::npos;
+  };
+  if (parts.size() != 2 || !digits(parts[0]) || !digits(parts[1])) return false;
   pid_t pid = 0;
   auto [p, ec] = std::from_chars(parts[0].data(), parts[0].data() + parts[0].size(), pid);
   if (ec != std::errc() || pid <= 0) return false;

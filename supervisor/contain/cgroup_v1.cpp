@@ -1,6 +1,10 @@
 // cgroup v1 backend: a leaf per worker in the memory hierarchy, plus pids, freezer and cpuacct
 // where they are mounted and writable, all below the cgroup this process already belongs to
-// (or a configured base): <base>/assayd-<pid>-<start>/<name>.
+// (or a configured base): <base>/assayd-<pid>-<start>.<name>. The owner is in the leaf's name
+// rather than a directory above it (v1 has no subtree_control to set on one): a directory per
+// assayd process was a mkdir and an rmdir in every hierarchy, about a tenth of a one-shot
+// `assayd contain`. Leaves of the earlier layout, <base>/assayd-<pid>-<start>/<name>, are
+// still found as orphans.
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
@@ -140,7 +144,7 @@ class V1Cgroup : public Cgroup {
   void remove() override {
     for (const auto& h : dirs_) {
       rmdir_retrying(h.base);
-      if (remove_parent_) ::rmdir(h.base.parent_path().c_str());  // empty owner dir of an orphan
+      if (remove_parent_) ::rmdir(h.base.parent_path().c_str());  // earlier layout's owner dir
     }
   }
 
@@ -170,62 +174,69 @@ class V1Backend : public Backend {
   Json describe() const override {
     Json h = Json::object();
     for (const auto& b : bases_) h[b.controller] = b.base.string();
-    return Json{
-        {"backend", name()}, {"base_cgroup", memory_path_}, {"hierarchies", h}, {"owner", owner_}};
+    return Json{{"backend", name()},
+                {"base_cgroup", memory_path_},
+                {"hierarchies", h},
+                {"leaf_prefix", owner_ + "."}};
   }
 
   std::unique_ptr<Cgroup> create(const std::string& name) override {
+    const std::string leaf_name = owner_ + "." + name;
     std::vector<Hierarchy> dirs;
     for (const auto& b : bases_) {
-      fs::path owner = b.base / owner_;
-      if (::mkdir(owner.c_str(), 0755) != 0 && errno != EEXIST) {
-        if (b.controller == "memory") {
-          common::throw_errno("contain.cgroup_io", "mkdir " + owner.string(), errno);
-        }
-        continue;  // an optional hierarchy this process may not write to
-      }
-      fs::path leaf = owner / name;
+      fs::path leaf = b.base / leaf_name;
       if (::mkdir(leaf.c_str(), 0755) != 0) {
         int err = errno;
+        bool optional_refused =
+            b.controller != "memory" && (err == EACCES || err == EPERM || err == EROFS);
+        if (optional_refused) continue;  // an optional hierarchy this process may not write to
         for (const auto& made : dirs) ::rmdir(made.base.c_str());
         common::throw_errno("contain.cgroup_io", "mkdir " + leaf.string(), err);
       }
       dirs.push_back({b.controller, leaf});
     }
-    return std::make_unique<V1Cgroup>(name, memory_path_ + "/" + owner_ + "/" + name,
-                                      std::move(dirs), false);
+    return std::make_unique<V1Cgroup>(name, memory_path_ + "/" + leaf_name, std::move(dirs),
+                                      false);
   }
 
   std::vector<std::unique_ptr<Cgroup>> orphans() override {
     std::vector<std::unique_ptr<Cgroup>> out;
     std::error_code ec;
     const fs::path& mem_base = bases_.front().base;
-    for (const auto& owner : fs::directory_iterator(mem_base, ec)) {
-      std::string owner_name = owner.path().filename();
-      if (!owner.is_directory() || !owner_is_gone(owner_name)) continue;
-      std::vector<std::string> leaves;
-      for (const auto& leaf : fs::directory_iterator(owner.path(), ec)) {
+    std::vector<std::string> entries;
+    for (const auto& e : fs::directory_iterator(mem_base, ec)) {
+      if (e.is_directory()) entries.push_back(e.path().filename());
+    }
+    // One leaf, by its name relative to each hierarchy's base.
+    auto orphan = [&](const std::string& worker, const std::string& relative, bool in_owner_dir) {
+      std::vector<Hierarchy> dirs;
+      for (const auto& b : bases_) {
+        fs::path d = b.base / relative;
+        if (fs::is_directory(d)) dirs.push_back({b.controller, d});
+      }
+      out.push_back(std::make_unique<V1Cgroup>(worker, memory_path_ + "/" + relative,
+                                               std::move(dirs), in_owner_dir));
+    };
+    for (const auto& entry : entries) {
+      auto dot = entry.find('.');
+      if (dot != std::string::npos) {  // <owner>.<worker>
+        if (owner_is_gone(entry.substr(0, dot))) orphan(entry.substr(dot + 1), entry, false);
+        continue;
+      }
+      if (!owner_is_gone(entry)) continue;  // not an owner directory, or its assayd still runs
+      std::vector<std::string> leaves;      // the earlier layout: <owner>/<worker>
+      for (const auto& leaf : fs::directory_iterator(mem_base / entry, ec)) {
         if (leaf.is_directory()) leaves.push_back(leaf.path().filename());
       }
-      for (const auto& leaf : leaves) {
-        std::vector<Hierarchy> dirs;
-        for (const auto& b : bases_) {
-          fs::path d = b.base / owner_name / leaf;
-          if (fs::is_directory(d)) dirs.push_back({b.controller, d});
-        }
-        out.push_back(std::make_unique<V1Cgroup>(leaf, memory_path_ + "/" + owner_name + "/" + leaf,
-                                                 std::move(dirs), true));
-      }
+      for (const auto& leaf : leaves) orphan(leaf, entry + "/" + leaf, true);
       if (leaves.empty()) {
-        for (const auto& b : bases_) ::rmdir((b.base / owner_name).c_str());
+        for (const auto& b : bases_) ::rmdir((b.base / entry).c_str());
       }
     }
     return out;
   }
 
-  void release() override {
-    for (const auto& b : bases_) ::rmdir((b.base / owner_).c_str());
-  }
+  void release() override {}  // no directory of its own: the leaves carry the owner's name
 
  private:
   std::vector<Hierarchy> bases_;  // memory first

@@ -193,21 +193,20 @@ class Job : public std::enable_shared_from_this<Job> {
 
   void start() {
     check_name(spec_.name);
-    if (backend_) {
+    detail::CgroupMaker cgroups;
+    cgroups.before_clone = backend_ && backend_->supports_clone_into_cgroup();
+    cgroups.make = [this]() -> Cgroup* {
+      if (!backend_) return nullptr;
       cgroup_ = backend_->create(spec_.name);
-      try {
-        cgroup_->set_limits(spec_.limits);
-      } catch (...) {
-        cgroup_->remove();
-        throw;
-      }
-    }
+      cgroup_->set_limits(spec_.limits);
+      return cgroup_.get();
+    };
     try {
       open_output(out_, spec_.stdout_path);
       open_output(err_, spec_.stderr_path);
       started_at_ = utc_now();
       start_time_ = Clock::now();
-      spawned_ = detail::spawn_contained(spec_, cgroup_.get());
+      spawned_ = detail::spawn_contained(spec_, cgroups);
     } catch (...) {
       if (cgroup_) cgroup_->remove();
       throw;

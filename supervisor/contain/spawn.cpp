@@ -13,6 +13,7 @@
 #include <fcntl.h>
 #include <linux/sched.h>
 #include <net/if.h>
+#include <sched.h>
 #include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
@@ -38,7 +39,9 @@ using common::Json;
 using common::UniqueFd;
 
 enum Stage : int {
-  kStageSetsid = 1,
+  kStageReady = 0,  // not a failure: the namespaces exist, the child waits at the gate
+  kStageUnshare,
+  kStageSetsid,
   kStageMountPrivate,
   kStageMount,
   kStageMkdir,
@@ -58,6 +61,10 @@ enum Stage : int {
 
 const char* stage_name(int stage) {
   switch (stage) {
+    case kStageReady:
+      return "ready";
+    case kStageUnshare:
+      return "unshare the network and mount namespaces";
     case kStageSetsid:
       return "setsid";
     case kStageMountPrivate:
@@ -100,6 +107,14 @@ struct ChildReport {
   int op;  // index of the failed mount op or attach file, or -1
 };
 
+// What the parent sends through the gate: the control files the child writes "0" to, to move
+// itself into its cgroups (v1 `tasks`), as `count` NUL-terminated paths in `bytes` bytes.
+struct GateHeader {
+  std::uint32_t count;
+  std::uint32_t bytes;
+};
+constexpr std::size_t kGateMaxBytes = 4 * 4096;  // read onto the child's stack
+
 struct MountOp {
   enum Kind { kMount, kMkdir } kind;
   const char* source;
@@ -124,8 +139,6 @@ struct ChildPlan {
   char* const* envp;
   const MountOp* ops;
   std::size_t op_count;
-  const char* const* attach_files;  // the child writes "0" to each (Cgroup::self_attach_files)
-  std::size_t attach_count;
   rlim_t nofile;
   bool set_ids;
   uid_t uid;
@@ -153,26 +166,37 @@ bool write_zero(const char* file) {
   return n == 1;
 }
 
-[[noreturn]] void child_main(const ChildPlan& p) {
-  // Into the worker's cgroups before anything else, while the parent reads our namespaces.
-  int attach_failed = -1, attach_errno = 0;
-  for (std::size_t i = 0; i < p.attach_count; ++i) {
-    if (!write_zero(p.attach_files[i])) {
-      attach_failed = static_cast<int>(i);
-      attach_errno = errno;
-      break;
-    }
+// Reads exactly `size` bytes; false on EOF or error (the parent gave up on this child).
+bool read_full(int fd, void* buf, std::size_t size) {
+  auto* at = static_cast<char*>(buf);
+  while (size > 0) {
+    ssize_t n = ::read(fd, at, size);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    at += n;
+    size -= static_cast<std::size_t>(n);
   }
-  char go = 0;
-  ssize_t n;
-  do {
-    n = ::read(p.gate_read, &go, 1);
-  } while (n < 0 && errno == EINTR);
-  if (n != 1) ::_exit(127);  // the parent gave up (could not attach us to the cgroup)
-  // Reported only now: the parent writes the gate whatever happened, and must not get EPIPE.
-  if (attach_failed >= 0) {
-    errno = attach_errno;
-    child_fail(p, kStageAttach, attach_failed);
+  return true;
+}
+
+[[noreturn]] void child_main(const ChildPlan& p) {
+  // The namespaces first: making a network namespace is most of a spawn's time, and the parent
+  // makes the cgroup meanwhile (or has made it and cloned us into it).
+  if (::unshare(CLONE_NEWNET | CLONE_NEWNS) != 0) child_fail(p, kStageUnshare);
+  ChildReport ready{kStageReady, 0, -1};
+  if (::write(p.report_write, &ready, sizeof ready) != sizeof ready) ::_exit(127);
+  // Held here until the parent has read our namespaces and made the cgroup.
+  GateHeader gate{};
+  char files[kGateMaxBytes];
+  if (!read_full(p.gate_read, &gate, sizeof gate) || gate.bytes > sizeof files ||
+      !read_full(p.gate_read, files, gate.bytes)) {
+    ::_exit(127);
+  }
+  // Into the worker's cgroups before anything of the command runs.
+  const char* file = files;
+  for (std::uint32_t i = 0; i < gate.count; ++i) {
+    if (!write_zero(file)) child_fail(p, kStageAttach, static_cast<int>(i));
+    file += std::strlen(file) + 1;
   }
 
   // Own session and process group: the timeout's SIGTERM goes to the group.
@@ -291,6 +315,17 @@ std::vector<std::string> netns_interfaces(pid_t pid) {
   return out;
 }
 
+bool write_all(int fd, const char* data, std::size_t size) {
+  while (size > 0) {
+    ssize_t n = ::write(fd, data, size);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return false;
+    data += n;
+    size -= static_cast<std::size_t>(n);
+  }
+  return true;
+}
+
 std::string ns_link(const std::string& path) {
   char buf[128];
   ssize_t n = ::readlink(path.c_str(), buf, sizeof buf - 1);
@@ -300,7 +335,7 @@ std::string ns_link(const std::string& path) {
 
 }  // namespace
 
-Spawned spawn_contained(const SpawnSpec& spec, Cgroup* cgroup) {
+Spawned spawn_contained(const SpawnSpec& spec, const CgroupMaker& cgroups) {
   if (spec.argv.empty()) throw common::Error("contain.spawn_failed", "empty argv");
   const std::string& exe = spec.argv.front();
   if (exe.empty() || exe.front() != '/') {
@@ -404,21 +439,15 @@ Spawned spawn_contained(const SpawnSpec& spec, Cgroup* cgroup) {
   plan.envp = env_ptrs.data();
   plan.ops = ops.data();
   plan.op_count = ops.size();
-  std::vector<std::string> attach_store;
-  if (cgroup && cgroup->clone_into_fd() < 0) attach_store = cgroup->self_attach_files();
-  std::vector<const char*> attach_ptrs;
-  for (const auto& f : attach_store) attach_ptrs.push_back(f.c_str());
-  plan.attach_files = attach_ptrs.data();
-  plan.attach_count = attach_ptrs.size();
   plan.nofile = spec.nofile;
   plan.set_ids = spec.uid.has_value() || spec.gid.has_value();
   plan.uid = spec.uid.value_or(::getuid());
   plan.gid = spec.gid.value_or(::getgid());
 
-  const std::uint64_t ns_flags = CLONE_NEWNET | CLONE_NEWNS;
+  Cgroup* cgroup = cgroups.before_clone ? cgroups.make() : nullptr;
   int pidfd = -1;
   CloneArgs args;
-  args.flags = ns_flags | CLONE_PIDFD;
+  args.flags = CLONE_PIDFD;
   args.pidfd = reinterpret_cast<std::uint64_t>(&pidfd);
   args.exit_signal = SIGCHLD;
   bool into_cgroup = cgroup && cgroup->clone_into_fd() >= 0;
@@ -426,7 +455,6 @@ Spawned spawn_contained(const SpawnSpec& spec, Cgroup* cgroup) {
     args.flags |= CLONE_INTO_CGROUP;
     args.cgroup = static_cast<std::uint64_t>(cgroup->clone_into_fd());
   }
-  std::string method;
   long pid = ::syscall(SYS_clone3, &args, sizeof args);
   if (pid < 0 && into_cgroup &&
       (errno == EPERM || errno == EBUSY || errno == EINVAL || errno == EACCES ||
@@ -437,42 +465,88 @@ Spawned spawn_contained(const SpawnSpec& spec, Cgroup* cgroup) {
     pid = ::syscall(SYS_clone3, &args, sizeof args);
   }
   if (pid == 0) child_main(plan);
-  const bool self_attach = plan.attach_count > 0;
-  if (pid > 0) {
-    method = into_cgroup   ? "clone3-into-cgroup"
-             : self_attach ? "clone3-self-attach"
-                           : "clone3-pipe-gate";
-  } else if (errno == ENOSYS) {
+  std::string method = "clone3";
+  if (pid < 0 && errno == ENOSYS) {
     // clone3 filtered (older seccomp profiles): clone with CLONE_PIDFD via parent_tid.
     into_cgroup = false;
-    pid = ::syscall(SYS_clone, ns_flags | CLONE_PIDFD | SIGCHLD, nullptr, &pidfd, nullptr, nullptr);
+    pid = ::syscall(SYS_clone, CLONE_PIDFD | SIGCHLD, nullptr, &pidfd, nullptr, nullptr);
     if (pid == 0) child_main(plan);
-    method = self_attach ? "clone-self-attach" : "clone-pipe-gate";
+    method = "clone";
   }
   if (pid < 0) common::throw_errno("contain.spawn_failed", "clone3 " + exe, errno);
 
   Spawned s;
   s.pid = static_cast<pid_t>(pid);
   s.pidfd = UniqueFd(pidfd);
-  s.method = method;
   gate_r = UniqueFd();
   report_w = UniqueFd();
   out_w = UniqueFd();
   err_w = UniqueFd();
 
-  auto abandon = [&](const std::string& why, int err) {
-    gate_w = UniqueFd();  // the child reads EOF and exits
-    ::kill(s.pid, SIGKILL);
+  // The child, gone: one that failed reports the step and errno; one we give up on reads EOF
+  // at the gate and exits.
+  auto reap = [&] {
     siginfo_t info;
-    ::waitid(P_PID, static_cast<id_t>(s.pid), &info, WEXITED);
-    if (err == 0) throw common::Error("contain.spawn_failed", why);
-    common::throw_errno("contain.spawn_failed", why, err);
+    while (::waitid(P_PID, static_cast<id_t>(s.pid), &info, WEXITED) < 0 && errno == EINTR) {
+    }
   };
-  if (cgroup && !into_cgroup && !self_attach) {
+  auto abandon = [&] {
+    gate_w = UniqueFd();
+    ::kill(s.pid, SIGKILL);
+    reap();
+  };
+  std::vector<std::string> attach_files;
+  auto failed = [&](const ChildReport& report) {
+    reap();
+    std::string what = stage_name(report.stage);
+    if (report.stage == kStageExec) what += " " + exe;
+    if (report.stage == kStageAttach) {
+      if (report.op >= 0 && static_cast<std::size_t>(report.op) < attach_files.size()) {
+        what += " " + attach_files[static_cast<std::size_t>(report.op)];
+      }
+    } else if (report.op >= 0 && static_cast<std::size_t>(report.op) < ops.size()) {
+      what += std::string(" ") + ops[static_cast<std::size_t>(report.op)].target;
+    }
+    common::throw_errno("contain.spawn_failed", what, report.err);
+  };
+  auto read_report = [&](ChildReport& report) {
+    ssize_t n;
+    do {
+      n = ::read(report_r.get(), &report, sizeof report);
+    } while (n < 0 && errno == EINTR);
+    return n;
+  };
+
+  // While the child makes its namespaces: the cgroup, unless the child was cloned into it.
+  if (!cgroups.before_clone) {
     try {
-      cgroup->attach(s.pid);
-    } catch (const common::Error& e) {
-      abandon(std::string("attach to cgroup: ") + e.what(), 0);
+      cgroup = cgroups.make();
+    } catch (...) {
+      abandon();
+      throw;
+    }
+  }
+  ChildReport report{};
+  ssize_t n = read_report(report);
+  if (n != static_cast<ssize_t>(sizeof report) || report.stage != kStageReady) {
+    if (n == static_cast<ssize_t>(sizeof report)) failed(report);
+    abandon();
+    throw common::Error("contain.spawn_failed", "the child exited before making its namespaces");
+  }
+  if (cgroup && !into_cgroup) attach_files = cgroup->self_attach_files();
+  if (into_cgroup) {
+    s.method = method + "-into-cgroup";
+  } else if (!attach_files.empty()) {
+    s.method = method + "-self-attach";
+  } else {
+    s.method = method + "-pipe-gate";
+    if (cgroup) {
+      try {
+        cgroup->attach(s.pid);
+      } catch (const common::Error& e) {
+        abandon();
+        throw common::Error("contain.spawn_failed", std::string("attach to cgroup: ") + e.what());
+      }
     }
   }
   // Evidence of the network namespace, read from the kernel while the child is still held.
@@ -484,28 +558,25 @@ Spawned spawn_contained(const SpawnSpec& spec, Cgroup* cgroup) {
                    {"interfaces", ifaces}};
   s.mounts = Json{{"namespace", "private"}, {"hidden", hidden_json}, {"absent", absent_json}};
 
-  char go = 1;
-  if (::write(gate_w.get(), &go, 1) != 1) abandon("write to the gate pipe", errno);
-  gate_w = UniqueFd();
-  ChildReport report{};
-  ssize_t n;
-  do {
-    n = ::read(report_r.get(), &report, sizeof report);
-  } while (n < 0 && errno == EINTR);
-  if (n > 0) {
-    siginfo_t info;
-    ::waitid(P_PID, static_cast<id_t>(s.pid), &info, WEXITED);
-    std::string what = stage_name(report.stage);
-    if (report.stage == kStageExec) what += " " + exe;
-    if (report.stage == kStageAttach) {
-      if (report.op >= 0 && static_cast<std::size_t>(report.op) < attach_store.size()) {
-        what += " " + attach_store[static_cast<std::size_t>(report.op)];
-      }
-    } else if (report.op >= 0 && static_cast<std::size_t>(report.op) < ops.size()) {
-      what += std::string(" ") + ops[static_cast<std::size_t>(report.op)].target;
-    }
-    common::throw_errno("contain.spawn_failed", what, report.err);
+  std::string gate;
+  for (const auto& f : attach_files) gate.append(f).push_back('\0');
+  if (gate.size() > kGateMaxBytes) {
+    abandon();
+    throw common::Error("contain.spawn_failed",
+                        "cgroup paths too long for the gate (" + std::to_string(gate.size()) +
+                            " bytes, at most " + std::to_string(kGateMaxBytes) + ")");
   }
+  GateHeader header{static_cast<std::uint32_t>(attach_files.size()),
+                    static_cast<std::uint32_t>(gate.size())};
+  gate.insert(0, reinterpret_cast<const char*>(&header), sizeof header);
+  if (!write_all(gate_w.get(), gate.data(), gate.size())) {
+    int err = errno;
+    abandon();
+    common::throw_errno("contain.spawn_failed", "write to the gate pipe", err);
+  }
+  gate_w = UniqueFd();
+  n = read_report(report);
+  if (n > 0) failed(report);  // else EOF: the exec closed the report pipe
   s.stdout_read = std::move(out_r);
   s.stderr_read = std::move(err_r);
   return s;

@@ -1,9 +1,11 @@
-// Starting one contained process: clone3 (into the cgroup where the kernel allows it, else a
-// pipe gate that holds the child until it was attached: by itself on v1, where it moves into
-// its cgroups as its first act, by the parent otherwise), private network and mount
-// namespaces, cleared environment, rlimits, optional privilege drop, pidfd.
+// Starting one contained process: clone3 (into the cgroup where the kernel allows it), the
+// child makes its own network and mount namespaces and then waits at a pipe gate until its
+// cgroup exists and the parent has read its namespaces; on v1 it then moves itself into its
+// cgroups (else the parent attached it) before anything else runs. Cleared environment,
+// rlimits, optional privilege drop, pidfd.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -28,9 +30,18 @@ struct Spawned {
   common::Json mounts;   // {"namespace": "private", "hidden": [...], "absent": [...]}
 };
 
-// Starts spec.argv in `cgroup` (null: no cgroup, mode "none"). Throws
-// common::Error("contain.spawn_failed") naming the step and errno when the child could not be
-// started or could not exec; nothing is left running then.
-Spawned spawn_contained(const SpawnSpec& spec, Cgroup* cgroup);
+// Makes the worker's cgroup and sets its limits; returns null for no cgroup (mode "none").
+// Called before the clone when the child is to be cloned into the cgroup (v2), else while the
+// child makes its namespaces (v1), so that the two overlap.
+struct CgroupMaker {
+  bool before_clone = false;
+  std::function<Cgroup*()> make;
+};
+
+// Starts spec.argv in the cgroup `cgroups` makes. Throws common::Error("contain.spawn_failed")
+// naming the step and errno when the child could not be started or could not exec, and
+// whatever `cgroups.make` throws; nothing is left running then (the caller removes a cgroup
+// that was made).
+Spawned spawn_contained(const SpawnSpec& spec, const CgroupMaker& cgroups);
 
 }  // namespace assay::contain::detail

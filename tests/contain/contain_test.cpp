@@ -55,21 +55,23 @@ struct TempDir {
   }
 };
 
-// Worker cgroups this process owns right now, in every hierarchy the runtime uses.
+// Worker cgroups this process owns right now, in every hierarchy the runtime uses: v1 leaves
+// named <leaf_prefix><worker> in each hierarchy's base, v2 leaves in the workers directory.
 std::vector<fs::path> my_cgroups(const Runtime& rt) {
   std::vector<fs::path> out;
   Json d = rt.describe();
-  std::string owner = d.value("owner", "");
+  std::string prefix = d.value("leaf_prefix", "");
   std::vector<fs::path> roots;
   if (d.contains("hierarchies")) {
-    for (auto& [k, v] : d["hierarchies"].items())
-      roots.push_back(fs::path(v.get<std::string>()) / owner);
+    for (auto& [k, v] : d["hierarchies"].items()) roots.push_back(v.get<std::string>());
   }
   if (d.contains("workers_dir")) roots.push_back(d["workers_dir"].get<std::string>());
   for (const auto& r : roots) {
     std::error_code ec;
     for (const auto& e : fs::directory_iterator(r, ec)) {
-      if (e.is_directory()) out.push_back(e.path());
+      if (e.is_directory() && e.path().filename().string().starts_with(prefix)) {
+        out.push_back(e.path());
+      }
     }
   }
   return out;
@@ -375,23 +377,40 @@ TEST_CASE("hidden paths are unreachable inside, the workdir below them stays usa
   CHECK(slurp(state / "secret.key") == "private");  // the host's view is untouched
 }
 
-TEST_CASE("destroying the runtime removes its owner cgroup from every hierarchy") {
+TEST_CASE("a runtime leaves no directory of its own behind: no owner cgroup on v2, no leaf on v1") {
   TempDir dir;
-  std::vector<fs::path> owners;
+  std::vector<fs::path> bases;
+  std::string prefix;
   {
     auto rt = runtime();
-    rt->run(make_spec("owner", {"/bin/true"}, dir.path));
+    boost::asio::io_context io;
+    auto running = rt->start(io, make_spec("owner", {"/bin/sleep", "60"}, dir.path), [](Json) {});
     Json d = rt->describe();
-    if (d.contains("hierarchies")) {
+    if (d.contains("hierarchies")) {  // v1: the worker's leaves carry the owner's name
+      prefix = d["leaf_prefix"].get<std::string>();
+      CHECK(prefix.starts_with("assayd-" + std::to_string(::getpid()) + "-"));
       for (auto& [k, v] : d["hierarchies"].items()) {
-        owners.push_back(fs::path(v.get<std::string>()) / d["owner"].get<std::string>());
+        fs::path base = v.get<std::string>();
+        bases.push_back(base);
+        CHECK(fs::is_directory(base / (prefix + "owner-" + std::to_string(::getpid()))));
       }
     } else {
-      owners.push_back(d["workers_dir"].get<std::string>());
+      bases.push_back(d["workers_dir"].get<std::string>());
+      CHECK(fs::exists(bases.back()));
     }
-    for (const auto& o : owners) CHECK(fs::exists(o));
+    running->kill();
+    io.run();
   }
-  for (const auto& o : owners) CHECK_FALSE(fs::exists(o));
+  for (const auto& b : bases) {
+    if (prefix.empty()) {
+      CHECK_FALSE(fs::exists(b));  // v2: the owner (or workers) directory went with the runtime
+      continue;
+    }
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(b, ec)) {
+      CHECK_FALSE(e.path().filename().string().starts_with(prefix));
+    }
+  }
 }
 
 TEST_CASE("a command that cannot be executed is an error naming it, and leaves no cgroup") {
@@ -419,6 +438,8 @@ TEST_CASE("the worker runs in its leaf cgroup of every hierarchy before it execu
   if (rt->backend() == "cgroup-v1") {
     CHECK((method == "clone3-self-attach" || method == "clone-self-attach"));
     for (auto& [controller, dir_path] : e["cgroup"]["hierarchies"].items()) {
+      std::string leaf_v1 = "/" + fs::path(dir_path.get<std::string>()).filename().string();
+      CHECK(leaf_v1.ends_with("." + spec.name));  // <owner>.<worker>
       bool found = false;
       std::istringstream lines(seen);
       for (std::string line; std::getline(lines, line);) {
@@ -426,7 +447,7 @@ TEST_CASE("the worker runs in its leaf cgroup of every hierarchy before it execu
         std::string ctrls =
             "," + line.substr(line.find(':') + 1, second - line.find(':') - 1) + ",";
         if (ctrls.find("," + controller + ",") == std::string::npos) continue;
-        found = line.size() > leaf.size() && line.ends_with(leaf);
+        found = line.ends_with(leaf_v1);
       }
       CHECK_MESSAGE(found, controller << " not in the leaf: " << seen);
     }
@@ -464,7 +485,7 @@ TEST_CASE("a child that cannot move itself into its cgroup never executes, and s
   auto spec = make_spec("noattach", {"/bin/touch", marker.string()}, dir.path);
   UnwritableCgroup cg;
   try {
-    assay::contain::detail::spawn_contained(spec, &cg);
+    assay::contain::detail::spawn_contained(spec, {false, [&] { return &cg; }});
     FAIL("expected contain.spawn_failed");
   } catch (const assay::common::Error& e) {
     CHECK(e.code() == "contain.spawn_failed");
@@ -564,6 +585,32 @@ TEST_CASE("worker cgroups left by a crashed supervisor are found, killed, read a
   check_schema(*mine, dir.path);
   for (const auto& [k, v] : (*mine)["cgroup"]["hierarchies"].items()) {
     CHECK_FALSE(fs::exists(v.get<std::string>()));
+  }
+}
+
+TEST_CASE("v1 worker cgroups of the earlier layout (<owner>/<worker>) are still cleaned up") {
+  auto rt = runtime();
+  Json d = rt->describe();
+  if (!d.contains("hierarchies")) return;  // cgroup v1 only
+  pid_t gone = ::fork();
+  REQUIRE(gone >= 0);
+  if (gone == 0) ::_exit(0);
+  ::waitpid(gone, nullptr, 0);
+  std::string owner = "assayd-" + std::to_string(gone) + "-1";
+  std::string worker = "legacy-" + std::to_string(::getpid());
+  std::vector<fs::path> made;
+  for (auto& [k, v] : d["hierarchies"].items()) {
+    fs::path leaf = fs::path(v.get<std::string>()) / owner / worker;
+    REQUIRE(fs::create_directories(leaf));
+    made.push_back(leaf);
+  }
+  auto orphans = rt->cleanup_orphans();
+  bool found = false;
+  for (const auto& o : orphans) found = found || o["name"] == worker;
+  CHECK(found);
+  for (const auto& leaf : made) {
+    CHECK_FALSE(fs::exists(leaf));
+    CHECK_FALSE(fs::exists(leaf.parent_path()));
   }
 }
 

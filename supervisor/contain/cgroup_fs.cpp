@@ -2,7 +2,6 @@
 #include <cerrno>
 #include <charconv>
 #include <cstring>
-#include <fstream>
 #include <sstream>
 #include <thread>
 
@@ -25,6 +24,33 @@ std::vector<std::string> split(const std::string& text, char sep) {
     out.push_back(text.substr(start, pos - start));
     if (pos == std::string::npos) break;
     start = pos + 1;
+  }
+  return out;
+}
+
+// The lines of `text`, without their newlines.
+std::vector<std::string_view> lines_of(std::string_view text) {
+  std::vector<std::string_view> out;
+  while (!text.empty()) {
+    auto nl = text.find('\n');
+    out.push_back(text.substr(0, nl));
+    if (nl == std::string_view::npos) break;
+    text.remove_prefix(nl + 1);
+  }
+  return out;
+}
+
+// Space-separated fields of one line.
+std::vector<std::string_view> fields_of(std::string_view line) {
+  std::vector<std::string_view> out;
+  while (true) {
+    auto start = line.find_first_not_of(' ');
+    if (start == std::string_view::npos) break;
+    line.remove_prefix(start);
+    auto end = line.find(' ');
+    out.push_back(line.substr(0, end));
+    if (end == std::string_view::npos) break;
+    line.remove_prefix(end);
   }
   return out;
 }
@@ -62,36 +88,39 @@ std::string unescape_mountinfo(const std::string& s) {
 
 // Field 22 of /proc/<pid>/stat: start time in clock ticks since boot.
 std::optional<std::string> process_start_time(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  if (!in || !std::getline(in, line)) return std::nullopt;
-  auto close = line.rfind(')');  // comm may contain spaces and parentheses
-  if (close == std::string::npos) return std::nullopt;
-  std::istringstream rest(line.substr(close + 2));
-  std::string field;
-  for (int i = 3; i <= 22; ++i) {
-    if (!(rest >> field)) return std::nullopt;
+  std::optional<std::string> line;
+  try {
+    line = read_cgroup_file("/proc/" + std::to_string(pid) + "/stat");
+  } catch (const common::Error&) {
+    return std::nullopt;  // e.g. ESRCH: the process is exiting
   }
-  return field;
+  if (!line) return std::nullopt;
+  auto close = line->rfind(')');  // comm may contain spaces and parentheses
+  if (close == std::string::npos) return std::nullopt;
+  auto fields = fields_of(std::string_view(*line).substr(close + 1));  // from field 3, state
+  if (fields.size() < 20) return std::nullopt;
+  std::string start(fields[19]);  // field 22
+  while (!start.empty() && start.back() == '\n') start.pop_back();
+  return start;
 }
 
 }  // namespace
 
 std::vector<CgroupMembership> parse_proc_cgroup(const std::string& text) {
   std::vector<CgroupMembership> out;
-  std::istringstream in(text);
-  std::string line;
-  while (std::getline(in, line)) {
+  for (std::string_view line : lines_of(text)) {
     if (line.empty()) continue;
     auto first = line.find(':');
-    auto second = line.find(':', first + 1);
-    if (first == std::string::npos || second == std::string::npos) {
+    auto second = first == std::string_view::npos ? first : line.find(':', first + 1);
+    int id = 0;
+    auto [end, ec] = std::from_chars(line.data(), line.data() + first, id);
+    if (second == std::string_view::npos || ec != std::errc() || end != line.data() + first) {
       throw common::Error("contain.unavailable",
-                          "malformed /proc/self/cgroup line \"" + line + "\"");
+                          "malformed /proc/self/cgroup line \"" + std::string(line) + "\"");
     }
     CgroupMembership m;
-    m.id = std::stoi(line.substr(0, first));
-    auto ctrls = line.substr(first + 1, second - first - 1);
+    m.id = id;
+    std::string ctrls(line.substr(first + 1, second - first - 1));
     if (!ctrls.empty()) m.controllers = split(ctrls, ',');
     m.path = line.substr(second + 1);
     out.push_back(std::move(m));
@@ -101,23 +130,19 @@ std::vector<CgroupMembership> parse_proc_cgroup(const std::string& text) {
 
 std::vector<CgroupMount> parse_mountinfo_cgroups(const std::string& text) {
   std::vector<CgroupMount> out;
-  std::istringstream in(text);
-  std::string line;
-  while (std::getline(in, line)) {
+  for (std::string_view line : lines_of(text)) {
     auto dash = line.find(" - ");
-    if (dash == std::string::npos) continue;
-    std::istringstream pre(line.substr(0, dash));
-    std::istringstream post(line.substr(dash + 3));
-    std::string id, parent, devno, root, mountpoint, fstype, source, superopts;
-    if (!(pre >> id >> parent >> devno >> root >> mountpoint)) continue;
-    if (!(post >> fstype >> source >> superopts)) continue;
-    if (fstype != "cgroup" && fstype != "cgroup2") continue;
+    if (dash == std::string_view::npos) continue;
+    auto pre = fields_of(line.substr(0, dash));    // id parent major:minor root mountpoint ...
+    auto post = fields_of(line.substr(dash + 3));  // fstype source superoptions
+    if (pre.size() < 5 || post.size() < 3) continue;
+    if (post[0] != "cgroup" && post[0] != "cgroup2") continue;
     CgroupMount m;
-    m.root = unescape_mountinfo(root);
-    m.mountpoint = unescape_mountinfo(mountpoint);
-    m.v2 = fstype == "cgroup2";
+    m.root = unescape_mountinfo(std::string(pre[3]));
+    m.mountpoint = unescape_mountinfo(std::string(pre[4]));
+    m.v2 = post[0] == "cgroup2";
     if (!m.v2) {
-      for (const auto& opt : split(superopts, ',')) {
+      for (const auto& opt : split(std::string(post[2]), ',')) {
         if (opt == "rw" || opt == "ro" || opt.find('=') != std::string::npos) continue;
         m.controllers.push_back(opt);
       }

@@ -62,6 +62,17 @@ class Running {
   virtual pid_t pid() const = 0;
 };
 
+// A child started for a SpawnSpec before the Runtime exists: it makes its network and mount
+// namespaces (most of a spawn's time) while the caller detects the backend. Runtime::start
+// takes it over for the same spec where the backend does not clone into the cgroup (v1,
+// none); destroying it unused kills it. For one-shot tools (`assayd contain`).
+class EarlyChild {
+ public:
+  virtual ~EarlyChild() = default;
+  // Throws common::Error("contain.spawn_failed", ...) as Runtime::start does.
+  static std::unique_ptr<EarlyChild> start(const SpawnSpec& spec);
+};
+
 // Evidence is an assay.process-containment.v1 document (schemas/process-containment.schema.json).
 using CompletionHandler = std::function<void(common::Json evidence)>;
 
@@ -81,6 +92,11 @@ class Runtime {
   // Throws common::Error("contain.spawn_failed", ...) if it could not be started.
   virtual std::shared_ptr<Running> start(boost::asio::io_context& io, const SpawnSpec& spec,
                                          CompletionHandler done) = 0;
+  // The same with a child started for `spec` by EarlyChild::start: taken over (`early` is
+  // null afterwards) unless this backend clones into cgroups (v2), which needs a fresh child.
+  virtual std::shared_ptr<Running> start(boost::asio::io_context& io, const SpawnSpec& spec,
+                                         CompletionHandler done,
+                                         std::unique_ptr<EarlyChild>& early) = 0;
   // Blocking convenience for tools and tests.
   common::Json run(const SpawnSpec& spec);
 };

@@ -206,6 +206,10 @@ int contain_main(int argc, char** argv) {
   }
 
   try {
+    // The child first: it makes its namespaces while the backend is detected and its cgroup
+    // made (the v2 backend clones a fresh one into the cgroup instead).
+    std::unique_ptr<contain::EarlyChild> early;
+    if (!cleanup) early = contain::EarlyChild::start(spec);
     auto runtime = contain::Runtime::create(options);
     if (cleanup) {
       common::Json all = common::Json::array();
@@ -217,10 +221,13 @@ int contain_main(int argc, char** argv) {
     common::Json evidence;
     // Ctrl-C or a TERM to this tool must not leave the worker (or its cgroup) behind.
     boost::asio::signal_set signals(io, SIGINT, SIGTERM);
-    auto running = runtime->start(io, spec, [&](common::Json e) {
-      evidence = std::move(e);
-      signals.cancel();
-    });
+    auto running = runtime->start(
+        io, spec,
+        [&](common::Json e) {
+          evidence = std::move(e);
+          signals.cancel();
+        },
+        early);
     signals.async_wait([&](boost::system::error_code ec, int) {
       if (!ec) running->kill();
     });

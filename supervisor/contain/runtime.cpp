@@ -12,8 +12,6 @@
 #include <csignal>
 #include <cstring>
 #include <ctime>
-#include <fstream>
-#include <sstream>
 #include <thread>
 
 #include <fcntl.h>
@@ -46,11 +44,9 @@ constexpr auto kEmptyDeadline = std::chrono::seconds(10);
 constexpr auto kOutputDeadline = std::chrono::seconds(2);
 
 std::string read_proc(const char* path) {
-  std::ifstream in(path);
-  if (!in) throw common::Error("contain.unavailable", std::string("cannot read ") + path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  auto text = detail::read_cgroup_file(path);
+  if (!text) throw common::Error("contain.unavailable", std::string("cannot read ") + path);
+  return *text;
 }
 
 std::string utc_now() {
@@ -179,11 +175,13 @@ struct OutputSink {
 
 class Job : public std::enable_shared_from_this<Job> {
  public:
-  Job(asio::io_context& io, Backend* backend, SpawnSpec spec, CompletionHandler done)
+  Job(asio::io_context& io, Backend* backend, SpawnSpec spec, CompletionHandler done,
+      std::unique_ptr<detail::Prespawned> early = nullptr)
       : strand_(asio::make_strand(io)),
         backend_(backend),
         spec_(std::move(spec)),
         done_(std::move(done)),
+        early_(std::move(early)),
         pidfd_(strand_),
         timeout_timer_(strand_),
         grace_timer_(strand_),
@@ -206,7 +204,12 @@ class Job : public std::enable_shared_from_this<Job> {
       open_output(err_, spec_.stderr_path);
       started_at_ = utc_now();
       start_time_ = Clock::now();
-      spawned_ = detail::spawn_contained(spec_, cgroups);
+      if (early_) {  // cloned before the backend was known; it makes its namespaces meanwhile
+        cgroups.make();
+        spawned_ = detail::finish_spawn(std::move(early_), cgroup_.get());
+      } else {
+        spawned_ = detail::spawn_contained(spec_, cgroups);
+      }
     } catch (...) {
       if (cgroup_) cgroup_->remove();
       throw;
@@ -339,10 +342,12 @@ class Job : public std::enable_shared_from_this<Job> {
       errors_.push_back(std::string("waitid: ") + std::strerror(errno));
     }
     // The worker's lifetime is its main process's: whatever it left running dies now.
+    bool empty = !cgroup_;
     if (cgroup_) {
       try {
         auto left = cgroup_->pids();
-        if (!left.empty()) leftover_killed_ = cgroup_->kill_all();
+        empty = left.empty();
+        if (!empty) leftover_killed_ = cgroup_->kill_all();
       } catch (const common::Error& e) {
         errors_.push_back(e.what());
       }
@@ -350,12 +355,13 @@ class Job : public std::enable_shared_from_this<Job> {
       ::kill(-pid_, SIGKILL);
     }
     empty_deadline_ = Clock::now() + kEmptyDeadline;
-    wait_empty();
+    wait_empty(empty);
   }
 
-  void wait_empty() {
+  // `known_empty`: the cgroup was just read and held no process.
+  void wait_empty(bool known_empty = false) {
     bool empty = true;
-    if (cgroup_) {
+    if (cgroup_ && !known_empty) {
       try {
         empty = cgroup_->pids().empty();
         if (!empty && Clock::now() > empty_deadline_) {
@@ -467,6 +473,7 @@ class Job : public std::enable_shared_from_this<Job> {
   Backend* backend_;
   SpawnSpec spec_;
   CompletionHandler done_;
+  std::unique_ptr<detail::Prespawned> early_;
   std::unique_ptr<Cgroup> cgroup_;
   detail::Spawned spawned_;
   pid_t pid_ = -1;
@@ -571,6 +578,22 @@ class RuntimeImpl : public Runtime {
     return std::make_shared<RunningImpl>(job);
   }
 
+  std::shared_ptr<Running> start(asio::io_context& io, const SpawnSpec& spec,
+                                 CompletionHandler done,
+                                 std::unique_ptr<EarlyChild>& early) override {
+    std::unique_ptr<detail::Prespawned> child;
+    if (early && !(backend_ && backend_->supports_clone_into_cgroup())) {
+      auto* p = dynamic_cast<detail::Prespawned*>(early.get());
+      if (p) {
+        early.release();
+        child.reset(p);
+      }
+    }
+    auto job = std::make_shared<Job>(io, backend_.get(), spec, std::move(done), std::move(child));
+    job->start();
+    return std::make_shared<RunningImpl>(job);
+  }
+
  private:
   std::unique_ptr<Backend> backend_;
 };
@@ -598,6 +621,10 @@ std::unique_ptr<Runtime> Runtime::create(const RuntimeOptions& options) {
                                     "and cgroup v1: ") +
                             e.what() + " (use --mode none for development only)");
   }
+}
+
+std::unique_ptr<EarlyChild> EarlyChild::start(const SpawnSpec& spec) {
+  return detail::prespawn(spec, nullptr);
 }
 
 Json Runtime::run(const SpawnSpec& spec) {

@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <csignal>
 #include <cstring>
+#include <deque>
 #include <fstream>
 #include <sstream>
 
@@ -179,63 +180,45 @@ bool read_full(int fd, void* buf, std::size_t size) {
   return true;
 }
 
-[[noreturn]] void child_main(const ChildPlan& p) {
-  // The namespaces first: making a network namespace is most of a spawn's time, and the parent
-  // makes the cgroup meanwhile (or has made it and cloned us into it).
-  if (::unshare(CLONE_NEWNET | CLONE_NEWNS) != 0) child_fail(p, kStageUnshare);
-  ChildReport ready{kStageReady, 0, -1};
-  if (::write(p.report_write, &ready, sizeof ready) != sizeof ready) ::_exit(127);
-  // Held here until the parent has read our namespaces and made the cgroup.
-  GateHeader gate{};
-  char files[kGateMaxBytes];
-  if (!read_full(p.gate_read, &gate, sizeof gate) || gate.bytes > sizeof files ||
-      !read_full(p.gate_read, files, gate.bytes)) {
-    ::_exit(127);
-  }
-  // Into the worker's cgroups before anything of the command runs.
-  const char* file = files;
-  for (std::uint32_t i = 0; i < gate.count; ++i) {
-    if (!write_zero(file)) child_fail(p, kStageAttach, static_cast<int>(i));
-    file += std::strlen(file) + 1;
-  }
-
+// Everything between the namespaces and the gate: 0, or the failed stage with errno set and
+// *op naming the mount op. The child keeps a failure to itself until it has read the gate, so
+// that the parent's write to the gate never meets a closed pipe.
+int child_setup(const ChildPlan& p, int* op) {
   // Own session and process group: the timeout's SIGTERM goes to the group.
-  if (::setsid() < 0) child_fail(p, kStageSetsid);
-  if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) {
-    child_fail(p, kStageMountPrivate);
-  }
+  if (::setsid() < 0) return kStageSetsid;
+  if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) return kStageMountPrivate;
   // The parent's workdir fd points into the parent's mount namespace, and the kernel binds
   // only from mounts of our own: reopen it here, at the same number the plan refers to.
   int wfd = ::open(p.workdir, O_PATH | O_DIRECTORY | O_CLOEXEC);
-  if (wfd < 0) child_fail(p, kStageChdir);
+  if (wfd < 0) return kStageChdir;
   if (wfd != p.workdir_fd) {
-    if (::dup3(wfd, p.workdir_fd, O_CLOEXEC) < 0) child_fail(p, kStageChdir);
+    if (::dup3(wfd, p.workdir_fd, O_CLOEXEC) < 0) return kStageChdir;
     ::close(wfd);
   }
   for (std::size_t i = 0; i < p.op_count; ++i) {
-    const MountOp& op = p.ops[i];
-    if (op.kind == MountOp::kMkdir) {
-      if (::mkdir(op.target, 0755) != 0 && errno != EEXIST) {
-        child_fail(p, kStageMkdir, static_cast<int>(i));
-      }
-    } else if (::mount(op.source, op.target, op.fstype, op.flags, op.data) != 0) {
-      child_fail(p, op.stage, static_cast<int>(i));
+    const MountOp& m = p.ops[i];
+    *op = static_cast<int>(i);
+    if (m.kind == MountOp::kMkdir) {
+      if (::mkdir(m.target, 0755) != 0 && errno != EEXIST) return kStageMkdir;
+    } else if (::mount(m.source, m.target, m.fstype, m.flags, m.data) != 0) {
+      return m.stage;
     }
   }
+  *op = -1;
   // A new network namespace has only lo, and it is down.
   int sock = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  if (sock < 0) child_fail(p, kStageLoopback);
+  if (sock < 0) return kStageLoopback;
   struct ifreq ifr {};
   std::memcpy(ifr.ifr_name, "lo", 3);
-  if (::ioctl(sock, SIOCGIFFLAGS, &ifr) != 0) child_fail(p, kStageLoopback);
+  if (::ioctl(sock, SIOCGIFFLAGS, &ifr) != 0) return kStageLoopback;
   ifr.ifr_flags = static_cast<short>(ifr.ifr_flags | IFF_UP | IFF_RUNNING);
-  if (::ioctl(sock, SIOCSIFFLAGS, &ifr) != 0) child_fail(p, kStageLoopback);
+  if (::ioctl(sock, SIOCSIFFLAGS, &ifr) != 0) return kStageLoopback;
   ::close(sock);
 
   if (::dup2(p.stdin_fd, 0) < 0 || ::dup2(p.stdout_fd, 1) < 0 || ::dup2(p.stderr_fd, 2) < 0) {
-    child_fail(p, kStageStdio);
+    return kStageStdio;
   }
-  if (::chdir(p.workdir) != 0 && ::fchdir(p.workdir_fd) != 0) child_fail(p, kStageChdir);
+  if (::chdir(p.workdir) != 0 && ::fchdir(p.workdir_fd) != 0) return kStageChdir;
 
   struct rlimit core {
     0, 0
@@ -244,11 +227,11 @@ bool read_full(int fd, void* buf, std::size_t size) {
     p.nofile, p.nofile
   };
   if (::setrlimit(RLIMIT_CORE, &core) != 0 || ::setrlimit(RLIMIT_NOFILE, &nofile) != 0) {
-    child_fail(p, kStageRlimit);
+    return kStageRlimit;
   }
   sigset_t none;
   sigemptyset(&none);
-  if (::sigprocmask(SIG_SETMASK, &none, nullptr) != 0) child_fail(p, kStageSignals);
+  if (::sigprocmask(SIG_SETMASK, &none, nullptr) != 0) return kStageSignals;
   struct sigaction dfl {};
   dfl.sa_handler = SIG_DFL;
   for (int sig = 1; sig < NSIG; ++sig) {
@@ -259,6 +242,36 @@ bool read_full(int fd, void* buf, std::size_t size) {
     for (int fd = 3; fd < 65536; ++fd) {
       if (fd != p.report_write) ::fcntl(fd, F_SETFD, FD_CLOEXEC);
     }
+  }
+  return 0;
+}
+
+[[noreturn]] void child_main(const ChildPlan& p) {
+  // The namespaces first: making a network namespace is most of a spawn's time, and the parent
+  // makes the cgroup meanwhile (or has made it and cloned us into it).
+  if (::unshare(CLONE_NEWNET | CLONE_NEWNS) != 0) child_fail(p, kStageUnshare);
+  ChildReport ready{kStageReady, 0, -1};
+  if (::write(p.report_write, &ready, sizeof ready) != sizeof ready) ::_exit(127);
+  // Set up while the parent reads our namespaces.
+  int op = -1;
+  int failed = child_setup(p, &op);
+  int failed_errno = errno;
+  // Held here until the parent has read our namespaces and made the cgroup.
+  GateHeader gate{};
+  char files[kGateMaxBytes];
+  if (!read_full(p.gate_read, &gate, sizeof gate) || gate.bytes > sizeof files ||
+      !read_full(p.gate_read, files, gate.bytes)) {
+    ::_exit(127);
+  }
+  if (failed != 0) {
+    errno = failed_errno;
+    child_fail(p, failed, op);
+  }
+  // Into the worker's cgroups before anything of the command runs.
+  const char* file = files;
+  for (std::uint32_t i = 0; i < gate.count; ++i) {
+    if (!write_zero(file)) child_fail(p, kStageAttach, static_cast<int>(i));
+    file += std::strlen(file) + 1;
   }
   if (p.set_ids) {
     if (::syscall(SYS_setgroups, 0, nullptr) != 0) child_fail(p, kStageSetgroups);
@@ -335,9 +348,23 @@ std::string ns_link(const std::string& path) {
 
 }  // namespace
 
-Spawned spawn_contained(const SpawnSpec& spec, const CgroupMaker& cgroups) {
+struct Prespawned::State {
+  std::string exe;
+  std::deque<std::string> strings;  // the mount ops' paths (stable addresses)
+  std::vector<MountOp> ops;
+  Json mounts;
+  std::string clone;  // "clone3" or "clone"
+  bool into_cgroup = false;
+  pid_t pid = -1;
+  UniqueFd pidfd, gate_w, report_r, out_r, err_r;
+};
+
+std::unique_ptr<Prespawned> prespawn(const SpawnSpec& spec, Cgroup* clone_into) {
   if (spec.argv.empty()) throw common::Error("contain.spawn_failed", "empty argv");
-  const std::string& exe = spec.argv.front();
+  auto child = std::make_unique<Prespawned>();
+  Prespawned::State& st = *child->state_;
+  st.exe = spec.argv.front();
+  const std::string& exe = st.exe;
   if (exe.empty() || exe.front() != '/') {
     throw common::Error("contain.spawn_failed", "argv[0] \"" + exe + "\" is not an absolute path");
   }
@@ -373,10 +400,8 @@ Spawned spawn_contained(const SpawnSpec& spec, const CgroupMaker& cgroups) {
   std::vector<fs::path> hidden;
   for (const auto& h : spec.hidden_paths) hidden.push_back(fs::absolute(h).lexically_normal());
   std::sort(hidden.begin(), hidden.end());
-  std::vector<std::string> strings;  // storage for the op strings; reserved so c_str()s stay put
-  strings.reserve(hidden.size() * 8 + 64);
-  auto keep = [&](std::string s) { return strings.emplace_back(std::move(s)).c_str(); };
-  std::vector<MountOp> ops;
+  auto keep = [&](std::string s) { return st.strings.emplace_back(std::move(s)).c_str(); };
+  std::vector<MountOp>& ops = st.ops;
   Json hidden_json = Json::array(), absent_json = Json::array();
   std::vector<fs::path> done;
   const char* workdir_proc = keep("/proc/self/fd/" + std::to_string(wfd));
@@ -419,11 +444,13 @@ Spawned spawn_contained(const SpawnSpec& spec, const CgroupMaker& cgroups) {
                    "size=64k,mode=0755", kStageMount});
   }
 
-  UniqueFd gate_r, gate_w, report_r, report_w, out_r, out_w, err_r, err_w;
-  make_pipe(gate_r, gate_w, "pipe (gate)");
-  make_pipe(report_r, report_w, "pipe (report)");
-  make_pipe(out_r, out_w, "pipe (stdout)");
-  make_pipe(err_r, err_w, "pipe (stderr)");
+  st.mounts = Json{{"namespace", "private"}, {"hidden", hidden_json}, {"absent", absent_json}};
+
+  UniqueFd gate_r, report_w, out_w, err_w;
+  make_pipe(gate_r, st.gate_w, "pipe (gate)");
+  make_pipe(st.report_r, report_w, "pipe (report)");
+  make_pipe(st.out_r, out_w, "pipe (stdout)");
+  make_pipe(st.err_r, err_w, "pipe (stderr)");
 
   ChildPlan plan{};
   plan.gate_read = gate_r.get();
@@ -444,124 +471,114 @@ Spawned spawn_contained(const SpawnSpec& spec, const CgroupMaker& cgroups) {
   plan.uid = spec.uid.value_or(::getuid());
   plan.gid = spec.gid.value_or(::getgid());
 
-  Cgroup* cgroup = cgroups.before_clone ? cgroups.make() : nullptr;
   int pidfd = -1;
   CloneArgs args;
   args.flags = CLONE_PIDFD;
   args.pidfd = reinterpret_cast<std::uint64_t>(&pidfd);
   args.exit_signal = SIGCHLD;
-  bool into_cgroup = cgroup && cgroup->clone_into_fd() >= 0;
-  if (into_cgroup) {
+  st.into_cgroup = clone_into && clone_into->clone_into_fd() >= 0;
+  if (st.into_cgroup) {
     args.flags |= CLONE_INTO_CGROUP;
-    args.cgroup = static_cast<std::uint64_t>(cgroup->clone_into_fd());
+    args.cgroup = static_cast<std::uint64_t>(clone_into->clone_into_fd());
   }
   long pid = ::syscall(SYS_clone3, &args, sizeof args);
-  if (pid < 0 && into_cgroup &&
+  if (pid < 0 && st.into_cgroup &&
       (errno == EPERM || errno == EBUSY || errno == EINVAL || errno == EACCES ||
        errno == EOPNOTSUPP)) {
-    into_cgroup = false;  // e.g. a cgroup the kernel refuses to clone into: use the gate
+    st.into_cgroup = false;  // e.g. a cgroup the kernel refuses to clone into: use the gate
     args.flags &= ~static_cast<std::uint64_t>(CLONE_INTO_CGROUP);
     args.cgroup = 0;
     pid = ::syscall(SYS_clone3, &args, sizeof args);
   }
   if (pid == 0) child_main(plan);
-  std::string method = "clone3";
+  st.clone = "clone3";
   if (pid < 0 && errno == ENOSYS) {
     // clone3 filtered (older seccomp profiles): clone with CLONE_PIDFD via parent_tid.
-    into_cgroup = false;
+    st.into_cgroup = false;
     pid = ::syscall(SYS_clone, CLONE_PIDFD | SIGCHLD, nullptr, &pidfd, nullptr, nullptr);
     if (pid == 0) child_main(plan);
-    method = "clone";
+    st.clone = "clone";
   }
   if (pid < 0) common::throw_errno("contain.spawn_failed", "clone3 " + exe, errno);
+  st.pid = static_cast<pid_t>(pid);
+  st.pidfd = UniqueFd(pidfd);
+  return child;
+}
 
-  Spawned s;
-  s.pid = static_cast<pid_t>(pid);
-  s.pidfd = UniqueFd(pidfd);
-  gate_r = UniqueFd();
-  report_w = UniqueFd();
-  out_w = UniqueFd();
-  err_w = UniqueFd();
+Prespawned::Prespawned() : state_(std::make_unique<State>()) {}
 
-  // The child, gone: one that failed reports the step and errno; one we give up on reads EOF
-  // at the gate and exits.
-  auto reap = [&] {
-    siginfo_t info;
-    while (::waitid(P_PID, static_cast<id_t>(s.pid), &info, WEXITED) < 0 && errno == EINTR) {
-    }
-  };
-  auto abandon = [&] {
-    gate_w = UniqueFd();
-    ::kill(s.pid, SIGKILL);
-    reap();
+// A child never finished (given up on, or failed) reads EOF at the gate and exits, or is
+// killed; either way it is reaped here.
+Prespawned::~Prespawned() {
+  if (state_->pid <= 0) return;
+  state_->gate_w = UniqueFd();
+  ::kill(state_->pid, SIGKILL);
+  siginfo_t info;
+  while (::waitid(P_PID, static_cast<id_t>(state_->pid), &info, WEXITED) < 0 && errno == EINTR) {
+  }
+}
+
+pid_t Prespawned::pid() const { return state_->pid; }
+
+Spawned finish_spawn(std::unique_ptr<Prespawned> child, Cgroup* cgroup) {
+  Prespawned::State& st = *child->state_;
+  auto read_report = [&](ChildReport& report) {
+    ssize_t n;
+    do {
+      n = ::read(st.report_r.get(), &report, sizeof report);
+    } while (n < 0 && errno == EINTR);
+    return n;
   };
   std::vector<std::string> attach_files;
+  // The child reported a failed step: it exits; the error names the step, errno and object.
   auto failed = [&](const ChildReport& report) {
-    reap();
     std::string what = stage_name(report.stage);
-    if (report.stage == kStageExec) what += " " + exe;
+    if (report.stage == kStageExec) what += " " + st.exe;
     if (report.stage == kStageAttach) {
       if (report.op >= 0 && static_cast<std::size_t>(report.op) < attach_files.size()) {
         what += " " + attach_files[static_cast<std::size_t>(report.op)];
       }
-    } else if (report.op >= 0 && static_cast<std::size_t>(report.op) < ops.size()) {
-      what += std::string(" ") + ops[static_cast<std::size_t>(report.op)].target;
+    } else if (report.op >= 0 && static_cast<std::size_t>(report.op) < st.ops.size()) {
+      what += std::string(" ") + st.ops[static_cast<std::size_t>(report.op)].target;
     }
+    child.reset();  // reaps it (and `st` with it)
     common::throw_errno("contain.spawn_failed", what, report.err);
   };
-  auto read_report = [&](ChildReport& report) {
-    ssize_t n;
-    do {
-      n = ::read(report_r.get(), &report, sizeof report);
-    } while (n < 0 && errno == EINTR);
-    return n;
-  };
 
-  // While the child makes its namespaces: the cgroup, unless the child was cloned into it.
-  if (!cgroups.before_clone) {
-    try {
-      cgroup = cgroups.make();
-    } catch (...) {
-      abandon();
-      throw;
-    }
-  }
   ChildReport report{};
   ssize_t n = read_report(report);
   if (n != static_cast<ssize_t>(sizeof report) || report.stage != kStageReady) {
     if (n == static_cast<ssize_t>(sizeof report)) failed(report);
-    abandon();
     throw common::Error("contain.spawn_failed", "the child exited before making its namespaces");
   }
-  if (cgroup && !into_cgroup) attach_files = cgroup->self_attach_files();
-  if (into_cgroup) {
-    s.method = method + "-into-cgroup";
+  Spawned s;
+  if (cgroup && !st.into_cgroup) attach_files = cgroup->self_attach_files();
+  if (st.into_cgroup) {
+    s.method = st.clone + "-into-cgroup";
   } else if (!attach_files.empty()) {
-    s.method = method + "-self-attach";
+    s.method = st.clone + "-self-attach";
   } else {
-    s.method = method + "-pipe-gate";
+    s.method = st.clone + "-pipe-gate";
     if (cgroup) {
       try {
-        cgroup->attach(s.pid);
+        cgroup->attach(st.pid);
       } catch (const common::Error& e) {
-        abandon();
         throw common::Error("contain.spawn_failed", std::string("attach to cgroup: ") + e.what());
       }
     }
   }
   // Evidence of the network namespace, read from the kernel while the child is still held.
   std::string mine = ns_link("/proc/self/ns/net");
-  std::string theirs = ns_link("/proc/" + std::to_string(s.pid) + "/ns/net");
+  std::string theirs = ns_link("/proc/" + std::to_string(st.pid) + "/ns/net");
   Json ifaces = Json::array();
-  for (const auto& i : netns_interfaces(s.pid)) ifaces.push_back(i);
+  for (const auto& i : netns_interfaces(st.pid)) ifaces.push_back(i);
   s.network = Json{{"namespace", !theirs.empty() && theirs != mine ? "private" : "shared"},
                    {"interfaces", ifaces}};
-  s.mounts = Json{{"namespace", "private"}, {"hidden", hidden_json}, {"absent", absent_json}};
+  s.mounts = st.mounts;
 
   std::string gate;
   for (const auto& f : attach_files) gate.append(f).push_back('\0');
   if (gate.size() > kGateMaxBytes) {
-    abandon();
     throw common::Error("contain.spawn_failed",
                         "cgroup paths too long for the gate (" + std::to_string(gate.size()) +
                             " bytes, at most " + std::to_string(kGateMaxBytes) + ")");
@@ -569,17 +586,26 @@ Spawned spawn_contained(const SpawnSpec& spec, const CgroupMaker& cgroups) {
   GateHeader header{static_cast<std::uint32_t>(attach_files.size()),
                     static_cast<std::uint32_t>(gate.size())};
   gate.insert(0, reinterpret_cast<const char*>(&header), sizeof header);
-  if (!write_all(gate_w.get(), gate.data(), gate.size())) {
-    int err = errno;
-    abandon();
-    common::throw_errno("contain.spawn_failed", "write to the gate pipe", err);
+  if (!write_all(st.gate_w.get(), gate.data(), gate.size())) {
+    common::throw_errno("contain.spawn_failed", "write to the gate pipe", errno);
   }
-  gate_w = UniqueFd();
+  st.gate_w = UniqueFd();
   n = read_report(report);
   if (n > 0) failed(report);  // else EOF: the exec closed the report pipe
-  s.stdout_read = std::move(out_r);
-  s.stderr_read = std::move(err_r);
+  s.pid = st.pid;
+  s.pidfd = std::move(st.pidfd);
+  s.stdout_read = std::move(st.out_r);
+  s.stderr_read = std::move(st.err_r);
+  st.pid = -1;  // released: the caller awaits it through the pidfd
   return s;
+}
+
+Spawned spawn_contained(const SpawnSpec& spec, const CgroupMaker& cgroups) {
+  Cgroup* cgroup = cgroups.before_clone ? cgroups.make() : nullptr;
+  auto child = prespawn(spec, cgroup);
+  // While the child makes its namespaces: the cgroup, unless the child was cloned into it.
+  if (!cgroups.before_clone) cgroup = cgroups.make();  // a throw kills and reaps the child
+  return finish_spawn(std::move(child), cgroup);
 }
 
 }  // namespace assay::contain::detail

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,25 @@ struct Spawned {
   common::Json mounts;   // {"namespace": "private", "hidden": [...], "absent": [...]}
 };
 
+// A cloned child that is making its namespaces and will wait at the gate (an EarlyChild when
+// started before the Runtime exists). Destroying it before finish_spawn kills and reaps it.
+class Prespawned : public EarlyChild {
+ public:
+  Prespawned();
+  ~Prespawned() override;
+  pid_t pid() const;
+
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+// Clones the child for `spec` (into `clone_into` where the kernel allows it; null: not into a
+// cgroup). The child starts making its namespaces at once.
+std::unique_ptr<Prespawned> prespawn(const SpawnSpec& spec, Cgroup* clone_into);
+// Waits for the child's namespaces, records them, moves the child into `cgroup` (itself on
+// v1; unless it was cloned there) and lets it exec.
+Spawned finish_spawn(std::unique_ptr<Prespawned> child, Cgroup* cgroup);
+
 // Makes the worker's cgroup and sets its limits; returns null for no cgroup (mode "none").
 // Called before the clone when the child is to be cloned into the cgroup (v2), else while the
 // child makes its namespaces (v1), so that the two overlap.
@@ -38,7 +58,7 @@ struct CgroupMaker {
   std::function<Cgroup*()> make;
 };
 
-// Starts spec.argv in the cgroup `cgroups` makes. Throws common::Error("contain.spawn_failed")
+// prespawn, the cgroup, finish_spawn: starts spec.argv in the cgroup `cgroups` makes. Throws common::Error("contain.spawn_failed")
 // naming the step and errno when the child could not be started or could not exec, and
 // whatever `cgroups.make` throws; nothing is left running then (the caller removes a cgroup
 // that was made).

@@ -494,6 +494,48 @@ TEST_CASE("a child that cannot move itself into its cgroup never executes, and s
   CHECK(!fs::exists(marker));
 }
 
+TEST_CASE("a child started before the runtime is taken over and runs in its cgroup (v1)") {
+  TempDir dir;
+  auto spec = make_spec("early", {"/bin/cat", "/proc/self/cgroup"}, dir.path);
+  auto early = assay::contain::EarlyChild::start(spec);  // before the backend is known
+  auto rt = runtime();
+  boost::asio::io_context io;
+  Json e;
+  auto running = rt->start(io, spec, [&](Json ev) { e = std::move(ev); }, early);
+  io.run();
+  REQUIRE(e["exit"]["code"] == 0);
+  CHECK(e["network"]["namespace"] == "private");
+  CHECK(e["network"]["interfaces"] == Json::array({"lo"}));
+  if (rt->backend() == "cgroup-v1") {
+    CHECK(early == nullptr);  // taken over
+    CHECK(e["spawn"]["method"] == "clone3-self-attach");
+    std::string seen = slurp(spec.stdout_path);
+    for (auto& [controller, path] : e["cgroup"]["hierarchies"].items()) {
+      CHECK_MESSAGE(seen.find(fs::path(path.get<std::string>()).filename().string() + "\n") !=
+                        std::string::npos,
+                    controller << " leaf not in " << seen);
+    }
+  } else {
+    CHECK(early != nullptr);  // v2 clones a fresh child into the cgroup
+    CHECK(e["spawn"]["method"] == "clone3-into-cgroup");
+  }
+  CHECK(my_cgroups(*rt).empty());
+}
+
+TEST_CASE("a child started early and never used is killed and reaped, and never runs") {
+  TempDir dir;
+  fs::path marker = dir.path / "ran";
+  auto spec = make_spec("unused", {"/bin/touch", marker.string()}, dir.path);
+  auto early = assay::contain::EarlyChild::start(spec);
+  pid_t pid = dynamic_cast<assay::contain::detail::Prespawned&>(*early).pid();
+  REQUIRE(pid > 0);
+  early.reset();
+  errno = 0;
+  CHECK(::kill(pid, 0) == -1);
+  CHECK(errno == ESRCH);  // not even a zombie: reaped
+  CHECK_FALSE(fs::exists(marker));
+}
+
 TEST_CASE("a bad worker name is rejected before anything is created") {
   TempDir dir;
   auto rt = runtime();

@@ -207,9 +207,13 @@ int contain_main(int argc, char** argv) {
 
   try {
     // The child first: it makes its namespaces while the backend is detected and its cgroup
-    // made (the v2 backend clones a fresh one into the cgroup instead).
+    // made. Not for v2, which clones a fresh child into the cgroup; and never under
+    // delegation, where assayd moves itself out of its cgroup and a child left there would
+    // keep the cgroup from enabling controllers for its workers.
     std::unique_ptr<contain::EarlyChild> early;
-    if (!cleanup) early = contain::EarlyChild::start(spec);
+    if (!cleanup && !delegated && options.mode != Mode::kV2) {
+      early = contain::EarlyChild::start(spec);
+    }
     auto runtime = contain::Runtime::create(options);
     if (cleanup) {
       common::Json all = common::Json::array();
@@ -228,6 +232,7 @@ int contain_main(int argc, char** argv) {
           signals.cancel();
         },
         early);
+    early.reset();  // not taken over (v2): killed and reaped now
     signals.async_wait([&](boost::system::error_code ec, int) {
       if (!ec) running->kill();
     });

@@ -8,7 +8,6 @@
 #include <csignal>
 #include <cstring>
 #include <deque>
-#include <fstream>
 #include <sstream>
 
 #include <fcntl.h>
@@ -40,7 +39,7 @@ using common::Json;
 using common::UniqueFd;
 
 enum Stage : int {
-  kStageReady = 0,  // not a failure: the namespaces exist, the child waits at the gate
+  kStageNamespaces = 0,  // not a failure: a NamespacesReport follows
   kStageUnshare,
   kStageSetsid,
   kStageMountPrivate,
@@ -62,8 +61,8 @@ enum Stage : int {
 
 const char* stage_name(int stage) {
   switch (stage) {
-    case kStageReady:
-      return "ready";
+    case kStageNamespaces:
+      return "namespaces";
     case kStageUnshare:
       return "unshare the network and mount namespaces";
     case kStageSetsid:
@@ -107,6 +106,17 @@ struct ChildReport {
   int err;
   int op;  // index of the failed mount op or attach file, or -1
 };
+
+// The child's network namespace as the kernel shows it from inside, read by the child right
+// after unshare (it is still assayd's code then), so that the parent need not hold the child
+// while it reads /proc/<pid>: follows a ChildReport of stage kStageNamespaces, then
+// `net_dev_bytes` of /proc/self/net/dev. One write, below PIPE_BUF.
+struct NamespacesReport {
+  std::uint64_t net_dev;
+  std::uint64_t net_ino;
+  std::uint32_t net_dev_bytes;
+};
+constexpr std::size_t kNetDevMax = 2048;
 
 // What the parent sends through the gate: the control files the child writes "0" to, to move
 // itself into its cgroups (v1 `tasks`), as `count` NUL-terminated paths in `bytes` bytes.
@@ -246,17 +256,48 @@ int child_setup(const ChildPlan& p, int* op) {
   return 0;
 }
 
+// Sends the NamespacesReport (see there); a namespace that cannot be read is reported as 0
+// and no interfaces, which the parent records as such.
+void report_namespaces(const ChildPlan& p) {
+  char msg[sizeof(ChildReport) + sizeof(NamespacesReport) + kNetDevMax];
+  ChildReport head{kStageNamespaces, 0, -1};
+  NamespacesReport ns{};
+  struct stat st {};
+  if (::stat("/proc/self/ns/net", &st) == 0) {
+    ns.net_dev = st.st_dev;
+    ns.net_ino = st.st_ino;
+  }
+  char* text = msg + sizeof head + sizeof ns;
+  int fd = ::open("/proc/self/net/dev", O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    while (ns.net_dev_bytes < kNetDevMax) {
+      ssize_t n = ::read(fd, text + ns.net_dev_bytes, kNetDevMax - ns.net_dev_bytes);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      ns.net_dev_bytes += static_cast<std::uint32_t>(n);
+    }
+    ::close(fd);
+  }
+  std::memcpy(msg, &head, sizeof head);
+  std::memcpy(msg + sizeof head, &ns, sizeof ns);
+  ssize_t ignored = ::write(p.report_write, msg, sizeof head + sizeof ns + ns.net_dev_bytes);
+  (void)ignored;  // a parent that stopped listening closes the gate too
+}
+
 [[noreturn]] void child_main(const ChildPlan& p) {
   // The namespaces first: making a network namespace is most of a spawn's time, and the parent
-  // makes the cgroup meanwhile (or has made it and cloned us into it).
-  if (::unshare(CLONE_NEWNET | CLONE_NEWNS) != 0) child_fail(p, kStageUnshare);
-  ChildReport ready{kStageReady, 0, -1};
-  if (::write(p.report_write, &ready, sizeof ready) != sizeof ready) ::_exit(127);
-  // Set up while the parent reads our namespaces.
-  int op = -1;
-  int failed = child_setup(p, &op);
-  int failed_errno = errno;
-  // Held here until the parent has read our namespaces and made the cgroup.
+  // makes the cgroup meanwhile (or has made it and cloned us into it). A failure is kept until
+  // the gate was read, so that the parent's write to the gate never meets a closed pipe.
+  int failed = 0, failed_errno = 0, op = -1;
+  if (::unshare(CLONE_NEWNET | CLONE_NEWNS) != 0) {
+    failed = kStageUnshare;
+    failed_errno = errno;
+  } else {
+    report_namespaces(p);
+    failed = child_setup(p, &op);
+    failed_errno = errno;
+  }
+  // Held here until the parent has made the cgroup.
   GateHeader gate{};
   char files[kGateMaxBytes];
   if (!read_full(p.gate_read, &gate, sizeof gate) || gate.bytes > sizeof files ||
@@ -312,9 +353,10 @@ bool is_under(const fs::path& child, const fs::path& parent) {
   return true;
 }
 
-std::vector<std::string> netns_interfaces(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/net/dev");
+// Interface names in /proc/net/dev text (two header lines, then "  name: counters...").
+std::vector<std::string> interfaces_of(const std::string& net_dev) {
   std::vector<std::string> out;
+  std::istringstream in(net_dev);
   std::string line;
   int n = 0;
   while (std::getline(in, line)) {
@@ -337,13 +379,6 @@ bool write_all(int fd, const char* data, std::size_t size) {
     size -= static_cast<std::size_t>(n);
   }
   return true;
-}
-
-std::string ns_link(const std::string& path) {
-  char buf[128];
-  ssize_t n = ::readlink(path.c_str(), buf, sizeof buf - 1);
-  if (n < 0) return {};
-  return std::string(buf, static_cast<std::size_t>(n));
 }
 
 }  // namespace
@@ -545,12 +580,6 @@ Spawned finish_spawn(std::unique_ptr<Prespawned> child, Cgroup* cgroup) {
     common::throw_errno("contain.spawn_failed", what, report.err);
   };
 
-  ChildReport report{};
-  ssize_t n = read_report(report);
-  if (n != static_cast<ssize_t>(sizeof report) || report.stage != kStageReady) {
-    if (n == static_cast<ssize_t>(sizeof report)) failed(report);
-    throw common::Error("contain.spawn_failed", "the child exited before making its namespaces");
-  }
   Spawned s;
   if (cgroup && !st.into_cgroup) attach_files = cgroup->self_attach_files();
   if (st.into_cgroup) {
@@ -567,15 +596,6 @@ Spawned finish_spawn(std::unique_ptr<Prespawned> child, Cgroup* cgroup) {
       }
     }
   }
-  // Evidence of the network namespace, read from the kernel while the child is still held.
-  std::string mine = ns_link("/proc/self/ns/net");
-  std::string theirs = ns_link("/proc/" + std::to_string(st.pid) + "/ns/net");
-  Json ifaces = Json::array();
-  for (const auto& i : netns_interfaces(st.pid)) ifaces.push_back(i);
-  s.network = Json{{"namespace", !theirs.empty() && theirs != mine ? "private" : "shared"},
-                   {"interfaces", ifaces}};
-  s.mounts = st.mounts;
-
   std::string gate;
   for (const auto& f : attach_files) gate.append(f).push_back('\0');
   if (gate.size() > kGateMaxBytes) {
@@ -590,6 +610,27 @@ Spawned finish_spawn(std::unique_ptr<Prespawned> child, Cgroup* cgroup) {
     common::throw_errno("contain.spawn_failed", "write to the gate pipe", errno);
   }
   st.gate_w = UniqueFd();
+
+  // The child's network namespace, as it reported it, against ours.
+  ChildReport report{};
+  ssize_t n = read_report(report);
+  if (n == static_cast<ssize_t>(sizeof report) && report.stage != kStageNamespaces) failed(report);
+  NamespacesReport ns{};
+  std::string net_dev(kNetDevMax, '\0');
+  if (n != static_cast<ssize_t>(sizeof report) || !read_full(st.report_r.get(), &ns, sizeof ns) ||
+      ns.net_dev_bytes > kNetDevMax ||
+      !read_full(st.report_r.get(), net_dev.data(), ns.net_dev_bytes)) {
+    throw common::Error("contain.spawn_failed", "the child exited before reporting its namespaces");
+  }
+  net_dev.resize(ns.net_dev_bytes);
+  struct stat mine {};
+  bool private_net = ::stat("/proc/self/ns/net", &mine) == 0 && ns.net_ino != 0 &&
+                     (ns.net_ino != mine.st_ino || ns.net_dev != mine.st_dev);
+  Json ifaces = Json::array();
+  for (const auto& i : interfaces_of(net_dev)) ifaces.push_back(i);
+  s.network = Json{{"namespace", private_net ? "private" : "shared"}, {"interfaces", ifaces}};
+  s.mounts = st.mounts;
+
   n = read_report(report);
   if (n > 0) failed(report);  // else EOF: the exec closed the report pipe
   s.pid = st.pid;

@@ -1,8 +1,9 @@
-// Starting one contained process: clone3 (into the cgroup where the kernel allows it), the
-// child makes its own network and mount namespaces and then waits at a pipe gate until its
-// cgroup exists and the parent has read its namespaces; on v1 it then moves itself into its
-// cgroups (else the parent attached it) before anything else runs. Cleared environment,
-// rlimits, optional privilege drop, pidfd.
+// Starting one contained process: clone3 (into the cgroup where the kernel allows it); the
+// child makes its own network and mount namespaces, reports the network namespace as the
+// kernel shows it from inside (its inode and /proc/self/net/dev, read before anything but
+// assayd's code ran there), sets up (private mounts, lo, stdio, rlimits, signals) and waits at
+// a pipe gate until its cgroup exists; on v1 it then moves itself into its cgroups (else the
+// parent attached it) before it executes. Cleared environment, optional privilege drop, pidfd.
 #pragma once
 
 #include <functional>
@@ -27,7 +28,9 @@ struct Spawned {
   // "clone3-into-cgroup"; "clone3-self-attach"/"clone-self-attach" (v1: the gated child moved
   // itself in); "clone3-pipe-gate"/"clone-pipe-gate" (the parent attached the gated child).
   std::string method;
-  common::Json network;  // {"namespace": "private", "interfaces": [...]} as the kernel lists them
+  // {"namespace": "private", "interfaces": [...]}: the child's network namespace inode against
+  // assayd's, and the interfaces the kernel lists in it.
+  common::Json network;
   common::Json mounts;   // {"namespace": "private", "hidden": [...], "absent": [...]}
 };
 

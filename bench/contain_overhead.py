@@ -27,7 +27,7 @@ import sys
 import tempfile
 import time
 
-SETTLE_S = 0.02
+SETTLE_S = 0.05
 
 
 def spawn_ms(argv, stdout_fd):

@@ -661,9 +661,9 @@ struct CliResult {
   int status;
   std::string out, err;
 };
-CliResult run_cli(std::vector<std::string> args) {
+CliResult run_cli(std::vector<std::string> args, const fs::path& stdout_to = {}) {
   TempDir dir;
-  fs::path out = dir.path / "out", err = dir.path / "err";
+  fs::path out = stdout_to.empty() ? dir.path / "out" : stdout_to, err = dir.path / "err";
   std::fflush(nullptr);  // or the child flushes the test runner's buffered output too
   pid_t pid = ::fork();
   if (pid == 0) {
@@ -684,7 +684,8 @@ CliResult run_cli(std::vector<std::string> args) {
   }
   int status = 0;
   ::waitpid(pid, &status, 0);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), slurp(out), slurp(err)};
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status),
+          stdout_to.empty() ? slurp(out) : "", slurp(err)};
 }
 
 TEST_CASE("assayd contain prints the evidence and exits 0 whatever the command's outcome") {
@@ -695,6 +696,13 @@ TEST_CASE("assayd contain prints the evidence and exits 0 whatever the command's
   CHECK(e["limits"]["memory_max"] == 64 * kMiB);
   CHECK(e["limits"]["timeout_ms"] == 5000);
   CHECK(e["spawn"]["argv"][0] == "/usr/bin/sh");
+}
+
+TEST_CASE("assayd contain exits 1 naming the error when the evidence cannot be written") {
+  auto r = run_cli({"--", "/bin/true"}, "/dev/full");
+  CHECK(r.status == 1);
+  CHECK(r.err.find("cannot write the evidence to stdout: No space left on device") !=
+        std::string::npos);
 }
 
 TEST_CASE("assayd contain fails with one line and exit 1 when containment is unavailable") {

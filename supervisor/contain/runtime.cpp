@@ -582,11 +582,12 @@ class RuntimeImpl : public Runtime {
                                  CompletionHandler done,
                                  std::unique_ptr<EarlyChild>& early) override {
     std::unique_ptr<detail::Prespawned> child;
-    if (early && !(backend_ && backend_->supports_clone_into_cgroup())) {
-      auto* p = dynamic_cast<detail::Prespawned*>(early.get());
-      if (p) {
+    if (auto* p = dynamic_cast<detail::Prespawned*>(early.get())) {
+      if (!(backend_ && backend_->supports_clone_into_cgroup())) {
         early.release();
         child.reset(p);
+      } else {
+        p->restore_affinity();  // the fresh child must inherit all of this thread's CPUs
       }
     }
     auto job = std::make_shared<Job>(io, backend_.get(), spec, std::move(done), std::move(child));

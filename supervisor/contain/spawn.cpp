@@ -57,6 +57,7 @@ enum Stage : int {
   kStageNoNewPrivs,
   kStageExec,
   kStageAttach,
+  kStageAffinity,
 };
 
 const char* stage_name(int stage) {
@@ -97,6 +98,8 @@ const char* stage_name(int stage) {
       return "execve";
     case kStageAttach:
       return "move itself into the cgroup (write 0 to)";
+    case kStageAffinity:
+      return "sched_setaffinity";
   }
   return "unknown step";
 }
@@ -154,6 +157,7 @@ struct ChildPlan {
   bool set_ids;
   uid_t uid;
   gid_t gid;
+  const cpu_set_t* affinity;  // restored first thing (see prespawn), or null
 };
 
 [[noreturn]] void child_fail(const ChildPlan& p, int stage, int op = -1) {
@@ -289,7 +293,10 @@ void report_namespaces(const ChildPlan& p) {
   // makes the cgroup meanwhile (or has made it and cloned us into it). A failure is kept until
   // the gate was read, so that the parent's write to the gate never meets a closed pipe.
   int failed = 0, failed_errno = 0, op = -1;
-  if (::unshare(CLONE_NEWNET | CLONE_NEWNS) != 0) {
+  if (p.affinity && ::sched_setaffinity(0, sizeof *p.affinity, p.affinity) != 0) {
+    failed = kStageAffinity;
+    failed_errno = errno;
+  } else if (::unshare(CLONE_NEWNET | CLONE_NEWNS) != 0) {
     failed = kStageUnshare;
     failed_errno = errno;
   } else {
@@ -390,6 +397,8 @@ struct Prespawned::State {
   Json mounts;
   std::string clone;  // "clone3" or "clone"
   bool into_cgroup = false;
+  bool affinity_narrowed = false;  // this thread runs on other CPUs until finish_spawn
+  cpu_set_t affinity{};            // this thread's CPUs before prespawn
   pid_t pid = -1;
   UniqueFd pidfd, gate_w, report_r, out_r, err_r;
 };
@@ -506,6 +515,22 @@ std::unique_ptr<Prespawned> prespawn(const SpawnSpec& spec, Cgroup* clone_into) 
   plan.uid = spec.uid.value_or(::getuid());
   plan.gid = spec.gid.value_or(::getgid());
 
+  // The child starts on this CPU, which is awake, and this thread moves to the others for its
+  // share (detection, the cgroup) until finish_spawn: the child's path (namespaces, exec) is
+  // the longer one, and on a VM a new task sent to an idle vCPU waited ~0.5 ms for it to wake.
+  // The child restores the CPUs it inherits before anything else.
+  int here = ::sched_getcpu();
+  cpu_set_t only_here;
+  CPU_ZERO(&only_here);
+  if (here >= 0 && ::sched_getaffinity(0, sizeof st.affinity, &st.affinity) == 0 &&
+      CPU_ISSET(here, &st.affinity) && CPU_COUNT(&st.affinity) > 1) {
+    CPU_SET(here, &only_here);
+    if (::sched_setaffinity(0, sizeof only_here, &only_here) == 0) {
+      st.affinity_narrowed = true;
+      plan.affinity = &st.affinity;
+    }
+  }
+
   int pidfd = -1;
   CloneArgs args;
   args.flags = CLONE_PIDFD;
@@ -534,6 +559,13 @@ std::unique_ptr<Prespawned> prespawn(const SpawnSpec& spec, Cgroup* clone_into) 
     if (pid == 0) child_main(plan);
     st.clone = "clone";
   }
+  if (st.affinity_narrowed) {
+    cpu_set_t elsewhere = st.affinity;
+    CPU_CLR(here, &elsewhere);
+    if (pid < 0 || ::sched_setaffinity(0, sizeof elsewhere, &elsewhere) != 0) {
+      child->restore_affinity();
+    }
+  }
   if (pid < 0) common::throw_errno("contain.spawn_failed", "clone3 " + exe, errno);
   st.pid = static_cast<pid_t>(pid);
   st.pidfd = UniqueFd(pidfd);
@@ -545,6 +577,7 @@ Prespawned::Prespawned() : state_(std::make_unique<State>()) {}
 // A child never finished (given up on, or failed) reads EOF at the gate and exits, or is
 // killed; either way it is reaped here.
 Prespawned::~Prespawned() {
+  restore_affinity();
   if (state_->pid <= 0) return;
   state_->gate_w = UniqueFd();
   ::kill(state_->pid, SIGKILL);
@@ -555,7 +588,14 @@ Prespawned::~Prespawned() {
 
 pid_t Prespawned::pid() const { return state_->pid; }
 
+void Prespawned::restore_affinity() {
+  if (!state_->affinity_narrowed) return;
+  state_->affinity_narrowed = false;
+  ::sched_setaffinity(0, sizeof state_->affinity, &state_->affinity);
+}
+
 Spawned finish_spawn(std::unique_ptr<Prespawned> child, Cgroup* cgroup) {
+  child->restore_affinity();
   Prespawned::State& st = *child->state_;
   auto read_report = [&](ChildReport& report) {
     ssize_t n;

@@ -41,6 +41,8 @@ class Prespawned : public EarlyChild {
   Prespawned();
   ~Prespawned() override;
   pid_t pid() const;
+  // Gives the calling thread back the CPUs it had before prespawn (see there).
+  void restore_affinity();
 
   struct State;
   std::unique_ptr<State> state_;

@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -534,6 +535,40 @@ TEST_CASE("a child started early and never used is killed and reaped, and never 
   CHECK(::kill(pid, 0) == -1);
   CHECK(errno == ESRCH);  // not even a zombie: reaped
   CHECK_FALSE(fs::exists(marker));
+}
+
+TEST_CASE("the worker gets the CPUs its supervisor had, and the supervisor gets them back") {
+  TempDir dir;
+  cpu_set_t before;
+  REQUIRE(::sched_getaffinity(0, sizeof before, &before) == 0);
+  auto rt = runtime();
+  auto spec = make_spec("cpus", {"/bin/grep", "Cpus_allowed_list", "/proc/self/status"}, dir.path);
+  auto early = assay::contain::EarlyChild::start(spec);  // the CLI's path
+  cpu_set_t during;
+  REQUIRE(::sched_getaffinity(0, sizeof during, &during) == 0);
+  boost::asio::io_context io;
+  Json e;
+  auto running = rt->start(io, spec, [&](Json ev) { e = std::move(ev); }, early);
+  io.run();
+  early.reset();
+  REQUIRE(e["exit"]["code"] == 0);
+  cpu_set_t after;
+  REQUIRE(::sched_getaffinity(0, sizeof after, &after) == 0);
+  CHECK(CPU_EQUAL(&before, &after));
+  std::string mine = slurp("/proc/self/status");
+  auto at = mine.find("Cpus_allowed_list:");
+  REQUIRE(at != std::string::npos);
+  CHECK(slurp(spec.stdout_path) == mine.substr(at, mine.find('\n', at) - at + 1));
+  if (CPU_COUNT(&before) > 1) {  // the supervisor made room for the child on its CPU
+    CHECK(CPU_COUNT(&during) == CPU_COUNT(&before) - 1);
+  }
+  // And through the daemon's path, without an early child.
+  spec.name += "-2";
+  Json e2 = rt->run(spec);
+  REQUIRE(e2["exit"]["code"] == 0);
+  REQUIRE(::sched_getaffinity(0, sizeof after, &after) == 0);
+  CHECK(CPU_EQUAL(&before, &after));
+  CHECK(slurp(spec.stdout_path) == mine.substr(at, mine.find('\n', at) - at + 1));
 }
 
 TEST_CASE("a bad worker name is rejected before anything is created") {

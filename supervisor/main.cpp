@@ -1,8 +1,8 @@
 // assayd: the supervisor's command line. `contain` runs one contained process here; `serve`
 // replaces this process (same pid, so systemd's socket activation and notifications still
 // address it) with assayd-serve, the daemon, which lives in its own executable so that this
-// one links neither the HTTP server nor libcrypto: a contained run starts in ~0.6 ms above
-// /bin/true instead of ~3 ms (bench/contain_overhead.md).
+// one links neither the HTTP server nor libcrypto (and can be static): it starts as fast as
+// /bin/true (bench/contain_overhead.md).
 #include <cerrno>
 #include <cstdio>
 #include <cstring>

@@ -99,9 +99,7 @@ std::optional<std::string> process_start_time(pid_t pid) {
   if (close == std::string::npos) return std::nullopt;
   auto fields = fields_of(std::string_view(*line).substr(close + 1));  // from field 3, state
   if (fields.size() < 20) return std::nullopt;
-  std::string start(fields[19]);  // field 22
-  while (!start.empty() && start.back() == '\n') start.pop_back();
-  return start;
+  return std::string(fields[19]);  // field 22
 }
 
 }  // namespace

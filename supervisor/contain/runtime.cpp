@@ -176,7 +176,7 @@ struct OutputSink {
 class Job : public std::enable_shared_from_this<Job> {
  public:
   Job(asio::io_context& io, Backend* backend, SpawnSpec spec, CompletionHandler done,
-      std::unique_ptr<detail::Prespawned> early = nullptr)
+      std::unique_ptr<detail::Prespawned> early)
       : strand_(asio::make_strand(io)),
         backend_(backend),
         spec_(std::move(spec)),
@@ -191,25 +191,18 @@ class Job : public std::enable_shared_from_this<Job> {
 
   void start() {
     check_name(spec_.name);
-    detail::CgroupMaker cgroups;
-    cgroups.before_clone = backend_ && backend_->supports_clone_into_cgroup();
-    cgroups.make = [this]() -> Cgroup* {
-      if (!backend_) return nullptr;
-      cgroup_ = backend_->create(spec_.name);
-      cgroup_->set_limits(spec_.limits);
-      return cgroup_.get();
-    };
+    // v2 clones the child into its cgroup, which must exist first; otherwise the cgroup is
+    // made while the child makes its namespaces (an early child has been at it for a while).
+    const bool into_cgroup = backend_ && backend_->supports_clone_into_cgroup();
     try {
       open_output(out_, spec_.stdout_path);
       open_output(err_, spec_.stderr_path);
       started_at_ = utc_now();
       start_time_ = Clock::now();
-      if (early_) {  // cloned before the backend was known; it makes its namespaces meanwhile
-        cgroups.make();
-        spawned_ = detail::finish_spawn(std::move(early_), cgroup_.get());
-      } else {
-        spawned_ = detail::spawn_contained(spec_, cgroups);
-      }
+      if (into_cgroup) make_cgroup();
+      auto child = early_ ? std::move(early_) : detail::prespawn(spec_, cgroup_.get());
+      if (!into_cgroup) make_cgroup();  // a throw kills and reaps the child
+      spawned_ = detail::finish_spawn(std::move(child), cgroup_.get());
     } catch (...) {
       if (cgroup_) cgroup_->remove();
       throw;
@@ -243,6 +236,13 @@ class Job : public std::enable_shared_from_this<Job> {
   }
 
  private:
+  // The worker's cgroup with its limits (none in mode none).
+  void make_cgroup() {
+    if (!backend_) return;
+    cgroup_ = backend_->create(spec_.name);
+    cgroup_->set_limits(spec_.limits);
+  }
+
   void open_output(OutputSink& sink, const fs::path& path) {
     sink.cap = spec_.output_cap_bytes;
     if (path.empty()) return;
@@ -573,9 +573,8 @@ class RuntimeImpl : public Runtime {
 
   std::shared_ptr<Running> start(asio::io_context& io, const SpawnSpec& spec,
                                  CompletionHandler done) override {
-    auto job = std::make_shared<Job>(io, backend_.get(), spec, std::move(done));
-    job->start();
-    return std::make_shared<RunningImpl>(job);
+    std::unique_ptr<EarlyChild> none;
+    return start(io, spec, std::move(done), none);
   }
 
   std::shared_ptr<Running> start(asio::io_context& io, const SpawnSpec& spec,

@@ -681,12 +681,4 @@ Spawned finish_spawn(std::unique_ptr<Prespawned> child, Cgroup* cgroup) {
   return s;
 }
 
-Spawned spawn_contained(const SpawnSpec& spec, const CgroupMaker& cgroups) {
-  Cgroup* cgroup = cgroups.before_clone ? cgroups.make() : nullptr;
-  auto child = prespawn(spec, cgroup);
-  // While the child makes its namespaces: the cgroup, unless the child was cloned into it.
-  if (!cgroups.before_clone) cgroup = cgroups.make();  // a throw kills and reaps the child
-  return finish_spawn(std::move(child), cgroup);
-}
-
 }  // namespace assay::contain::detail

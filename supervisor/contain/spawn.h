@@ -6,7 +6,6 @@
 // parent attached it) before it executes. Cleared environment, optional privilege drop, pidfd.
 #pragma once
 
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -51,22 +50,10 @@ class Prespawned : public EarlyChild {
 // Clones the child for `spec` (into `clone_into` where the kernel allows it; null: not into a
 // cgroup). The child starts making its namespaces at once.
 std::unique_ptr<Prespawned> prespawn(const SpawnSpec& spec, Cgroup* clone_into);
-// Waits for the child's namespaces, records them, moves the child into `cgroup` (itself on
-// v1; unless it was cloned there) and lets it exec.
+// Waits for the child's namespaces, records them, moves the child into `cgroup` (null: no
+// cgroup, mode "none"; itself on v1, unless it was cloned there) and lets it exec. Throws
+// common::Error("contain.spawn_failed") naming the step and errno when the child could not
+// be started or could not exec; the child is reaped then.
 Spawned finish_spawn(std::unique_ptr<Prespawned> child, Cgroup* cgroup);
-
-// Makes the worker's cgroup and sets its limits; returns null for no cgroup (mode "none").
-// Called before the clone when the child is to be cloned into the cgroup (v2), else while the
-// child makes its namespaces (v1), so that the two overlap.
-struct CgroupMaker {
-  bool before_clone = false;
-  std::function<Cgroup*()> make;
-};
-
-// prespawn, the cgroup, finish_spawn: starts spec.argv in the cgroup `cgroups` makes. Throws common::Error("contain.spawn_failed")
-// naming the step and errno when the child could not be started or could not exec, and
-// whatever `cgroups.make` throws; nothing is left running then (the caller removes a cgroup
-// that was made).
-Spawned spawn_contained(const SpawnSpec& spec, const CgroupMaker& cgroups);
 
 }  // namespace assay::contain::detail

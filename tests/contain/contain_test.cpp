@@ -486,7 +486,7 @@ TEST_CASE("a child that cannot move itself into its cgroup never executes, and s
   auto spec = make_spec("noattach", {"/bin/touch", marker.string()}, dir.path);
   UnwritableCgroup cg;
   try {
-    assay::contain::detail::spawn_contained(spec, {false, [&] { return &cg; }});
+    assay::contain::detail::finish_spawn(assay::contain::detail::prespawn(spec, nullptr), &cg);
     FAIL("expected contain.spawn_failed");
   } catch (const assay::common::Error& e) {
     CHECK(e.code() == "contain.spawn_failed");

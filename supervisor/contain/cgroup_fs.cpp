@@ -108,13 +108,17 @@ std::vector<CgroupMembership> parse_proc_cgroup(const std::string& text) {
   std::vector<CgroupMembership> out;
   for (std::string_view line : lines_of(text)) {
     if (line.empty()) continue;
+    auto malformed = [&] {
+      return common::Error("contain.unavailable",
+                           "malformed /proc/self/cgroup line \"" + std::string(line) + "\"");
+    };
     auto first = line.find(':');
-    auto second = first == std::string_view::npos ? first : line.find(':', first + 1);
+    if (first == std::string_view::npos) throw malformed();
+    auto second = line.find(':', first + 1);
     int id = 0;
     auto [end, ec] = std::from_chars(line.data(), line.data() + first, id);
     if (second == std::string_view::npos || ec != std::errc() || end != line.data() + first) {
-      throw common::Error("contain.unavailable",
-                          "malformed /proc/self/cgroup line \"" + std::string(line) + "\"");
+      throw malformed();
     }
     CgroupMembership m;
     m.id = id;

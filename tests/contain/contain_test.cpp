@@ -772,6 +772,9 @@ TEST_CASE("assayd contain rejects bad options with exit 2 naming the value") {
 TEST_CASE("/proc/self/cgroup and mountinfo parsing finds hierarchies and mounted sub-trees") {
   using namespace assay::contain::detail;
   auto m = parse_proc_cgroup("4:memory:/a/b\n1:cpu,cpuacct:/\n0::/user.slice\n");
+  for (const char* bad : {"no colon at all\n", "4:memory\n", "x:memory:/\n"}) {
+    CHECK_THROWS_WITH(parse_proc_cgroup(bad), doctest::Contains("malformed /proc/self/cgroup"));
+  }
   REQUIRE(m.size() == 3);
   CHECK(m[0].controllers == std::vector<std::string>{"memory"});
   CHECK(m[0].path == "/a/b");

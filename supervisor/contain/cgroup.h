@@ -4,15 +4,18 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <sys/types.h>
 
 #include "common/json.h"
 #include "supervisor/contain/contain.h"
+#include "supervisor/contain/evidence.h"
 
 namespace assay::contain::detail {
 
@@ -23,7 +26,7 @@ class Cgroup {
   virtual const std::string& name() const = 0;
   // Path relative to the hierarchy root (the memory hierarchy's for v1), for the evidence.
   virtual std::string path() const = 0;
-  virtual common::Json hierarchies() const = 0;  // controller -> absolute directory
+  virtual std::map<std::string, std::string> hierarchies() const = 0;  // controller -> directory
   // An O_PATH directory fd for clone3(CLONE_INTO_CGROUP), or -1 where the backend has none.
   virtual int clone_into_fd() const = 0;
   virtual void attach(pid_t pid) = 0;
@@ -38,7 +41,7 @@ class Cgroup {
   virtual int kill_all() = 0;
   virtual std::vector<pid_t> pids() const = 0;
   // Counters keyed by kernel file name; a file the kernel does not offer is null.
-  virtual common::Json counters() const = 0;
+  virtual Counters counters() const = 0;
   // Removes the directories; throws naming the directory and errno if rmdir fails.
   virtual void remove() = 0;
 };
@@ -85,9 +88,13 @@ std::vector<pid_t> read_pids(const std::filesystem::path& procs_file);
 void rmdir_retrying(const std::filesystem::path& dir);
 // "key value" lines (memory.events, cpu.stat, memory.oom_control) -> {key: value}; null when
 // the file is absent; each requested key missing from the file is null.
-common::Json read_flat_keyed(const std::filesystem::path& file,
-                             const std::vector<std::string>& keys);
-common::Json u64_or_null(const std::optional<std::uint64_t>& value);
+Counter read_flat_keyed(const std::filesystem::path& file, const std::vector<std::string>& keys);
+// The keyed counter's parse: the requested keys of "key value" lines, a key without an unsigned
+// value null.
+std::map<std::string, std::optional<std::uint64_t>> parse_flat_keyed(
+    std::string_view text, const std::vector<std::string>& keys);
+// A single-number counter file; null when absent.
+Counter read_counter(const std::filesystem::path& file);
 
 // Owner name of this process, "assayd-<pid>-<start time in ticks>": the v2 owner directory,
 // the prefix of v1 leaf names.

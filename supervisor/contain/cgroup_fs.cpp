@@ -228,27 +228,27 @@ std::vector<pid_t> read_pids(const std::filesystem::path& procs_file) {
   return out;
 }
 
-common::Json read_flat_keyed(const std::filesystem::path& file,
-                             const std::vector<std::string>& keys) {
-  auto text = read_cgroup_file(file);
-  if (!text) return nullptr;
-  common::Json out = common::Json::object();
-  for (const auto& k : keys) out[k] = nullptr;
-  std::istringstream in(*text);
-  std::string key, value;
-  while (in >> key >> value) {
-    for (const auto& k : keys) {
-      if (k == key) {
-        if (auto v = parse_u64(value)) out[k] = *v;
-      }
-    }
+std::map<std::string, std::optional<std::uint64_t>> parse_flat_keyed(
+    std::string_view text, const std::vector<std::string>& keys) {
+  std::map<std::string, std::optional<std::uint64_t>> out;
+  for (const auto& k : keys) out[k] = std::nullopt;
+  for (std::string_view line : lines_of(text)) {
+    auto f = fields_of(line);
+    if (f.size() != 2) continue;
+    auto it = out.find(std::string(f[0]));
+    if (it != out.end()) it->second = parse_u64(f[1]);
   }
   return out;
 }
 
-common::Json u64_or_null(const std::optional<std::uint64_t>& value) {
-  if (value) return *value;
-  return nullptr;
+Counter read_flat_keyed(const std::filesystem::path& file, const std::vector<std::string>& keys) {
+  Counter c;
+  if (auto text = read_cgroup_file(file)) c.keys = parse_flat_keyed(*text, keys);
+  return c;
+}
+
+Counter read_counter(const std::filesystem::path& file) {
+  return Counter{read_u64(file), {}};
 }
 
 std::string owner_dir_name() {

@@ -39,8 +39,8 @@ class V1Cgroup : public Cgroup {
 
   const std::string& name() const override { return name_; }
   std::string path() const override { return path_; }
-  Json hierarchies() const override {
-    Json out = Json::object();
+  std::map<std::string, std::string> hierarchies() const override {
+    std::map<std::string, std::string> out;
     for (const auto& h : dirs_) out[h.controller] = h.base.string();
     return out;
   }
@@ -119,25 +119,22 @@ class V1Cgroup : public Cgroup {
 
   std::vector<pid_t> pids() const override { return read_pids(dir("memory") / "cgroup.procs"); }
 
-  Json counters() const override {
+  Counters counters() const override {
     const fs::path& mem = dir("memory");
-    Json c = Json::object();
-    c["memory.max_usage_in_bytes"] = u64_or_null(read_u64(mem / "memory.max_usage_in_bytes"));
-    c["memory.failcnt"] = u64_or_null(read_u64(mem / "memory.failcnt"));
+    Counters c;
+    c["memory.max_usage_in_bytes"] = read_counter(mem / "memory.max_usage_in_bytes");
+    c["memory.failcnt"] = read_counter(mem / "memory.failcnt");
     c["memory.oom_control"] =
         read_flat_keyed(mem / "memory.oom_control", {"oom_kill", "under_oom"});
-    c["memory.memsw.max_usage_in_bytes"] =
-        u64_or_null(read_u64(mem / "memory.memsw.max_usage_in_bytes"));
-    c["memory.memsw.failcnt"] = u64_or_null(read_u64(mem / "memory.memsw.failcnt"));
+    c["memory.memsw.max_usage_in_bytes"] = read_counter(mem / "memory.memsw.max_usage_in_bytes");
+    c["memory.memsw.failcnt"] = read_counter(mem / "memory.memsw.failcnt");
     const fs::path* pids = find("pids");
-    c["pids.peak"] = pids ? u64_or_null(read_u64(*pids / "pids.peak")) : Json(nullptr);
-    c["pids.events"] = pids ? read_flat_keyed(*pids / "pids.events", {"max"}) : Json(nullptr);
+    c["pids.peak"] = pids ? read_counter(*pids / "pids.peak") : Counter{};
+    c["pids.events"] = pids ? read_flat_keyed(*pids / "pids.events", {"max"}) : Counter{};
     const fs::path* cpu = find("cpuacct");
-    c["cpuacct.usage"] = cpu ? u64_or_null(read_u64(*cpu / "cpuacct.usage")) : Json(nullptr);
-    c["cpuacct.usage_user"] =
-        cpu ? u64_or_null(read_u64(*cpu / "cpuacct.usage_user")) : Json(nullptr);
-    c["cpuacct.usage_sys"] =
-        cpu ? u64_or_null(read_u64(*cpu / "cpuacct.usage_sys")) : Json(nullptr);
+    c["cpuacct.usage"] = cpu ? read_counter(*cpu / "cpuacct.usage") : Counter{};
+    c["cpuacct.usage_user"] = cpu ? read_counter(*cpu / "cpuacct.usage_user") : Counter{};
+    c["cpuacct.usage_sys"] = cpu ? read_counter(*cpu / "cpuacct.usage_sys") : Counter{};
     return c;
   }
 
@@ -195,8 +192,7 @@ class V1Backend : public Backend {
       }
       dirs.push_back({b.controller, leaf});
     }
-    return std::make_unique<V1Cgroup>(name, memory_path_ + "/" + leaf_name, std::move(dirs),
-                                      false);
+    return std::make_unique<V1Cgroup>(name, memory_path_ + "/" + leaf_name, std::move(dirs), false);
   }
 
   std::vector<std::unique_ptr<Cgroup>> orphans() override {

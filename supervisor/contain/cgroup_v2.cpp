@@ -90,7 +90,9 @@ class V2Cgroup : public Cgroup {
 
   const std::string& name() const override { return name_; }
   std::string path() const override { return path_; }
-  Json hierarchies() const override { return Json{{"unified", dir_.string()}}; }
+  std::map<std::string, std::string> hierarchies() const override {
+    return {{"unified", dir_.string()}};
+  }
   int clone_into_fd() const override { return fd_.get(); }
 
   void attach(pid_t pid) override { write_cgroup_file(dir_ / "cgroup.procs", std::to_string(pid)); }
@@ -126,7 +128,7 @@ class V2Cgroup : public Cgroup {
     write_cgroup_file(dir_ / "cgroup.freeze", "1");
     for (int i = 0; i < 500; ++i) {
       auto events = read_flat_keyed(dir_ / "cgroup.events", {"frozen"});
-      if (events.is_null() || events["frozen"] == 1) break;
+      if (!events.keys || events.keys->at("frozen") == 1u) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
     int signalled = 0;
@@ -139,15 +141,15 @@ class V2Cgroup : public Cgroup {
 
   std::vector<pid_t> pids() const override { return read_pids(dir_ / "cgroup.procs"); }
 
-  Json counters() const override {
-    Json c = Json::object();
+  Counters counters() const override {
+    Counters c;
     c["memory.events"] = read_flat_keyed(
         dir_ / "memory.events", {"low", "high", "max", "oom", "oom_kill", "oom_group_kill"});
-    c["memory.peak"] = u64_or_null(read_u64(dir_ / "memory.peak"));
-    c["memory.swap.current"] = u64_or_null(read_u64(dir_ / "memory.swap.current"));
-    c["memory.swap.peak"] = u64_or_null(read_u64(dir_ / "memory.swap.peak"));
+    c["memory.peak"] = read_counter(dir_ / "memory.peak");
+    c["memory.swap.current"] = read_counter(dir_ / "memory.swap.current");
+    c["memory.swap.peak"] = read_counter(dir_ / "memory.swap.peak");
     c["memory.swap.events"] = read_flat_keyed(dir_ / "memory.swap.events", {"high", "max", "fail"});
-    c["pids.peak"] = u64_or_null(read_u64(dir_ / "pids.peak"));
+    c["pids.peak"] = read_counter(dir_ / "pids.peak");
     c["pids.events"] = read_flat_keyed(dir_ / "pids.events", {"max"});
     c["cpu.stat"] = read_flat_keyed(dir_ / "cpu.stat", {"usage_usec", "user_usec", "system_usec"});
     return c;

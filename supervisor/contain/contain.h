@@ -2,10 +2,8 @@
 // mount namespace, under a hard timeout; the supervisor reads what the kernel counted.
 #pragma once
 
-#include <chrono>
 #include <cstdint>
 #include <filesystem>
-#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -15,6 +13,7 @@
 #include <boost/asio/io_context.hpp>
 
 #include "common/json.h"
+#include "supervisor/contain/evidence.h"
 
 namespace assay::contain {
 
@@ -29,15 +28,6 @@ struct RuntimeOptions {
   bool delegated = false;
 };
 
-struct Limits {
-  std::optional<std::uint64_t> memory_max;
-  std::optional<std::uint64_t> memory_high;
-  std::optional<std::uint64_t> swap_max;
-  std::optional<std::uint64_t> pids_max;
-  std::chrono::milliseconds timeout{std::chrono::minutes(10)};
-  std::chrono::milliseconds kill_grace{std::chrono::seconds(2)};
-};
-
 struct SpawnSpec {
   std::string name;               // unique leaf name, e.g. "<job>-oracle"
   std::vector<std::string> argv;  // argv[0] is an absolute path
@@ -50,7 +40,7 @@ struct SpawnSpec {
   std::optional<uid_t> uid;
   std::optional<gid_t> gid;
   std::uint64_t nofile = 4096;  // RLIMIT_NOFILE (soft and hard); RLIMIT_CORE is always 0
-  Limits limits;
+  Limits limits;                // evidence.h
 };
 
 // A started, contained process. Destroying it before completion kills it.
@@ -73,9 +63,6 @@ class EarlyChild {
   static std::unique_ptr<EarlyChild> start(const SpawnSpec& spec);
 };
 
-// Evidence is an assay.process-containment.v1 document (schemas/process-containment.schema.json).
-using CompletionHandler = std::function<void(common::Json evidence)>;
-
 class Runtime {
  public:
   virtual ~Runtime() = default;
@@ -86,9 +73,10 @@ class Runtime {
   virtual std::string backend() const = 0;  // "cgroup-v2", "cgroup-v1", "none"
   virtual common::Json describe() const = 0;
   // Finds worker cgroups left by an earlier assayd, kills, reads and removes them; returns
-  // their evidence keyed by name.
-  virtual std::vector<common::Json> cleanup_orphans() = 0;
-  // Starts the process; `done` runs on `io` once it exited (or was killed) and was measured.
+  // their evidence (`orphan` true).
+  virtual std::vector<Evidence> cleanup_orphans() = 0;
+  // Starts the process; `done` (CompletionHandler, evidence.h) runs on `io` once it exited (or
+  // was killed) and was measured.
   // Throws common::Error("contain.spawn_failed", ...) if it could not be started.
   virtual std::shared_ptr<Running> start(boost::asio::io_context& io, const SpawnSpec& spec,
                                          CompletionHandler done) = 0;
@@ -98,7 +86,7 @@ class Runtime {
                                          CompletionHandler done,
                                          std::unique_ptr<EarlyChild>& early) = 0;
   // Blocking convenience for tools and tests.
-  common::Json run(const SpawnSpec& spec);
+  Evidence run(const SpawnSpec& spec);
 };
 
 }  // namespace assay::contain

@@ -16,8 +16,8 @@
 #include <boost/asio/signal_set.hpp>
 
 #include "common/error.h"
-#include "supervisor/commands.h"
 #include "supervisor/contain/contain.h"
+#include "supervisor/contain/contain_cli.h"
 
 namespace assay::supervisor {
 
@@ -217,17 +217,17 @@ int contain_main(int argc, char** argv) {
     auto runtime = contain::Runtime::create(options);
     if (cleanup) {
       common::Json all = common::Json::array();
-      for (auto& e : runtime->cleanup_orphans()) all.push_back(std::move(e));
+      for (const auto& e : runtime->cleanup_orphans()) all.push_back(e.to_json());
       std::cout << all.dump(2) << std::endl;
       return 0;
     }
     boost::asio::io_context io;
-    common::Json evidence;
+    std::optional<contain::Evidence> evidence;
     // Ctrl-C or a TERM to this tool must not leave the worker (or its cgroup) behind.
     boost::asio::signal_set signals(io, SIGINT, SIGTERM);
     auto running = runtime->start(
         io, spec,
-        [&](common::Json e) {
+        [&](contain::Evidence e) {
           evidence = std::move(e);
           signals.cancel();
         },
@@ -238,8 +238,8 @@ int contain_main(int argc, char** argv) {
     });
     io.run();
     running.reset();
-    if (evidence.is_null()) throw common::Error("contain.internal", "no evidence was produced");
-    std::cout << evidence.dump(2) << '\n';
+    if (!evidence) throw common::Error("contain.internal", "no evidence was produced");
+    std::cout << evidence->to_json().dump(2) << '\n';
     // Done: what must happen before exit has happened (the worker's cgroup is gone with its
     // evidence; the runtime's own directory, v2, goes now). The rest (the io_context and its
     // descriptors, the heap) the kernel takes back faster than the destructors: ~0.3 ms of a

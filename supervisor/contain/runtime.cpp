@@ -22,7 +22,6 @@
 
 #include "common/error.h"
 #include "common/fs.h"
-#include "common/protocol.h"
 #include "supervisor/contain/cgroup.h"
 #include "supervisor/contain/contain.h"
 #include "supervisor/contain/spawn.h"
@@ -60,11 +59,6 @@ std::string utc_now() {
                 tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
                 static_cast<int>(ms.count()));
   return buf;
-}
-
-Json opt_json(const std::optional<std::uint64_t>& v) {
-  if (v) return *v;
-  return nullptr;
 }
 
 const char* signal_name(int sig) {
@@ -109,37 +103,44 @@ const char* signal_name(int sig) {
   return nullptr;
 }
 
-// The normalised view both backends share, next to the raw counters.
-void add_memory_summary(Json& evidence, const Json& counters) {
-  auto get = [&](const char* file, const char* key = nullptr) -> Json {
-    if (counters.is_null() || !counters.contains(file)) return nullptr;
-    const Json& v = counters[file];
-    if (!key) return v;
-    if (v.is_null() || !v.contains(key)) return nullptr;
-    return v[key];
+// The normalised view both backends share, next to the raw counters (none: all unknown).
+void summarise_counters(Evidence& e) {
+  const Counters* c = e.counters ? &*e.counters : nullptr;
+  auto counter = [&](const char* file) -> const Counter* {
+    if (!c) return nullptr;
+    auto it = c->find(file);
+    return it == c->end() ? nullptr : &it->second;
   };
-  Json peak = get("memory.peak");
-  if (peak.is_null()) peak = get("memory.max_usage_in_bytes");
-  Json oom = nullptr;
-  if (!get("memory.events").is_null()) {
-    Json k = get("memory.events", "oom_kill"), g = get("memory.events", "oom_group_kill");
-    oom = (k.is_number() && k.get<std::uint64_t>() > 0) ||
-          (g.is_number() && g.get<std::uint64_t>() > 0);
-  } else if (!get("memory.oom_control").is_null()) {
-    Json k = get("memory.oom_control", "oom_kill");
-    if (k.is_number()) oom = k.get<std::uint64_t>() > 0;
+  auto value = [&](const char* file) -> std::optional<std::uint64_t> {
+    const Counter* k = counter(file);
+    return k ? k->value : std::nullopt;
+  };
+  // The file's keys, or null when the kernel does not offer the file.
+  auto keyed = [&](const char* file) -> const std::map<std::string, std::optional<std::uint64_t>>* {
+    const Counter* k = counter(file);
+    return k && k->keys ? &*k->keys : nullptr;
+  };
+  auto key = [](const auto* keys, const char* name) -> std::optional<std::uint64_t> {
+    if (!keys) return std::nullopt;
+    auto it = keys->find(name);
+    return it == keys->end() ? std::nullopt : it->second;
+  };
+  e.memory_peak_bytes = value("memory.peak");
+  if (!e.memory_peak_bytes) e.memory_peak_bytes = value("memory.max_usage_in_bytes");
+  e.oom_killed = std::nullopt;
+  if (const auto* events = keyed("memory.events")) {
+    e.oom_killed =
+        key(events, "oom_kill").value_or(0) > 0 || key(events, "oom_group_kill").value_or(0) > 0;
+  } else if (const auto* control = keyed("memory.oom_control")) {
+    if (auto k = key(control, "oom_kill")) e.oom_killed = *k > 0;
   }
-  evidence["oom_killed"] = oom;
-  evidence["memory"] = Json{{"peak_bytes", peak},
-                            {"swap_current_bytes", get("memory.swap.current")},
-                            {"swap_peak_bytes", get("memory.swap.peak")}};
-  evidence["pids_peak"] = get("pids.peak");
-  Json cpu = get("cpu.stat", "usage_usec");
-  if (cpu.is_null()) {
-    Json ns = get("cpuacct.usage");
-    if (ns.is_number()) cpu = ns.get<std::uint64_t>() / 1000;
+  e.memory_swap_current_bytes = value("memory.swap.current");
+  e.memory_swap_peak_bytes = value("memory.swap.peak");
+  e.pids_peak = value("pids.peak");
+  e.cpu.cgroup_usage_usec = key(keyed("cpu.stat"), "usage_usec");
+  if (!e.cpu.cgroup_usage_usec) {
+    if (auto ns = value("cpuacct.usage")) e.cpu.cgroup_usage_usec = *ns / 1000;
   }
-  evidence["cpu"]["cgroup_usage_usec"] = cpu;
 }
 
 void check_name(const std::string& name) {
@@ -166,10 +167,8 @@ struct OutputSink {
   bool open = false;
   std::array<char, 65536> buf{};
 
-  Json evidence() const {
-    return Json{{"path", path.empty() ? Json(nullptr) : Json(path)},
-                {"bytes", written},
-                {"dropped_bytes", dropped}};
+  StreamEvidence evidence() const {
+    return {path.empty() ? std::nullopt : std::optional<std::string>(path), written, dropped};
   }
 };
 
@@ -327,17 +326,22 @@ class Job : public std::enable_shared_from_this<Job> {
     grace_timer_.cancel();
     pidfd_.close(ignored);
     if (r == 0) {
-      exit_ = Json::object();
       bool by_signal = info.si_code == CLD_KILLED || info.si_code == CLD_DUMPED;
-      exit_["code"] = by_signal ? Json(nullptr) : Json(info.si_status);
-      exit_["signal"] = by_signal ? Json(info.si_status) : Json(nullptr);
-      const char* name = by_signal ? signal_name(info.si_status) : nullptr;
-      exit_["signal_name"] = name ? Json(name) : Json(nullptr);
-      exit_["core_dumped"] = info.si_code == CLD_DUMPED;
-      cpu_ = Json{{"user_usec", static_cast<std::uint64_t>(ru.ru_utime.tv_sec) * 1000000 +
-                                    static_cast<std::uint64_t>(ru.ru_utime.tv_usec)},
-                  {"system_usec", static_cast<std::uint64_t>(ru.ru_stime.tv_sec) * 1000000 +
-                                      static_cast<std::uint64_t>(ru.ru_stime.tv_usec)}};
+      ExitStatus status;
+      if (by_signal) {
+        status.signal = info.si_status;
+        if (const char* name = signal_name(info.si_status)) status.signal_name = name;
+      } else {
+        status.code = info.si_status;
+      }
+      status.core_dumped = info.si_code == CLD_DUMPED;
+      exit_ = std::move(status);
+      auto usec = [](const timeval& t) {
+        return static_cast<std::uint64_t>(t.tv_sec) * 1000000 +
+               static_cast<std::uint64_t>(t.tv_usec);
+      };
+      cpu_.user_usec = usec(ru.ru_utime);
+      cpu_.system_usec = usec(ru.ru_stime);
     } else {
       errors_.push_back(std::string("waitid: ") + std::strerror(errno));
     }
@@ -401,21 +405,19 @@ class Job : public std::enable_shared_from_this<Job> {
     finished_ = true;
     boost::system::error_code ignored;
     poll_timer_.cancel();
-    Json evidence = build_evidence();
+    Evidence evidence = build_evidence();
     auto done = std::move(done_);
     if (done) done(std::move(evidence));
   }
 
-  Json build_evidence() {
-    Json e;
-    e["schema"] = std::string(protocol::kProcessContainment);
-    e["name"] = spec_.name;
-    e["mode"] = backend_ ? backend_->name() : "none";
-    e["orphan"] = false;
-    Json counters = nullptr;
+  Evidence build_evidence() {
+    Evidence e;
+    e.name = spec_.name;
+    e.mode = backend_ ? backend_->name() : "none";
+    e.orphan = false;
     if (cgroup_) {
       try {
-        counters = cgroup_->counters();
+        e.counters = cgroup_->counters();
       } catch (const common::Error& err) {
         errors_.push_back(err.what());
       }
@@ -426,46 +428,34 @@ class Job : public std::enable_shared_from_this<Job> {
       } catch (const common::Error& err) {
         errors_.push_back(err.what());
       }
-      e["cgroup"] = Json{
-          {"path", cgroup_->path()}, {"hierarchies", cgroup_->hierarchies()}, {"removed", removed}};
-    } else {
-      e["cgroup"] = nullptr;
+      e.cgroup = CgroupEvidence{cgroup_->path(), cgroup_->hierarchies(), removed};
     }
-    Json env_keys = Json::array();
-    for (const auto& kv : spec_.env) env_keys.push_back(kv.substr(0, kv.find('=')));
-    e["spawn"] = Json{{"method", spawned_.method},
-                      {"argv", spec_.argv},
-                      {"workdir", spec_.workdir.empty() ? "/" : spec_.workdir.string()},
-                      {"environment_keys", env_keys},
-                      {"uid", spec_.uid ? Json(*spec_.uid) : Json(nullptr)},
-                      {"gid", spec_.gid ? Json(*spec_.gid) : Json(nullptr)},
-                      {"no_new_privs", true},
-                      {"rlimits", Json{{"core", 0}, {"nofile", spec_.nofile}}},
-                      {"stdin", "/dev/null"}};
-    const Limits& l = spec_.limits;
-    e["limits"] =
-        Json{{"memory_max", opt_json(l.memory_max)}, {"memory_high", opt_json(l.memory_high)},
-             {"swap_max", opt_json(l.swap_max)},     {"pids_max", opt_json(l.pids_max)},
-             {"timeout_ms", l.timeout.count()},      {"kill_grace_ms", l.kill_grace.count()}};
-    e["network"] = spawned_.network;
-    e["mounts"] = spawned_.mounts;
-    e["started_at"] = started_at_;
-    e["wall_usec"] =
-        std::chrono::duration_cast<std::chrono::microseconds>(exit_time_ - start_time_).count();
-    e["exit"] = exit_.is_null() ? Json(nullptr) : exit_;
-    e["cpu"] = cpu_.is_null() ? Json{{"user_usec", nullptr}, {"system_usec", nullptr}} : cpu_;
-    e["timed_out"] = timed_out_;
-    e["cancelled"] = cancelled_;
-    e["sigterm_sent"] = sigterm_sent_;
-    e["cgroup_killed"] = cgroup_killed_;
-    e["kill_scope"] = cgroup_ ? "cgroup" : "process-group";
-    e["leftover_processes_killed"] = leftover_killed_;
-    e["counters"] = counters;
-    add_memory_summary(e, counters);
-    e["output"] = Json{{"stdout", out_.evidence()},
-                       {"stderr", err_.evidence()},
-                       {"cap_bytes", spec_.output_cap_bytes}};
-    e["errors"] = errors_;
+    SpawnEvidence spawn;
+    spawn.method = spawned_.method;
+    spawn.argv = spec_.argv;
+    spawn.workdir = spec_.workdir.empty() ? "/" : spec_.workdir.string();
+    for (const auto& kv : spec_.env) spawn.environment_keys.push_back(kv.substr(0, kv.find('=')));
+    spawn.uid = spec_.uid;
+    spawn.gid = spec_.gid;
+    spawn.rlimit_nofile = spec_.nofile;
+    e.spawn = std::move(spawn);
+    e.limits = spec_.limits;
+    e.network = spawned_.network;
+    e.mounts = spawned_.mounts;
+    e.started_at = started_at_;
+    e.wall_usec = static_cast<std::uint64_t>(
+        std::chrono::duration_cast<std::chrono::microseconds>(exit_time_ - start_time_).count());
+    e.exit = exit_;
+    e.cpu = cpu_;
+    e.timed_out = timed_out_;
+    e.cancelled = cancelled_;
+    e.sigterm_sent = sigterm_sent_;
+    e.cgroup_killed = cgroup_killed_;
+    e.kill_scope = cgroup_ ? "cgroup" : "process-group";
+    e.leftover_processes_killed = leftover_killed_;
+    summarise_counters(e);
+    e.output = OutputEvidence{out_.evidence(), err_.evidence(), spec_.output_cap_bytes};
+    e.errors = errors_;
     return e;
   }
 
@@ -482,7 +472,8 @@ class Job : public std::enable_shared_from_this<Job> {
   OutputSink out_, err_;
   std::string started_at_;
   Clock::time_point start_time_, exit_time_, empty_deadline_;
-  Json exit_ = nullptr, cpu_ = nullptr;
+  std::optional<ExitStatus> exit_;
+  CpuEvidence cpu_;
   std::vector<std::string> errors_;
   bool exited_ = false, empty_ = false;
   std::atomic<bool> finished_{false};
@@ -514,16 +505,14 @@ class RuntimeImpl : public Runtime {
     return backend_->describe();
   }
 
-  std::vector<Json> cleanup_orphans() override {
-    std::vector<Json> out;
+  std::vector<Evidence> cleanup_orphans() override {
+    std::vector<Evidence> out;
     if (!backend_) return out;
     for (auto& cg : backend_->orphans()) {
-      Json e;
-      e["schema"] = std::string(protocol::kProcessContainment);
-      e["name"] = cg->name();
-      e["mode"] = backend_->name();
-      e["orphan"] = true;
-      Json errors = Json::array();
+      Evidence e;
+      e.name = cg->name();
+      e.mode = backend_->name();
+      e.orphan = true;
       int killed = 0;
       try {
         killed = cg->kill_all();
@@ -531,41 +520,25 @@ class RuntimeImpl : public Runtime {
           std::this_thread::sleep_for(kEmptyPoll);
         }
       } catch (const common::Error& err) {
-        errors.push_back(err.what());
+        e.errors.push_back(err.what());
       }
-      Json counters = nullptr;
       try {
-        counters = cg->counters();
+        e.counters = cg->counters();
       } catch (const common::Error& err) {
-        errors.push_back(err.what());
+        e.errors.push_back(err.what());
       }
       bool removed = false;
       try {
         cg->remove();
         removed = true;
       } catch (const common::Error& err) {
-        errors.push_back(err.what());
+        e.errors.push_back(err.what());
       }
-      e["cgroup"] =
-          Json{{"path", cg->path()}, {"hierarchies", cg->hierarchies()}, {"removed", removed}};
-      e["spawn"] = nullptr;
-      e["limits"] = nullptr;
-      e["network"] = nullptr;
-      e["mounts"] = nullptr;
-      e["started_at"] = nullptr;
-      e["wall_usec"] = nullptr;
-      e["exit"] = nullptr;
-      e["cpu"] = Json{{"user_usec", nullptr}, {"system_usec", nullptr}};
-      e["timed_out"] = false;
-      e["cancelled"] = false;
-      e["sigterm_sent"] = false;
-      e["cgroup_killed"] = killed > 0;
-      e["kill_scope"] = "cgroup";
-      e["leftover_processes_killed"] = killed;
-      e["counters"] = counters;
-      add_memory_summary(e, counters);
-      e["output"] = nullptr;
-      e["errors"] = errors;
+      e.cgroup = CgroupEvidence{cg->path(), cg->hierarchies(), removed};
+      e.cgroup_killed = killed > 0;
+      e.kill_scope = "cgroup";
+      e.leftover_processes_killed = killed;
+      summarise_counters(e);
       out.push_back(std::move(e));
     }
     return out;
@@ -627,12 +600,13 @@ std::unique_ptr<EarlyChild> EarlyChild::start(const SpawnSpec& spec) {
   return detail::prespawn(spec, nullptr);
 }
 
-Json Runtime::run(const SpawnSpec& spec) {
+Evidence Runtime::run(const SpawnSpec& spec) {
   asio::io_context io;
-  Json result;
-  auto running = start(io, spec, [&](Json evidence) { result = std::move(evidence); });
+  std::optional<Evidence> result;
+  auto running = start(io, spec, [&](Evidence evidence) { result = std::move(evidence); });
   io.run();
-  return result;
+  if (!result) throw common::Error("contain.internal", "no evidence for " + spec.name);
+  return std::move(*result);
 }
 
 }  // namespace assay::contain

@@ -35,7 +35,6 @@ namespace assay::contain::detail {
 namespace {
 
 namespace fs = std::filesystem;
-using common::Json;
 using common::UniqueFd;
 
 enum Stage : int {
@@ -394,7 +393,7 @@ struct Prespawned::State {
   std::string exe;
   std::deque<std::string> strings;  // the mount ops' paths (stable addresses)
   std::vector<MountOp> ops;
-  Json mounts;
+  MountsEvidence mounts;
   std::string clone;  // "clone3" or "clone"
   bool into_cgroup = false;
   bool affinity_narrowed = false;  // this thread runs on other CPUs until finish_spawn
@@ -446,7 +445,7 @@ std::unique_ptr<Prespawned> prespawn(const SpawnSpec& spec, Cgroup* clone_into) 
   std::sort(hidden.begin(), hidden.end());
   auto keep = [&](std::string s) { return st.strings.emplace_back(std::move(s)).c_str(); };
   std::vector<MountOp>& ops = st.ops;
-  Json hidden_json = Json::array(), absent_json = Json::array();
+  MountsEvidence& mounts = st.mounts;
   std::vector<fs::path> done;
   const char* workdir_proc = keep("/proc/self/fd/" + std::to_string(wfd));
   for (const auto& h : hidden) {
@@ -455,11 +454,11 @@ std::unique_ptr<Prespawned> prespawn(const SpawnSpec& spec, Cgroup* clone_into) 
     }
     struct stat st;
     if (::lstat(h.c_str(), &st) != 0) {
-      absent_json.push_back(h.string());
+      mounts.absent.push_back(h.string());
       continue;
     }
     done.push_back(h);
-    hidden_json.push_back(h.string());
+    mounts.hidden.push_back(h.string());
     const char* target = keep(h.string());
     if (!S_ISDIR(st.st_mode)) {
       ops.push_back({MountOp::kMount, "/dev/null", target, nullptr, MS_BIND, nullptr, kStageMount});
@@ -487,8 +486,6 @@ std::unique_ptr<Prespawned> prespawn(const SpawnSpec& spec, Cgroup* clone_into) 
     ops.push_back({MountOp::kMount, "tmpfs", target, "tmpfs", MS_REMOUNT | tmpfs_flags | MS_RDONLY,
                    "size=64k,mode=0755", kStageMount});
   }
-
-  st.mounts = Json{{"namespace", "private"}, {"hidden", hidden_json}, {"absent", absent_json}};
 
   UniqueFd gate_r, report_w, out_w, err_w;
   make_pipe(gate_r, st.gate_w, "pipe (gate)");
@@ -586,7 +583,9 @@ Prespawned::~Prespawned() {
   }
 }
 
-pid_t Prespawned::pid() const { return state_->pid; }
+pid_t Prespawned::pid() const {
+  return state_->pid;
+}
 
 void Prespawned::restore_affinity() {
   if (!state_->affinity_narrowed) return;
@@ -666,9 +665,7 @@ Spawned finish_spawn(std::unique_ptr<Prespawned> child, Cgroup* cgroup) {
   struct stat mine {};
   bool private_net = ::stat("/proc/self/ns/net", &mine) == 0 && ns.net_ino != 0 &&
                      (ns.net_ino != mine.st_ino || ns.net_dev != mine.st_dev);
-  Json ifaces = Json::array();
-  for (const auto& i : interfaces_of(net_dev)) ifaces.push_back(i);
-  s.network = Json{{"namespace", private_net ? "private" : "shared"}, {"interfaces", ifaces}};
+  s.network = NetworkEvidence{private_net, interfaces_of(net_dev)};
   s.mounts = st.mounts;
 
   n = read_report(report);

@@ -13,9 +13,9 @@
 #include <sys/types.h>
 
 #include "common/fs.h"
-#include "common/json.h"
 #include "supervisor/contain/cgroup.h"
 #include "supervisor/contain/contain.h"
+#include "supervisor/contain/evidence.h"
 
 namespace assay::contain::detail {
 
@@ -27,10 +27,10 @@ struct Spawned {
   // "clone3-into-cgroup"; "clone3-self-attach"/"clone-self-attach" (v1: the gated child moved
   // itself in); "clone3-pipe-gate"/"clone-pipe-gate" (the parent attached the gated child).
   std::string method;
-  // {"namespace": "private", "interfaces": [...]}: the child's network namespace inode against
-  // assayd's, and the interfaces the kernel lists in it.
-  common::Json network;
-  common::Json mounts;   // {"namespace": "private", "hidden": [...], "absent": [...]}
+  // The child's network namespace inode against assayd's, and the interfaces the kernel lists
+  // in it.
+  NetworkEvidence network;
+  MountsEvidence mounts;
 };
 
 // A cloned child that is making its namespaces and will wait at the gate (an EarlyChild when

@@ -22,39 +22,23 @@
 #include <thread>
 
 #include "common/error.h"
-#include "supervisor/commands.h"
 #include "supervisor/contain/cgroup.h"
 #include "supervisor/contain/contain.h"
+#include "supervisor/contain/contain_cli.h"
 #include "supervisor/contain/spawn.h"
+#include "tests/contain/test_util.h"
 
 namespace {
 
 namespace fs = std::filesystem;
 using assay::common::Json;
 using namespace assay::contain;
+using assay::contain::test::check_schema;
+using assay::contain::test::slurp;
+using assay::contain::test::TempDir;
 
 constexpr const char* kPython = ASSAY_PYTHON3;
 constexpr std::uint64_t kMiB = 1024 * 1024;
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-// A scratch directory removed at the end of the test.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "contain-test-XXXXXX").string();
-    path = ::mkdtemp(tmpl.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
 
 // Worker cgroups this process owns right now, in every hierarchy the runtime uses: v1 leaves
 // named <leaf_prefix><worker> in each hierarchy's base, v2 leaves in the workers directory.
@@ -90,19 +74,6 @@ SpawnSpec make_spec(const std::string& name, std::vector<std::string> argv, cons
   return s;
 }
 
-// Validates a document against schemas/process-containment.schema.json with python3-jsonschema.
-void check_schema(const Json& evidence, const fs::path& dir) {
-  fs::path doc = dir / "evidence.json";
-  std::ofstream(doc) << evidence.dump();
-  std::string cmd = std::string(kPython) +
-                    " -c 'import json,sys,jsonschema; "
-                    "s=json.load(open(sys.argv[1])); d=json.load(open(sys.argv[2])); "
-                    "jsonschema.Draft202012Validator(s).validate(d)' " ASSAY_SCHEMA_DIR
-                    "/process-containment.schema.json " +
-                    doc.string();
-  CHECK_MESSAGE(std::system(cmd.c_str()) == 0, "schema validation failed for " << evidence.dump());
-}
-
 // Default: below this process's own cgroup. ASSAY_TEST_BASE_CGROUP names another (cgroup v2
 // hosts, where the test's own cgroup holds processes and cannot enable controllers).
 RuntimeOptions test_options() {
@@ -134,34 +105,54 @@ TEST_CASE("a normal run exits 0, is measured, validates against the schema and l
   TempDir dir;
   auto rt = runtime();
   auto spec = make_spec("normal", {"/bin/sh", "-c", "echo hello; echo oops >&2; exit 0"}, dir.path);
-  Json e = rt->run(spec);
-  CHECK(e["schema"] == "assay.process-containment.v1");
-  CHECK(e["mode"] == rt->backend());
-  CHECK(e["exit"]["code"] == 0);
-  CHECK(e["exit"]["signal"].is_null());
-  CHECK(e["timed_out"] == false);
-  CHECK(e["oom_killed"] == false);
-  CHECK(e["cgroup"]["removed"] == true);
-  CHECK(e["errors"].empty());
-  CHECK(e["memory"]["peak_bytes"].get<std::uint64_t>() > 0);
-  CHECK(e["output"]["stdout"]["bytes"] == 6);
+  Evidence e = rt->run(spec);
+  CHECK(e.mode == rt->backend());
+  REQUIRE(e.exit);
+  CHECK(e.exit->code == 0);
+  CHECK_FALSE(e.exit->signal);
+  CHECK(e.succeeded());
+  CHECK(e.failure_reason() == "");
+  CHECK_FALSE(e.timed_out);
+  CHECK(e.oom_killed == false);
+  REQUIRE(e.cgroup);
+  CHECK(e.cgroup->removed);
+  CHECK(e.errors.empty());
+  CHECK(e.memory_peak_bytes.value_or(0) > 0);
+  REQUIRE(e.output);
+  CHECK(e.output->out.bytes == 6);
+  CHECK(e.output->err.bytes == 5);
+  CHECK(e.output->out.path == spec.stdout_path.string());
   CHECK(slurp(spec.stdout_path) == "hello\n");
   CHECK(slurp(spec.stderr_path) == "oops\n");
-  CHECK(e["spawn"]["environment_keys"] == Json::array({"PATH", "LANG"}));
-  check_schema(e, dir.path);
+  REQUIRE(e.spawn);
+  CHECK(e.spawn->environment_keys == std::vector<std::string>{"PATH", "LANG"});
+  CHECK(e.limits == spec.limits);
+  Json doc = e.to_json();
+  CHECK(doc["schema"] == "assay.process-containment.v1");
+  CHECK(doc["exit"]["code"] == 0);
+  CHECK(doc["memory"]["peak_bytes"] == *e.memory_peak_bytes);
+  check_schema(doc, dir.path);
+  CHECK(Evidence::from_json(doc) == e);
   CHECK(my_cgroups(*rt).empty());
 }
 
 TEST_CASE("the exit code and the killing signal of the worker are reported") {
   TempDir dir;
   auto rt = runtime();
-  Json code = rt->run(make_spec("code", {"/bin/sh", "-c", "exit 7"}, dir.path));
-  CHECK(code["exit"]["code"] == 7);
-  Json sig = rt->run(make_spec("sig", {"/bin/sh", "-c", "kill -SEGV $$"}, dir.path));
-  CHECK(sig["exit"]["code"].is_null());
-  CHECK(sig["exit"]["signal"] == SIGSEGV);
-  CHECK(sig["exit"]["signal_name"] == "SIGSEGV");
-  CHECK(sig["exit"]["core_dumped"] == false);  // RLIMIT_CORE is 0
+  Evidence code = rt->run(make_spec("code", {"/bin/sh", "-c", "exit 7"}, dir.path));
+  REQUIRE(code.exit);
+  CHECK(code.exit->code == 7);
+  CHECK(code.failure_reason() == "exited with code 7");
+  Evidence sig = rt->run(make_spec("sig", {"/bin/sh", "-c", "kill -SEGV $$"}, dir.path));
+  REQUIRE(sig.exit);
+  CHECK_FALSE(sig.exit->code);
+  CHECK(sig.exit->signal == SIGSEGV);
+  CHECK(sig.exit->signal_name == "SIGSEGV");
+  CHECK_FALSE(sig.exit->core_dumped);  // RLIMIT_CORE is 0
+  CHECK(sig.failure_reason() == "was killed by signal SIGSEGV");
+  Json doc = sig.to_json();
+  CHECK(doc["exit"]["code"].is_null());
+  CHECK(doc["exit"]["signal_name"] == "SIGSEGV");
 }
 
 TEST_CASE("a 200 MB allocation under a 64 MB limit is OOM-killed and the evidence says so") {
@@ -169,14 +160,21 @@ TEST_CASE("a 200 MB allocation under a 64 MB limit is OOM-killed and the evidenc
   auto rt = runtime();
   auto spec = make_spec("oom", {kPython, "-c", "x = b'\\x01' * (200 << 20)"}, dir.path);
   spec.limits.memory_max = 64 * kMiB;
-  Json e = rt->run(spec);
-  CHECK(e["exit"]["signal"] == SIGKILL);
-  CHECK(e["oom_killed"] == true);
-  auto peak = e["memory"]["peak_bytes"].get<std::uint64_t>();
-  CHECK(peak > 56 * kMiB);
-  CHECK(peak <= 64 * kMiB);
-  CHECK(e["limits"]["memory_max"] == 64 * kMiB);
-  check_schema(e, dir.path);
+  Evidence e = rt->run(spec);
+  REQUIRE(e.exit);
+  CHECK(e.exit->signal == SIGKILL);
+  CHECK(e.oom_killed == true);
+  CHECK_FALSE(e.succeeded());
+  CHECK(e.failure_reason() == "was OOM-killed (memory limit reached)");
+  REQUIRE(e.memory_peak_bytes);
+  CHECK(*e.memory_peak_bytes > 56 * kMiB);
+  CHECK(*e.memory_peak_bytes <= 64 * kMiB);
+  REQUIRE(e.limits);
+  CHECK(e.limits->memory_max == 64 * kMiB);
+  Json doc = e.to_json();
+  CHECK(doc["oom_killed"] == true);
+  CHECK(doc["limits"]["memory_max"] == 64 * kMiB);
+  check_schema(doc, dir.path);
   CHECK(my_cgroups(*rt).empty());
 }
 
@@ -185,10 +183,10 @@ TEST_CASE("a normal run reports a peak within 20% of what it allocated") {
   auto rt = runtime();
   auto spec = make_spec("peak", {kPython, "-c", "x = b'\\x01' * (128 << 20)"}, dir.path);
   spec.limits.memory_max = 512 * kMiB;
-  Json e = rt->run(spec);
-  REQUIRE(e["exit"]["code"] == 0);
-  CHECK(e["oom_killed"] == false);
-  auto peak = static_cast<double>(e["memory"]["peak_bytes"].get<std::uint64_t>());
+  Evidence e = rt->run(spec);
+  REQUIRE(e.succeeded());
+  CHECK(e.oom_killed == false);
+  auto peak = static_cast<double>(e.memory_peak_bytes.value_or(0));
   CHECK(peak >= 128.0 * kMiB);
   CHECK(peak <= 1.2 * 128 * kMiB);
 }
@@ -207,16 +205,18 @@ TEST_CASE("a timeout kills the worker in about a second, its setsid grandchild t
   spec.limits.timeout = std::chrono::seconds(1);
   spec.limits.kill_grace = std::chrono::milliseconds(500);
   auto t0 = std::chrono::steady_clock::now();
-  Json e = rt->run(spec);
+  Evidence e = rt->run(spec);
   double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   CHECK(took < 3.0);
-  CHECK(e["timed_out"] == true);
-  CHECK(e["sigterm_sent"] == true);
-  CHECK(e["exit"]["signal"] == SIGTERM);
-  CHECK(e["leftover_processes_killed"].get<int>() >= 1);
+  CHECK(e.timed_out);
+  CHECK(e.sigterm_sent);
+  REQUIRE(e.exit);
+  CHECK(e.exit->signal == SIGTERM);
+  CHECK(e.failure_reason() == "timed out and was killed");
+  CHECK(e.leftover_processes_killed >= 1);
   pid_t gc = std::stoi(slurp(dir.path / "gc.pid"));
   CHECK(process_gone(gc));
-  CHECK(e["wall_usec"].get<std::int64_t>() >= 1'000'000);
+  CHECK(e.wall_usec.value_or(0) >= 1'000'000);
   CHECK(my_cgroups(*rt).empty());
 }
 
@@ -229,12 +229,13 @@ TEST_CASE("a worker that ignores SIGTERM is killed with the whole cgroup after t
   spec.limits.timeout = std::chrono::milliseconds(500);
   spec.limits.kill_grace = std::chrono::milliseconds(500);
   auto t0 = std::chrono::steady_clock::now();
-  Json e = rt->run(spec);
+  Evidence e = rt->run(spec);
   double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   CHECK(took < 3.0);
-  CHECK(e["timed_out"] == true);
-  CHECK(e["cgroup_killed"] == true);
-  CHECK(e["exit"]["signal"] == SIGKILL);
+  CHECK(e.timed_out);
+  CHECK(e.cgroup_killed);
+  REQUIRE(e.exit);
+  CHECK(e.exit->signal == SIGKILL);
   CHECK(process_gone(std::stoi(slurp(dir.path / "gc.pid"))));
   CHECK(my_cgroups(*rt).empty());
 }
@@ -267,19 +268,21 @@ TEST_CASE(
       "print(','.join(n for _, n in socket.if_nameindex()))\n";
   auto rt = runtime();
   auto spec = make_spec("net", {kPython, "-c", script}, dir.path);
-  Json e = rt->run(spec);
+  Evidence e = rt->run(spec);
   ::close(listener);
-  CHECK(e["exit"]["code"] == 0);
+  CHECK(e.succeeded());
   CHECK(slurp(spec.stdout_path) == "refused\nlo-up\nlo\n");
-  CHECK(e["network"]["namespace"] == "private");
-  CHECK(e["network"]["interfaces"] == Json::array({"lo"}));
+  REQUIRE(e.network);
+  CHECK(e.network->private_namespace);
+  CHECK(e.network->interfaces == std::vector<std::string>{"lo"});
+  CHECK(e.network->to_json() == Json{{"namespace", "private"}, {"interfaces", {"lo"}}});
 }
 
 TEST_CASE("8 concurrent contained processes each get their own cgroup and evidence") {
   TempDir dir;
   auto rt = runtime();
   boost::asio::io_context io;
-  std::vector<Json> results;
+  std::vector<Evidence> results;
   std::vector<std::shared_ptr<Running>> running;
   for (int i = 0; i < 8; ++i) {
     auto spec = make_spec(
@@ -288,19 +291,19 @@ TEST_CASE("8 concurrent contained processes each get their own cgroup and eviden
          "import time; x = b'\\x01' * (" + std::to_string(8 + 4 * i) + " << 20); time.sleep(0.3)"},
         dir.path);
     spec.limits.memory_max = 256 * kMiB;
-    running.push_back(rt->start(io, spec, [&](Json e) { results.push_back(std::move(e)); }));
+    running.push_back(rt->start(io, spec, [&](Evidence e) { results.push_back(std::move(e)); }));
   }
   CHECK(my_cgroups(*rt).size() >= 8);  // memory (+pids, freezer...) leaves, all alive at once
   io.run();
   REQUIRE(results.size() == 8);
   std::set<std::string> paths;
   for (const auto& e : results) {
-    CHECK(e["exit"]["code"] == 0);
-    CHECK(e["cgroup"]["removed"] == true);
-    paths.insert(e["cgroup"]["path"].get<std::string>());
-    int i = std::stoi(e["name"].get<std::string>().substr(3));
-    CHECK(e["memory"]["peak_bytes"].get<std::uint64_t>() >=
-          (8 + 4 * static_cast<std::uint64_t>(i)) * kMiB);
+    CHECK(e.succeeded());
+    REQUIRE(e.cgroup);
+    CHECK(e.cgroup->removed);
+    paths.insert(e.cgroup->path);
+    int i = std::stoi(e.name.substr(3));
+    CHECK(e.memory_peak_bytes.value_or(0) >= (8 + 4 * static_cast<std::uint64_t>(i)) * kMiB);
   }
   CHECK(paths.size() == 8);
   CHECK(my_cgroups(*rt).empty());
@@ -310,14 +313,17 @@ TEST_CASE("cancelling a running worker kills it and still delivers the evidence"
   TempDir dir;
   auto rt = runtime();
   boost::asio::io_context io;
-  Json result;
+  std::optional<Evidence> result;
   auto r = rt->start(io, make_spec("cancel", {"/bin/sleep", "60"}, dir.path),
-                     [&](Json e) { result = std::move(e); });
+                     [&](Evidence e) { result = std::move(e); });
   boost::asio::steady_timer t(io, std::chrono::milliseconds(200));
   t.async_wait([&](boost::system::error_code) { r->kill(); });
   io.run();
-  CHECK(result["cancelled"] == true);
-  CHECK(result["exit"]["signal"] == SIGKILL);
+  REQUIRE(result);
+  CHECK(result->cancelled);
+  REQUIRE(result->exit);
+  CHECK(result->exit->signal == SIGKILL);
+  CHECK(result->failure_reason() == "was killed by signal SIGKILL");
   CHECK(my_cgroups(*rt).empty());
 }
 
@@ -336,10 +342,14 @@ TEST_CASE("the worker gets exactly its environment, rlimits, no_new_privs and th
   who.uid = 65534;
   who.gid = 65534;
   who.nofile = 256;
-  Json e = rt->run(who);
-  CHECK(e["exit"]["code"] == 0);
+  Evidence e = rt->run(who);
+  CHECK(e.succeeded());
   CHECK(slurp(who.stdout_path) == "65534\n65534\n65534\n0\n256\nNoNewPrivs:\t1\n");
-  CHECK(e["spawn"]["uid"] == 65534);
+  REQUIRE(e.spawn);
+  CHECK(e.spawn->uid == 65534u);
+  CHECK(e.spawn->gid == 65534u);
+  CHECK(e.spawn->rlimit_nofile == 256);
+  CHECK(e.to_json()["spawn"]["rlimits"] == Json{{"core", 0}, {"nofile", 256}});
 }
 
 TEST_CASE("output beyond the cap is counted and dropped") {
@@ -347,9 +357,11 @@ TEST_CASE("output beyond the cap is counted and dropped") {
   auto rt = runtime();
   auto spec = make_spec("cap", {"/bin/sh", "-c", "head -c 100000 /dev/zero"}, dir.path);
   spec.output_cap_bytes = 1000;
-  Json e = rt->run(spec);
-  CHECK(e["output"]["stdout"]["bytes"] == 1000);
-  CHECK(e["output"]["stdout"]["dropped_bytes"] == 99000);
+  Evidence e = rt->run(spec);
+  REQUIRE(e.output);
+  CHECK(e.output->out.bytes == 1000);
+  CHECK(e.output->out.dropped_bytes == 99000);
+  CHECK(e.output->cap_bytes == 1000);
   CHECK(fs::file_size(spec.stdout_path) == 1000);
 }
 
@@ -370,11 +382,14 @@ TEST_CASE("hidden paths are unreachable inside, the workdir below them stays usa
   spec.stdout_path = dir.path / "hide.out";
   spec.stderr_path = dir.path / "hide.err";
   spec.hidden_paths = {state, dir.path / "token", dir.path / "missing"};
-  Json e = rt->run(spec);
-  CHECK(e["exit"]["code"] == 0);
+  Evidence e = rt->run(spec);
+  CHECK(e.succeeded());
   CHECK(slurp(dir.path / "hide.out") == "{}\nno-secret\n\n");
   CHECK(slurp(state / "jobs" / "j1" / "oracle" / "output.json") == "out\n");
-  CHECK(e["mounts"]["absent"] == Json::array({(dir.path / "missing").string()}));
+  REQUIRE(e.mounts);
+  CHECK(e.mounts->hidden ==
+        std::vector<std::string>{state.string(), (dir.path / "token").string()});
+  CHECK(e.mounts->absent == std::vector<std::string>{(dir.path / "missing").string()});
   CHECK(slurp(state / "secret.key") == "private");  // the host's view is untouched
 }
 
@@ -385,7 +400,8 @@ TEST_CASE("a runtime leaves no directory of its own behind: no owner cgroup on v
   {
     auto rt = runtime();
     boost::asio::io_context io;
-    auto running = rt->start(io, make_spec("owner", {"/bin/sleep", "60"}, dir.path), [](Json) {});
+    auto running =
+        rt->start(io, make_spec("owner", {"/bin/sleep", "60"}, dir.path), [](Evidence) {});
     Json d = rt->describe();
     if (d.contains("hierarchies")) {  // v1: the worker's leaves carry the owner's name
       prefix = d["leaf_prefix"].get<std::string>();
@@ -431,15 +447,17 @@ TEST_CASE("the worker runs in its leaf cgroup of every hierarchy before it execu
   TempDir dir;
   auto rt = runtime();
   auto spec = make_spec("where", {"/bin/cat", "/proc/self/cgroup"}, dir.path);
-  Json e = rt->run(spec);
-  REQUIRE(e["exit"]["code"] == 0);
-  std::string method = e["spawn"]["method"];
+  Evidence e = rt->run(spec);
+  REQUIRE(e.succeeded());
+  REQUIRE(e.spawn);
+  REQUIRE(e.cgroup);
+  std::string method = e.spawn->method;
   std::string leaf = "/" + spec.name;
   std::string seen = slurp(spec.stdout_path);
   if (rt->backend() == "cgroup-v1") {
     CHECK((method == "clone3-self-attach" || method == "clone-self-attach"));
-    for (auto& [controller, dir_path] : e["cgroup"]["hierarchies"].items()) {
-      std::string leaf_v1 = "/" + fs::path(dir_path.get<std::string>()).filename().string();
+    for (const auto& [controller, dir_path] : e.cgroup->hierarchies) {
+      std::string leaf_v1 = "/" + fs::path(dir_path).filename().string();
       CHECK(leaf_v1.ends_with("." + spec.name));  // <owner>.<worker>
       bool found = false;
       std::istringstream lines(seen);
@@ -464,7 +482,7 @@ class UnwritableCgroup : public assay::contain::detail::Cgroup {
  public:
   const std::string& name() const override { return name_; }
   std::string path() const override { return "/unwritable"; }
-  Json hierarchies() const override { return Json::object(); }
+  std::map<std::string, std::string> hierarchies() const override { return {}; }
   int clone_into_fd() const override { return -1; }
   void attach(pid_t) override { FAIL("the parent must not attach when the child attaches itself"); }
   std::vector<std::string> self_attach_files() const override {
@@ -473,7 +491,7 @@ class UnwritableCgroup : public assay::contain::detail::Cgroup {
   void set_limits(const Limits&) override {}
   int kill_all() override { return 0; }
   std::vector<pid_t> pids() const override { return {}; }
-  Json counters() const override { return nullptr; }
+  Counters counters() const override { return {}; }
   void remove() override {}
 
  private:
@@ -501,24 +519,27 @@ TEST_CASE("a child started before the runtime is taken over and runs in its cgro
   auto early = assay::contain::EarlyChild::start(spec);  // before the backend is known
   auto rt = runtime();
   boost::asio::io_context io;
-  Json e;
-  auto running = rt->start(io, spec, [&](Json ev) { e = std::move(ev); }, early);
+  Evidence e;
+  auto running = rt->start(
+      io, spec, [&](Evidence ev) { e = std::move(ev); }, early);
   io.run();
-  REQUIRE(e["exit"]["code"] == 0);
-  CHECK(e["network"]["namespace"] == "private");
-  CHECK(e["network"]["interfaces"] == Json::array({"lo"}));
+  REQUIRE(e.succeeded());
+  REQUIRE(e.network);
+  CHECK(e.network->private_namespace);
+  CHECK(e.network->interfaces == std::vector<std::string>{"lo"});
+  REQUIRE(e.spawn);
   if (rt->backend() == "cgroup-v1") {
     CHECK(early == nullptr);  // taken over
-    CHECK(e["spawn"]["method"] == "clone3-self-attach");
+    CHECK(e.spawn->method == "clone3-self-attach");
     std::string seen = slurp(spec.stdout_path);
-    for (auto& [controller, path] : e["cgroup"]["hierarchies"].items()) {
-      CHECK_MESSAGE(seen.find(fs::path(path.get<std::string>()).filename().string() + "\n") !=
-                        std::string::npos,
+    REQUIRE(e.cgroup);
+    for (const auto& [controller, path] : e.cgroup->hierarchies) {
+      CHECK_MESSAGE(seen.find(fs::path(path).filename().string() + "\n") != std::string::npos,
                     controller << " leaf not in " << seen);
     }
   } else {
     CHECK(early != nullptr);  // v2 clones a fresh child into the cgroup
-    CHECK(e["spawn"]["method"] == "clone3-into-cgroup");
+    CHECK(e.spawn->method == "clone3-into-cgroup");
   }
   CHECK(my_cgroups(*rt).empty());
 }
@@ -547,11 +568,12 @@ TEST_CASE("the worker gets the CPUs its supervisor had, and the supervisor gets 
   cpu_set_t during;
   REQUIRE(::sched_getaffinity(0, sizeof during, &during) == 0);
   boost::asio::io_context io;
-  Json e;
-  auto running = rt->start(io, spec, [&](Json ev) { e = std::move(ev); }, early);
+  Evidence e;
+  auto running = rt->start(
+      io, spec, [&](Evidence ev) { e = std::move(ev); }, early);
   io.run();
   early.reset();
-  REQUIRE(e["exit"]["code"] == 0);
+  REQUIRE(e.succeeded());
   cpu_set_t after;
   REQUIRE(::sched_getaffinity(0, sizeof after, &after) == 0);
   CHECK(CPU_EQUAL(&before, &after));
@@ -564,8 +586,8 @@ TEST_CASE("the worker gets the CPUs its supervisor had, and the supervisor gets 
   }
   // And through the daemon's path, without an early child.
   spec.name += "-2";
-  Json e2 = rt->run(spec);
-  REQUIRE(e2["exit"]["code"] == 0);
+  Evidence e2 = rt->run(spec);
+  REQUIRE(e2.succeeded());
   REQUIRE(::sched_getaffinity(0, sizeof after, &after) == 0);
   CHECK(CPU_EQUAL(&before, &after));
   CHECK(slurp(spec.stdout_path) == mine.substr(at, mine.find('\n', at) - at + 1));
@@ -602,9 +624,12 @@ TEST_CASE("pids_max is enforced and pids.peak is reported") {
       "pids", {"/bin/sh", "-c", "for i in 1 2 3 4 5 6 7 8; do sleep 0.3 & done; wait; echo done"},
       dir.path);
   spec.limits.pids_max = 4;
-  Json e = rt->run(spec);
-  CHECK(e["pids_peak"].get<int>() <= 4);
-  CHECK(e["pids_peak"].get<int>() >= 2);
+  Evidence e = rt->run(spec);
+  REQUIRE(e.pids_peak);
+  CHECK(*e.pids_peak <= 4);
+  CHECK(*e.pids_peak >= 2);
+  REQUIRE(e.limits);
+  CHECK(e.limits->pids_max == 4u);
   CHECK(slurp(spec.stderr_path).find("fork") != std::string::npos);
 }
 
@@ -613,14 +638,21 @@ TEST_CASE("mode none runs without a cgroup and says so: no counters, oom unknown
   RuntimeOptions o;
   o.mode = Mode::kNone;
   auto rt = Runtime::create(o);
-  Json e = rt->run(make_spec("none", {"/bin/true"}, dir.path));
-  CHECK(e["mode"] == "none");
-  CHECK(e["cgroup"].is_null());
-  CHECK(e["counters"].is_null());
-  CHECK(e["oom_killed"].is_null());
-  CHECK(e["memory"]["peak_bytes"].is_null());
-  CHECK(e["kill_scope"] == "process-group");
-  check_schema(e, dir.path);
+  Evidence e = rt->run(make_spec("none", {"/bin/true"}, dir.path));
+  CHECK(e.mode == "none");
+  CHECK_FALSE(e.cgroup);
+  CHECK_FALSE(e.counters);
+  CHECK_FALSE(e.oom_killed);
+  CHECK_FALSE(e.memory_peak_bytes);
+  CHECK(e.kill_scope == "process-group");
+  CHECK(e.succeeded());  // an unknown OOM state is not an OOM kill
+  Json doc = e.to_json();
+  CHECK(doc["cgroup"].is_null());
+  CHECK(doc["counters"].is_null());
+  CHECK(doc["oom_killed"].is_null());
+  CHECK(doc["memory"]["peak_bytes"].is_null());
+  check_schema(doc, dir.path);
+  CHECK(Evidence::from_json(doc) == e);
 }
 
 TEST_CASE("worker cgroups left by a crashed supervisor are found, killed, read and removed") {
@@ -637,7 +669,7 @@ TEST_CASE("worker cgroups left by a crashed supervisor are found, killed, read a
     boost::asio::io_context io;
     auto spec = make_spec("orphan", {"/bin/sleep", "60"}, dir.path);
     spec.name = name;
-    auto r = rt->start(io, spec, [](Json) {});
+    auto r = rt->start(io, spec, [](Evidence) {});
     char c = 1;
     (void)!::write(ready[1], &c, 1);
     ::_exit(0);
@@ -650,19 +682,28 @@ TEST_CASE("worker cgroups left by a crashed supervisor are found, killed, read a
   ::waitpid(sup, &status, 0);
   auto rt = runtime();
   auto orphans = rt->cleanup_orphans();
-  const Json* mine = nullptr;
+  const Evidence* mine = nullptr;
   for (const auto& o : orphans) {
-    if (o["name"] == name) mine = &o;
+    if (o.name == name) mine = &o;
   }
   REQUIRE(mine != nullptr);
-  CHECK((*mine)["orphan"] == true);
-  CHECK((*mine)["leftover_processes_killed"] == 1);
-  CHECK((*mine)["cgroup"]["removed"] == true);
-  CHECK((*mine)["memory"]["peak_bytes"].get<std::uint64_t>() > 0);
-  check_schema(*mine, dir.path);
-  for (const auto& [k, v] : (*mine)["cgroup"]["hierarchies"].items()) {
-    CHECK_FALSE(fs::exists(v.get<std::string>()));
+  CHECK(mine->orphan);
+  CHECK(mine->leftover_processes_killed == 1);
+  CHECK(mine->cgroup_killed);
+  REQUIRE(mine->cgroup);
+  CHECK(mine->cgroup->removed);
+  CHECK(mine->memory_peak_bytes.value_or(0) > 0);
+  CHECK_FALSE(mine->exit);
+  CHECK(mine->failure_reason() == "left no exit status in its evidence");
+  Json doc = mine->to_json();
+  for (const char* absent :
+       {"spawn", "limits", "network", "mounts", "started_at", "wall_usec", "exit", "output"}) {
+    CHECK_MESSAGE(doc[absent].is_null(), absent);
   }
+  CHECK(doc["cpu"]["user_usec"].is_null());
+  check_schema(doc, dir.path);
+  CHECK(Evidence::from_json(doc) == *mine);
+  for (const auto& [k, v] : mine->cgroup->hierarchies) CHECK_FALSE(fs::exists(v));
 }
 
 TEST_CASE("v1 worker cgroups of the earlier layout (<owner>/<worker>) are still cleaned up") {
@@ -683,7 +724,7 @@ TEST_CASE("v1 worker cgroups of the earlier layout (<owner>/<worker>) are still 
   }
   auto orphans = rt->cleanup_orphans();
   bool found = false;
-  for (const auto& o : orphans) found = found || o["name"] == worker;
+  for (const auto& o : orphans) found = found || o.name == worker;
   CHECK(found);
   for (const auto& leaf : made) {
     CHECK_FALSE(fs::exists(leaf));
@@ -726,11 +767,14 @@ CliResult run_cli(std::vector<std::string> args, const fs::path& stdout_to = {})
 TEST_CASE("assayd contain prints the evidence and exits 0 whatever the command's outcome") {
   auto r = run_cli({"--memory-max", "64M", "--timeout", "5", "--", "sh", "-c", "exit 3"});
   REQUIRE(r.status == 0);
-  Json e = Json::parse(r.out);
-  CHECK(e["exit"]["code"] == 3);
-  CHECK(e["limits"]["memory_max"] == 64 * kMiB);
-  CHECK(e["limits"]["timeout_ms"] == 5000);
-  CHECK(e["spawn"]["argv"][0] == "/usr/bin/sh");
+  Json doc = Json::parse(r.out);
+  CHECK(doc["exit"]["code"] == 3);
+  CHECK(doc["limits"]["memory_max"] == 64 * kMiB);
+  CHECK(doc["limits"]["timeout_ms"] == 5000);
+  CHECK(doc["spawn"]["argv"][0] == "/usr/bin/sh");
+  Evidence e = Evidence::from_json(doc);  // what the CLI prints, the reader takes
+  CHECK(e.failure_reason() == "exited with code 3");
+  CHECK(e.to_json() == doc);
 }
 
 TEST_CASE("assayd contain exits 1 naming the error when the evidence cannot be written") {

@@ -1,0 +1,148 @@
+// What the kernel saw of one contained worker, as typed values: the supervisor reads fields,
+// never JSON spellings. The assay.process-containment.v1 document
+// (schemas/process-containment.schema.json) has one writer, Evidence::to_json, and one reader,
+// Evidence::from_json.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <sys/types.h>
+
+#include "common/json.h"
+
+namespace assay::contain {
+
+// The limits a worker runs under (SpawnSpec::limits), recorded as given in its evidence.
+struct Limits {
+  std::optional<std::uint64_t> memory_max;
+  std::optional<std::uint64_t> memory_high;
+  std::optional<std::uint64_t> swap_max;
+  std::optional<std::uint64_t> pids_max;
+  std::chrono::milliseconds timeout{std::chrono::minutes(10)};
+  std::chrono::milliseconds kill_grace{std::chrono::seconds(2)};
+  bool operator==(const Limits&) const = default;
+};
+
+struct CgroupEvidence {
+  std::string path;                                // relative to the (memory) hierarchy root
+  std::map<std::string, std::string> hierarchies;  // controller ("unified" on v2) -> directory
+  bool removed = false;
+  bool operator==(const CgroupEvidence&) const = default;
+};
+
+// How the worker was started. Always true, and so not stored: no_new_privs, RLIMIT_CORE 0,
+// stdin /dev/null.
+struct SpawnEvidence {
+  std::string method;  // "clone3-into-cgroup", "clone3-self-attach", ... (spawn.h)
+  std::vector<std::string> argv;
+  std::string workdir;
+  std::vector<std::string> environment_keys;
+  std::optional<uid_t> uid;
+  std::optional<gid_t> gid;
+  std::uint64_t rlimit_nofile = 0;
+  bool operator==(const SpawnEvidence&) const = default;
+};
+
+// The child's network namespace as it reported it before it ran anything of its own.
+struct NetworkEvidence {
+  bool private_namespace = false;       // its namespace differed from the supervisor's
+  std::vector<std::string> interfaces;  // as listed in its /proc/self/net/dev
+  common::Json to_json() const;
+  bool operator==(const NetworkEvidence&) const = default;
+};
+
+// The child's (always private) mount namespace.
+struct MountsEvidence {
+  std::vector<std::string> hidden;  // hidden paths, a hidden parent standing for its children
+  std::vector<std::string> absent;  // requested hidden paths that did not exist
+  bool operator==(const MountsEvidence&) const = default;
+};
+
+struct ExitStatus {
+  std::optional<int> code;    // exited normally
+  std::optional<int> signal;  // killed by a signal
+  std::optional<std::string> signal_name;
+  bool core_dumped = false;
+  bool operator==(const ExitStatus&) const = default;
+};
+
+struct CpuEvidence {
+  std::optional<std::uint64_t> user_usec;          // rusage of the main process and its waited-for
+  std::optional<std::uint64_t> system_usec;        // children; null when it could not be reaped
+  std::optional<std::uint64_t> cgroup_usage_usec;  // every process of the cgroup
+  bool operator==(const CpuEvidence&) const = default;
+};
+
+// One raw counter file, named by the kernel: a single number ("memory.peak") or flat
+// "key value" lines ("memory.events"). A file the kernel does not offer is neither (null), a
+// key the file lacks is nullopt: never 0.
+struct Counter {
+  std::optional<std::uint64_t> value;
+  std::optional<std::map<std::string, std::optional<std::uint64_t>>> keys;
+  bool operator==(const Counter&) const = default;
+};
+using Counters = std::map<std::string, Counter>;  // kernel file name -> counter
+
+struct StreamEvidence {
+  std::optional<std::string> path;  // null: discarded
+  std::uint64_t bytes = 0;          // kept
+  std::uint64_t dropped_bytes = 0;  // beyond the cap
+  bool operator==(const StreamEvidence&) const = default;
+};
+
+struct OutputEvidence {
+  StreamEvidence out, err;  // the worker's stdout and stderr
+  std::uint64_t cap_bytes = 0;
+  bool operator==(const OutputEvidence&) const = default;
+};
+
+// Orphans (worker cgroups an earlier assayd left) have no spawn, limits, network, mounts,
+// started_at, wall_usec, exit or output.
+struct Evidence {
+  std::string name;
+  std::string mode;  // "cgroup-v2", "cgroup-v1", "none"
+  bool orphan = false;
+  std::optional<CgroupEvidence> cgroup;  // null in mode none
+  std::optional<SpawnEvidence> spawn;
+  std::optional<Limits> limits;
+  std::optional<NetworkEvidence> network;
+  std::optional<MountsEvidence> mounts;
+  std::optional<std::string> started_at;   // UTC, "2024-05-01T12:00:00.123Z"
+  std::optional<std::uint64_t> wall_usec;  // spawn to the main process's exit
+  std::optional<ExitStatus> exit;          // null when the worker could not be reaped
+  CpuEvidence cpu;
+  bool timed_out = false, cancelled = false, sigterm_sent = false;
+  bool cgroup_killed = false;         // the whole cgroup was killed (grace over, cancel, orphan)
+  std::string kill_scope = "cgroup";  // or "process-group" (mode none)
+  int leftover_processes_killed = 0;  // still in the cgroup after the main process exited
+  std::optional<bool> oom_killed;     // null when the kernel had no counter
+  std::optional<std::uint64_t> memory_peak_bytes;
+  std::optional<std::uint64_t> memory_swap_current_bytes;
+  std::optional<std::uint64_t> memory_swap_peak_bytes;
+  std::optional<std::uint64_t> pids_peak;
+  std::optional<Counters> counters;  // null without a cgroup, or when they could not be read
+  std::optional<OutputEvidence> output;
+  std::vector<std::string> errors;  // problems met while measuring or cleaning up
+
+  // Exited with code 0, not timed out, not OOM-killed.
+  bool succeeded() const;
+  // Why it did not succeed, e.g. "exited with code 3" (empty when it succeeded).
+  std::string failure_reason() const;
+
+  common::Json to_json() const;
+  // Strict: throws common::Error("contain.bad_evidence", ...) naming the field on a missing,
+  // unknown or mistyped field or a value outside the schema.
+  static Evidence from_json(const common::Json& json);
+
+  bool operator==(const Evidence&) const = default;
+};
+
+using CompletionHandler = std::function<void(Evidence)>;
+
+}  // namespace assay::contain

@@ -1,0 +1,195 @@
+// contain::Evidence: its one writer and its one reader agree, the reader refuses what the
+// schema refuses (naming the field), and the outcome is judged from typed fields.
+#include <doctest/doctest.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "supervisor/contain/evidence.h"
+#include "tests/contain/test_util.h"
+
+namespace {
+
+using assay::common::Json;
+using namespace assay::contain;
+
+// Every field set, every kind of counter (a number, keys with and without a value, absent).
+Evidence full_evidence() {
+  Evidence e;
+  e.name = "job-7_oracle.1";
+  e.mode = "cgroup-v1";
+  e.cgroup = CgroupEvidence{"/assayd-1-2.job-7_oracle.1",
+                            {{"memory", "/sys/fs/cgroup/memory/assayd-1-2.job-7_oracle.1"},
+                             {"pids", "/sys/fs/cgroup/pids/assayd-1-2.job-7_oracle.1"}},
+                            true};
+  e.spawn = SpawnEvidence{"clone3-self-attach",
+                          {"/usr/lib/assay/assay-oracle", "next-token"},
+                          "/var/lib/assay/jobs/7/oracle",
+                          {"PATH", "LANG"},
+                          65534,
+                          65534,
+                          4096};
+  Limits limits;
+  limits.memory_max = 8ULL << 30;
+  limits.pids_max = 64;
+  limits.timeout = std::chrono::milliseconds(600000);
+  limits.kill_grace = std::chrono::milliseconds(0);
+  e.limits = limits;
+  e.network = NetworkEvidence{true, {"lo"}};
+  e.mounts = MountsEvidence{{"/run/assayd", "/var/lib/assay"}, {"/missing"}};
+  e.started_at = "2024-05-01T12:00:00.123Z";
+  e.wall_usec = 1234567;
+  e.exit = ExitStatus{std::nullopt, 9, "SIGKILL", false};
+  e.cpu = CpuEvidence{1000, 2000, 2500};
+  e.timed_out = true;
+  e.sigterm_sent = true;
+  e.cgroup_killed = true;
+  e.leftover_processes_killed = 2;
+  e.oom_killed = false;
+  e.memory_peak_bytes = 123456789;
+  e.pids_peak = 3;
+  e.counters =
+      Counters{{"memory.max_usage_in_bytes", Counter{123456789, std::nullopt}},
+               {"memory.memsw.failcnt", Counter{}},
+               {"memory.oom_control", Counter{std::nullopt, {{{"oom_kill", 0}, {"under_oom", 0}}}}},
+               {"pids.events", Counter{std::nullopt, {{{"max", std::nullopt}}}}}};
+  e.output = OutputEvidence{
+      {"/var/lib/assay/jobs/7/oracle/stdout.log", 10, 0}, {std::nullopt, 0, 0}, 8 << 20};
+  e.errors = {"waitid: Interrupted system call"};
+  return e;
+}
+
+}  // namespace
+
+TEST_CASE("evidence read back from its JSON is the same evidence, and the JSON is valid") {
+  Evidence e = full_evidence();
+  Json doc = e.to_json();
+  CHECK(doc["schema"] == "assay.process-containment.v1");
+  CHECK(doc["exit"] ==
+        Json{{"code", nullptr}, {"signal", 9}, {"signal_name", "SIGKILL"}, {"core_dumped", false}});
+  CHECK(doc["spawn"]["rlimits"] == Json{{"core", 0}, {"nofile", 4096}});
+  CHECK(doc["spawn"]["no_new_privs"] == true);
+  CHECK(doc["network"] == Json{{"namespace", "private"}, {"interfaces", {"lo"}}});
+  CHECK(doc["counters"]["memory.memsw.failcnt"].is_null());
+  CHECK(doc["counters"]["pids.events"] == Json{{"max", nullptr}});
+  CHECK(doc["counters"]["memory.max_usage_in_bytes"] == 123456789);
+  CHECK(doc["memory"]["swap_peak_bytes"].is_null());
+  CHECK(doc["output"]["stderr"]["path"].is_null());
+  CHECK(doc["limits"]["memory_high"].is_null());
+  CHECK(doc["limits"]["kill_grace_ms"] == 0);
+  Evidence back = Evidence::from_json(doc);
+  CHECK(back == e);
+  CHECK(back.to_json() == doc);
+  // Through text, as a node's evidence arrives.
+  CHECK(Evidence::from_json(Json::parse(doc.dump())) == e);
+  assay::contain::test::TempDir dir;
+  assay::contain::test::check_schema(doc, dir.path);
+}
+
+TEST_CASE("the evidence reader refuses a malformed document and names the field") {
+  struct Case {
+    const char* what;
+    std::function<void(Json&)> mutate;
+    const char* message;
+  };
+  std::vector<Case> cases = {
+      {"not an object", [](Json& d) { d = Json::array(); }, "evidence: expected an object"},
+      {"missing", [](Json& d) { d.erase("exit"); }, "\"exit\" is missing"},
+      {"unknown", [](Json& d) { d["extra"] = 1; }, "\"extra\" is not in the schema"},
+      {"nested missing", [](Json& d) { d["output"]["stdout"].erase("bytes"); },
+       "\"output.stdout.bytes\" is missing"},
+      {"nested unknown", [](Json& d) { d["exit"]["status"] = 0; },
+       "\"exit.status\" is not in the schema"},
+      {"schema", [](Json& d) { d["schema"] = "assay.process-containment.v2"; }, "\"schema\""},
+      {"name", [](Json& d) { d["name"] = "../escape"; }, "\"name\""},
+      {"mode", [](Json& d) { d["mode"] = "cgroup-v3"; }, "\"mode\""},
+      {"code type", [](Json& d) { d["exit"]["code"] = "0"; }, "\"exit.code\""},
+      {"code range", [](Json& d) { d["exit"]["code"] = 1LL << 40; }, "\"exit.code\""},
+      {"negative count", [](Json& d) { d["memory"]["peak_bytes"] = -1; }, "\"memory.peak_bytes\""},
+      {"fraction", [](Json& d) { d["wall_usec"] = 1.5; }, "\"wall_usec\""},
+      {"timeout", [](Json& d) { d["limits"]["timeout_ms"] = 0; }, "\"limits.timeout_ms\""},
+      {"no_new_privs", [](Json& d) { d["spawn"]["no_new_privs"] = false; },
+       "\"spawn.no_new_privs\""},
+      {"core", [](Json& d) { d["spawn"]["rlimits"]["core"] = 1; }, "\"spawn.rlimits.core\""},
+      {"stdin", [](Json& d) { d["spawn"]["stdin"] = "/dev/zero"; }, "\"spawn.stdin\""},
+      {"method", [](Json& d) { d["spawn"]["method"] = "fork"; }, "\"spawn.method\""},
+      {"argv empty", [](Json& d) { d["spawn"]["argv"] = Json::array(); }, "\"spawn.argv\""},
+      {"uid", [](Json& d) { d["spawn"]["uid"] = -1; }, "\"spawn.uid\""},
+      {"started_at", [](Json& d) { d["started_at"] = "2024-05-01 12:00:00"; }, "\"started_at\""},
+      {"network", [](Json& d) { d["network"]["namespace"] = "host"; }, "\"network.namespace\""},
+      {"mounts", [](Json& d) { d["mounts"]["namespace"] = "shared"; }, "\"mounts.namespace\""},
+      {"kill_scope", [](Json& d) { d["kill_scope"] = "host"; }, "\"kill_scope\""},
+      {"leftover", [](Json& d) { d["leftover_processes_killed"] = -2; },
+       "\"leftover_processes_killed\""},
+      {"oom_killed", [](Json& d) { d["oom_killed"] = 1; }, "\"oom_killed\""},
+      {"counter key", [](Json& d) { d["counters"]["memory.oom_control"]["oom_kill"] = "x"; },
+       "\"counters.memory.oom_control.oom_kill\""},
+      {"counter", [](Json& d) { d["counters"]["memory.failcnt"] = true; },
+       "\"counters.memory.failcnt\""},
+      {"hierarchy", [](Json& d) { d["cgroup"]["hierarchies"]["memory"] = 1; },
+       "\"cgroup.hierarchies.memory\""},
+      {"errors", [](Json& d) { d["errors"] = Json::array({1}); }, "\"errors.0\""},
+      {"cpu null", [](Json& d) { d["cpu"] = nullptr; }, "\"cpu\""},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.what);
+    Json doc = full_evidence().to_json();
+    c.mutate(doc);
+    try {
+      Evidence::from_json(doc);
+      FAIL("accepted: " << doc.dump());
+    } catch (const assay::common::Error& err) {
+      CHECK(err.code() == "contain.bad_evidence");
+      CHECK_MESSAGE(std::string(err.what()).find(c.message) != std::string::npos, err.what());
+    }
+  }
+}
+
+TEST_CASE("success is exit code 0, not timed out, not OOM-killed; the reason says which failed") {
+  auto with = [](std::function<void(Evidence&)> f) {
+    Evidence e;
+    e.name = "w";
+    e.mode = "cgroup-v2";
+    e.exit = ExitStatus{0, std::nullopt, std::nullopt, false};
+    e.oom_killed = false;
+    f(e);
+    return e;
+  };
+  Evidence ok = with([](Evidence&) {});
+  CHECK(ok.succeeded());
+  CHECK(ok.failure_reason() == "");
+  Evidence cancelled_after_exit = with([](Evidence& e) { e.cancelled = true; });
+  CHECK(cancelled_after_exit.succeeded());
+  Evidence unknown_oom = with([](Evidence& e) { e.oom_killed = std::nullopt; });  // mode none
+  CHECK(unknown_oom.succeeded());
+
+  Evidence timed_out = with([](Evidence& e) {
+    e.timed_out = true;
+    e.oom_killed = true;  // the timeout is named first
+  });
+  CHECK_FALSE(timed_out.succeeded());
+  CHECK(timed_out.failure_reason() == "timed out and was killed");
+  Evidence oom = with([](Evidence& e) { e.oom_killed = true; });
+  CHECK_FALSE(oom.succeeded());
+  CHECK(oom.failure_reason() == "was OOM-killed (memory limit reached)");
+  Evidence sig = with([](Evidence& e) { e.exit = ExitStatus{std::nullopt, 9, "SIGKILL", false}; });
+  CHECK_FALSE(sig.succeeded());
+  CHECK(sig.failure_reason() == "was killed by signal SIGKILL");
+  Evidence rt_sig = with([](Evidence& e) { e.exit = ExitStatus{std::nullopt, 34, {}, false}; });
+  CHECK(rt_sig.failure_reason() == "was killed by signal 34");
+  Evidence code = with([](Evidence& e) { e.exit->code = 3; });
+  CHECK_FALSE(code.succeeded());
+  CHECK(code.failure_reason() == "exited with code 3");
+  Evidence none = with([](Evidence& e) {
+    e.exit.reset();
+    e.errors = {"waitid: No child processes", "rmdir /x: Device or resource busy"};
+  });
+  CHECK_FALSE(none.succeeded());
+  CHECK(none.failure_reason() ==
+        "left no exit status in its evidence: waitid: No child processes; rmdir /x: Device or "
+        "resource busy");
+  Evidence bare = with([](Evidence& e) { e.exit.reset(); });
+  CHECK(bare.failure_reason() == "left no exit status in its evidence");
+}

@@ -17,7 +17,8 @@ class Error : public std::runtime_error {
   std::string code_;
 };
 
-// Error for a failed system call: "<what> <path>: <strerror(errno)>".
+// Error for a failed system call: "<what> <path>: <strerror(errno)>". ENOSPC and EDQUOT become
+// "fs.no_space" and EROFS "fs.read_only", whatever `code` says.
 [[noreturn]] void throw_errno(const std::string& code, const std::string& what, int err);
 
 }  // namespace assay::common

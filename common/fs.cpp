@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <random>
+#include <thread>
+#include <vector>
 
 #include "common/error.h"
 
@@ -28,11 +30,20 @@ UniqueFd open_nofollow(const std::filesystem::path& path, int flags, mode_t mode
   return UniqueFd(fd);
 }
 
-std::string read_file(const std::filesystem::path& path, std::size_t max_bytes) {
-  UniqueFd fd = open_nofollow(path, O_RDONLY);
+UniqueFd open_regular(const std::filesystem::path& path) {
+  // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer. It changes nothing
+  // for a regular file.
+  UniqueFd fd = open_nofollow(path, O_RDONLY | O_NONBLOCK);
   struct stat st {};
   if (fstat(fd.get(), &st) != 0) throw_errno("fs.stat", "stat " + path.string(), errno);
   if (!S_ISREG(st.st_mode)) throw Error("fs.not_regular", path.string() + " is not a regular file");
+  return fd;
+}
+
+std::string read_file(const std::filesystem::path& path, std::size_t max_bytes) {
+  UniqueFd fd = open_regular(path);
+  struct stat st {};
+  if (fstat(fd.get(), &st) != 0) throw_errno("fs.stat", "stat " + path.string(), errno);
   if (static_cast<std::uint64_t>(st.st_size) > max_bytes)
     throw Error("fs.too_large", path.string() + " has " + std::to_string(st.st_size) +
                                     " bytes, more than the limit of " + std::to_string(max_bytes));
@@ -101,6 +112,50 @@ void atomic_write_file(const std::filesystem::path& path, std::string_view conte
     throw_errno("fs.rename", "rename " + tmp.string() + " to " + path.string(), err);
   }
   fsync_directory(dir);
+}
+
+void write_unsynced(const std::filesystem::path& path, std::string_view content, mode_t mode) {
+  UniqueFd fd = open_nofollow(path, O_WRONLY | O_CREAT | O_TRUNC, mode);
+  if (::fchmod(fd.get(), mode) != 0) throw_errno("fs.write", "chmod " + path.string(), errno);
+  std::size_t off = 0;
+  while (off < content.size()) {
+    ssize_t n = ::write(fd.get(), content.data() + off, content.size() - off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw_errno("fs.write", "write " + path.string(), errno);
+    off += static_cast<std::size_t>(n);
+  }
+  // tmpfs and some network filesystems report a full disk only at close.
+  if (::close(fd.release()) != 0) throw_errno("fs.write", "close " + path.string(), errno);
+}
+
+void replace_file_fast(const std::filesystem::path& path, std::string_view content, mode_t mode) {
+  auto tmp = path;
+  tmp += ".tmp";
+  try {
+    write_unsynced(tmp, content, mode);
+  } catch (const Error&) {
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    int err = errno;
+    ::unlink(tmp.c_str());
+    throw_errno("fs.rename", "rename " + tmp.string(), err);
+  }
+}
+
+void fsync_together(const std::vector<std::filesystem::path>& paths) {
+  std::vector<UniqueFd> fds;
+  for (const auto& p : paths) fds.push_back(open_nofollow(p, O_RDONLY));
+  std::vector<int> errors(paths.size(), 0);
+  {
+    std::vector<std::jthread> threads;
+    for (std::size_t i = 1; i < fds.size(); ++i)
+      threads.emplace_back([&, i] { errors[i] = ::fsync(fds[i].get()) == 0 ? 0 : errno; });
+    if (!fds.empty()) errors[0] = ::fsync(fds[0].get()) == 0 ? 0 : errno;
+  }  // the jthreads join here
+  for (std::size_t i = 0; i < paths.size(); ++i)
+    if (errors[i] != 0) throw_errno("fs.fsync", "fsync " + paths[i].string(), errors[i]);
 }
 
 }  // namespace assay::common

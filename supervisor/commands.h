@@ -1,9 +1,9 @@
-// assayd's subcommands; each parses its own arguments (argv[0] is the subcommand name).
+// assayd serve (`assayd contain` is declared in supervisor/contain/contain_cli.h); each parses its
+// own arguments (argv[0] is the subcommand name).
 #pragma once
 
 namespace assay::supervisor {
 
-int serve_main(int argc, char** argv);    // supervisor/serve.cpp
-int contain_main(int argc, char** argv);  // supervisor/contain/contain_cli.cpp
+int serve_main(int argc, char** argv);  // supervisor/serve.cpp
 
 }  // namespace assay::supervisor

@@ -97,6 +97,11 @@ void Config::load_file(const std::filesystem::path& path) {
                                  "memory_reserve_bytes",
                                  "worker_timeout_seconds",
                                  "worker_memory_max",
+                                 "worker_memory_margin",
+                                 "worker_pids_max",
+                                 "max_connections_per_user",
+                                 "max_event_streams",
+                                 "max_buffered_bytes",
                                  "fingerprint_threads",
                                  "preflight_retry_ms"},
                                 "config");
@@ -108,8 +113,7 @@ void Config::load_file(const std::filesystem::path& path) {
   if (take_string(j, "fingerprint_worker", s = fingerprint_worker.string()), !s.empty())
     fingerprint_worker = s;
   if (take_string(j, "oracle_worker", s = oracle_worker.string()), !s.empty()) oracle_worker = s;
-  if (take_string(j, "compare_worker", s = compare_worker.string()), !s.empty())
-    compare_worker = s;
+  if (take_string(j, "compare_worker", s = compare_worker.string()), !s.empty()) compare_worker = s;
   if (j.contains("containment")) {
     take_string(j, "containment", s);
     containment.mode = mode_from_name(s);
@@ -121,6 +125,10 @@ void Config::load_file(const std::filesystem::path& path) {
   }
   take_string(j, "worker_user", worker_user);
   take_string(j, "oracle_device", oracle_device);
+  load_limits(j);
+}
+
+void Config::load_limits(const Json& j) {
   unsigned slots = device_slots;
   take_uint(j, "device_slots", slots);
   device_slots = static_cast<int>(slots);
@@ -132,6 +140,16 @@ void Config::load_file(const std::filesystem::path& path) {
   take_uint(j, "idle_timeout_ms", idle_timeout_ms);
   take_uint(j, "memory_reserve_bytes", memory_reserve_bytes);
   take_uint(j, "preflight_retry_ms", preflight_retry_ms);
+  take_uint(j, "worker_pids_max", worker_pids_max);
+  take_uint(j, "max_connections_per_user", max_connections_per_user);
+  take_uint(j, "max_event_streams", max_event_streams);
+  take_uint(j, "max_buffered_bytes", max_buffered_bytes);
+  if (auto it = j.find("worker_memory_margin"); it != j.end()) {
+    if (!it->is_number())
+      throw Error("config.invalid",
+                  "config.worker_memory_margin must be a number, got " + it->dump());
+    worker_memory_margin = it->get<double>();
+  }
   unsigned threads = fingerprint_threads;
   take_uint(j, "fingerprint_threads", threads);
   fingerprint_threads = static_cast<int>(threads);
@@ -163,6 +181,24 @@ void Config::finalize() {
   if (max_body_bytes < 1024)
     throw Error("config.invalid",
                 "max_body_bytes must be at least 1024, got " + std::to_string(max_body_bytes));
+  if (!(worker_memory_margin >= 1.0 && worker_memory_margin <= 100.0))
+    throw Error("config.invalid", "worker_memory_margin must be in [1, 100], got " +
+                                      std::to_string(worker_memory_margin));
+  if (worker_pids_max < 16)
+    throw Error("config.invalid",
+                "worker_pids_max must be at least 16, got " + std::to_string(worker_pids_max));
+  if (max_connections_per_user < 1 || max_event_streams < 1)
+    throw Error("config.invalid", "max_connections_per_user and max_event_streams must be >= 1");
+  if (max_buffered_bytes < max_body_bytes)
+    throw Error("config.invalid", "max_buffered_bytes (" + std::to_string(max_buffered_bytes) +
+                                      ") must be at least max_body_bytes (" +
+                                      std::to_string(max_body_bytes) + ")");
+  if (!socket.empty()) {
+    std::error_code ec;
+    if (!std::filesystem::is_directory(socket.parent_path(), ec))
+      throw Error("config.invalid", "the socket's directory " + socket.parent_path().string() +
+                                        " does not exist (or is not a directory)");
+  }
   if (worker_timeout_seconds <= 0)
     throw Error("config.invalid", "worker_timeout_seconds must be positive, got " +
                                       std::to_string(worker_timeout_seconds));

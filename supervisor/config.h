@@ -2,10 +2,13 @@
 // a JSON config file (--config), overridden by command-line flags.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <optional>
 #include <string>
+
+#include <nlohmann/json.hpp>
 
 #include "supervisor/contain/contain.h"
 
@@ -31,8 +34,16 @@ struct Config {
   std::uint32_t read_timeout_ms = 10'000;  // a whole request must arrive within this
   std::uint32_t idle_timeout_ms = 60'000;  // keep-alive connections with nothing to do
   std::uint64_t memory_reserve_bytes = 256ull << 20;
-  double worker_timeout_seconds = 600;
+  double worker_timeout_seconds = 600;  // each worker's timeout, and the most a request may ask
+  // The most memory.max a worker may get; a request may ask for less, never more. Without a
+  // request's memory_bytes a worker gets the preflight estimate times worker_memory_margin.
   std::optional<std::uint64_t> worker_memory_max;
+  double worker_memory_margin = 2.0;
+  std::uint64_t worker_pids_max = 4096;
+  // Transport limits that keep one client from starving the others (supervisor/api/).
+  std::size_t max_connections_per_user = 64;      // per uid; admins (root, admin_group) are exempt
+  std::size_t max_event_streams = 256;            // open /events streams, all users together
+  std::size_t max_buffered_bytes = 256ull << 20;  // request bodies in memory, all connections
   int fingerprint_threads = 2;
   std::uint32_t preflight_retry_ms = 2000;
 
@@ -42,6 +53,9 @@ struct Config {
   // throws common::Error("config.invalid") naming the bad value.
   void finalize();
   std::string describe() const;
+
+ private:
+  void load_limits(const nlohmann::json& j);  // the numeric keys of load_file
 };
 
 contain::Mode mode_from_name(const std::string& name);

@@ -12,7 +12,7 @@
 
 #include <unistd.h>
 
-#include "supervisor/commands.h"
+#include "supervisor/contain/contain_cli.h"
 
 #ifndef ASSAY_LIBEXEC_DIR
 #define ASSAY_LIBEXEC_DIR "/usr/libexec/assay"

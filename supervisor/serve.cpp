@@ -11,9 +11,9 @@
 #include <boost/asio/steady_timer.hpp>
 
 #include "common/error.h"
+#include "supervisor/api/server.h"
 #include "supervisor/commands.h"
 #include "supervisor/config.h"
-#include "supervisor/http.h"
 #include "supervisor/service.h"
 
 namespace assay::supervisor {
@@ -71,7 +71,7 @@ int serve_main(int argc, char** argv) {
 
     boost::asio::io_context io;
     Service service(io, config);
-    HttpServer server(io, service);
+    api::Server server(io, service);
     service.start();
     server.start();
 

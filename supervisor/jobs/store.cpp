@@ -1,4 +1,4 @@
-#include "supervisor/store.h"
+#include "supervisor/jobs/store.h"
 
 #include <algorithm>
 #include <chrono>
@@ -16,6 +16,7 @@
 #include "common/fs.h"
 #include "common/protocol.h"
 #include "common/result.h"
+#include "common/time.h"
 
 namespace assay::supervisor {
 
@@ -32,20 +33,6 @@ fs::path staging_path(const fs::path& path) {
   return path.parent_path() / ("." + path.filename().string() + ".staged");
 }
 
-// Creates or truncates `path` and writes `content`, without fsync: the caller fsyncs a group.
-void write_unsynced(const fs::path& path, std::string_view content, mode_t mode) {
-  common::UniqueFd fd = common::open_nofollow(path, O_WRONLY | O_CREAT | O_TRUNC, mode);
-  if (::fchmod(fd.get(), mode) != 0)
-    common::throw_errno("fs.write", "chmod " + path.string(), errno);
-  std::size_t off = 0;
-  while (off < content.size()) {
-    ssize_t n = ::write(fd.get(), content.data() + off, content.size() - off);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) common::throw_errno("fs.write", "write " + path.string(), errno);
-    off += static_cast<std::size_t>(n);
-  }
-}
-
 void rename_or_throw(const fs::path& from, const fs::path& to) {
   if (::rename(from.c_str(), to.c_str()) != 0)
     common::throw_errno("fs.rename", "rename " + from.string() + " to " + to.string(), errno);
@@ -60,15 +47,15 @@ void create_dir_durably(const fs::path& dir,
   std::error_code ec;
   fs::remove_all(staging, ec);  // a leftover of a submission that failed or was cut off
   try {
-    fs::create_directory(staging);
-    ::chmod(staging.c_str(), 0700);
+    if (::mkdir(staging.c_str(), 0700) != 0)
+      common::throw_errno("fs.mkdir", "mkdir " + staging.string(), errno);
     std::vector<fs::path> to_sync;
     for (const auto& [name, content] : files) {
-      write_unsynced(staging / name, content, 0600);
+      common::write_unsynced(staging / name, content, 0600);
       to_sync.push_back(staging / name);
     }
     to_sync.push_back(staging);
-    fsync_together(to_sync);
+    common::fsync_together(to_sync);
     rename_or_throw(staging, dir);
   } catch (const std::exception&) {
     fs::remove_all(staging, ec);  // best effort; the next start removes it otherwise
@@ -80,24 +67,10 @@ void create_dir_durably(const fs::path& dir,
 bool has_result_files(const fs::path& dir, const Job& job) {
   for (auto name : {std::string(common::kResultFileName), std::string(common::kEnvelopeFileName),
                     job.artifact_name()})
-    if (!fs::exists(dir / name)) return false;
+    if (std::error_code ec; !fs::exists(dir / name, ec)) return false;
   return true;
 }
 }  // namespace
-
-void fsync_together(const std::vector<fs::path>& paths) {
-  std::vector<common::UniqueFd> fds;
-  for (const auto& p : paths) fds.push_back(common::open_nofollow(p, O_RDONLY));
-  std::vector<int> errors(paths.size(), 0);
-  {
-    std::vector<std::jthread> threads;
-    for (std::size_t i = 1; i < fds.size(); ++i)
-      threads.emplace_back([&, i] { errors[i] = ::fsync(fds[i].get()) == 0 ? 0 : errno; });
-    if (!fds.empty()) errors[0] = ::fsync(fds[0].get()) == 0 ? 0 : errno;
-  }  // the jthreads join here
-  for (std::size_t i = 0; i < paths.size(); ++i)
-    if (errors[i] != 0) common::throw_errno("fs.fsync", "fsync " + paths[i].string(), errors[i]);
-}
 
 std::string_view state_name(JobState s) {
   switch (s) {
@@ -126,24 +99,6 @@ JobState state_from_name(std::string_view name) {
 
 bool is_terminal(JobState s) {
   return s == JobState::kSucceeded || s == JobState::kFailed || s == JobState::kCancelled;
-}
-
-std::string now_rfc3339() {
-  auto now = std::chrono::system_clock::now();
-  auto secs = std::chrono::system_clock::to_time_t(now);
-  auto ms =
-      std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
-  std::tm tm{};
-  gmtime_r(&secs, &tm);
-  char buf[40];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &tm);
-  char out[48];
-  std::snprintf(out, sizeof out, "%s.%03dZ", buf, static_cast<int>(ms));
-  return out;
-}
-
-double now_unix() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 Json Job::to_json() const {
@@ -187,7 +142,9 @@ Job Job::from_json(const Json& j) {
   return job;
 }
 
-bool Job::is_fidelity() const { return request_schema == protocol::kFidelityRequest; }
+bool Job::is_fidelity() const {
+  return request_schema == protocol::kFidelityRequest;
+}
 
 std::string Job::artifact_name() const {
   return is_fidelity() ? std::string(common::kKlArtifactFileName)
@@ -208,19 +165,30 @@ Json Job::summary() const {
 }
 
 JobStore::JobStore(std::filesystem::path state_dir) : jobs_dir_(state_dir / "jobs") {
-  std::filesystem::create_directories(jobs_dir_);
-  ::chmod(jobs_dir_.c_str(), 0700);
-  for (const auto& entry : std::filesystem::directory_iterator(jobs_dir_)) {
-    if (!entry.is_directory()) continue;
+  struct stat st {};
+  if (::lstat(jobs_dir_.c_str(), &st) != 0) {
+    std::error_code mkdir_ec;
+    fs::create_directories(state_dir, mkdir_ec);
+    if (mkdir_ec)
+      common::throw_errno("store.unusable", "mkdir " + state_dir.string(), mkdir_ec.value());
+    if (::mkdir(jobs_dir_.c_str(), 0700) != 0 && errno != EEXIST)
+      common::throw_errno("store.unusable", "mkdir " + jobs_dir_.string(), errno);
+  } else if (!S_ISDIR(st.st_mode)) {
+    throw common::Error("store.unusable", jobs_dir_.string() + " is not a directory");
+  }
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(jobs_dir_, ec)) {
+    if (!entry.is_directory(ec) || entry.is_symlink(ec)) continue;
     if (entry.path().filename().string().starts_with(".")) {
       // A staging directory: its submission was never acknowledged (create() renames it first).
       spdlog::warn("removing {}: an unfinished submission", entry.path().string());
       std::error_code ec;
       fs::remove_all(entry.path(), ec);
+      ec.clear();
       continue;
     }
     auto file = entry.path() / "job.json";
-    if (!std::filesystem::exists(file)) {
+    if (!std::filesystem::exists(file, ec)) {
       // A job directory without job.json was never acknowledged: creation writes job.json last.
       spdlog::warn("ignoring {}: no job.json (its submission was never acknowledged)",
                    entry.path().string());
@@ -239,6 +207,7 @@ JobStore::JobStore(std::filesystem::path state_dir) : jobs_dir_(state_dir / "job
       spdlog::error("cannot load {}: {} ({})", file.string(), e.what(), e.code());
     }
   }
+  if (ec) common::throw_errno("store.unusable", "read directory " + jobs_dir_.string(), ec.value());
 }
 
 Job* JobStore::find(const std::string& id) {
@@ -262,7 +231,7 @@ std::vector<Job*> JobStore::all() {
 Job& JobStore::create(Job job, const std::string& request_canonical) {
   auto dir = job_dir(job.id);
   std::string job_json = common::canonical(job.to_json());
-  if (fs::exists(dir)) {
+  if (std::error_code ec; fs::exists(dir, ec)) {
     // A leftover of a job that did not load: replace its files one by one, job.json last.
     common::atomic_write_file(dir / "request.json", request_canonical, 0600);
     common::atomic_write_file(dir / "job.json", job_json, 0600);
@@ -278,7 +247,7 @@ Job& JobStore::create(Job job, const std::string& request_canonical) {
 void JobStore::save(Job& job, bool durable) {
   if (durable) return commit(job, CommitFiles{});
   job.rendered.clear();
-  replace_file_fast(job_dir(job.id) / "job.json", common::canonical(job.to_json()), 0600);
+  common::replace_file_fast(job_dir(job.id) / "job.json", common::canonical(job.to_json()), 0600);
 }
 
 // Every file is written under its staging name, all of them (and `in_place`) are fsynced at
@@ -292,31 +261,20 @@ void JobStore::commit(Job& job, const CommitFiles& files) {
   std::vector<fs::path> to_sync = files.in_place;
   auto stage = [&](const std::string& name, std::string_view content, mode_t mode) {
     fs::path staged = staging_path(dir / name);
-    write_unsynced(staged, content, mode);
+    common::write_unsynced(staged, content, mode);
     to_sync.push_back(staged);
     renames.emplace_back(staged, dir / name);
   };
   for (const auto& [name, content] : files.write) stage(name, content, 0644);
   stage("job.json", common::canonical(job.to_json()), 0600);
-  fsync_together(to_sync);
+  common::fsync_together(to_sync);
   for (const auto& [from, to] : renames) rename_or_throw(from, to);
   common::fsync_directory(dir);
 }
 
-void replace_file_fast(const std::filesystem::path& path, std::string_view content, mode_t mode) {
-  auto tmp = path;
-  tmp += ".tmp";
-  write_unsynced(tmp, content, mode);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    int err = errno;
-    ::unlink(tmp.c_str());
-    common::throw_errno("fs.rename", "rename " + tmp.string(), err);
-  }
-}
-
 void JobStore::add_event(Job& job, const std::string& message) {
   job.rendered.clear();
-  job.updated_at = now_rfc3339();
+  job.updated_at = common::now_rfc3339();
   job.events.push_back(Json{{"at", job.updated_at},
                             {"state", state_name(job.state)},
                             {"phase", job.phase},

@@ -1,5 +1,5 @@
-// What the supervisor makes of the workers' documents: the containment evidence of a run, the
-// oracle's input and output, and the verdict.
+// What the supervisor makes of the workers' documents and the model directory's config.json: the
+// oracle's input and output, the verdict, the checkpoint's dtype and sizes.
 #pragma once
 
 #include <cstdint>
@@ -12,16 +12,6 @@
 
 namespace assay::supervisor {
 
-struct Outcome {
-  bool ok = false;
-  bool timed_out = false;
-  bool oom_killed = false;
-  std::string reason;  // "exited with code 3", "was OOM-killed", ... when !ok
-};
-// Reads an assay.process-containment.v1 document: ok when the process exited 0 and was neither
-// OOM-killed nor timed out.
-Outcome judge_evidence(const common::Json& evidence);
-
 // The dtype the oracle runs a checkpoint in: float32 checkpoints in float32, the rest bfloat16.
 std::string execution_dtype(const std::string& model_dir);
 // config.json's vocab_size (top level or text_config, as multimodal checkpoints nest it);
@@ -29,6 +19,10 @@ std::string execution_dtype(const std::string& model_dir);
 std::int64_t read_vocab_size(const std::filesystem::path& model_dir);
 // config.json's max_position_embeddings, when it has one.
 std::optional<std::int64_t> read_max_positions(const std::filesystem::path& model_dir);
+
+// Bytes the oracle needs for a model directory: shard bytes and the dtype of config.json. Looks
+// at the directory with stat only (a FIFO or device named *.safetensors is not opened).
+std::uint64_t estimate_required_bytes(const std::filesystem::path& model_dir);
 
 // assay.oracle-input.v1 for a request.
 common::Json oracle_input(const std::string& model_dir, const common::NextTokenRequest& request,
@@ -43,7 +37,7 @@ common::Json oracle_section(const common::Json& oracle_output, const common::Jso
 common::Json make_verdict(const common::NextTokenRequest& request,
                           const common::Json& oracle_output);
 
-// The last `max_bytes` of a text file ("" when unreadable), for error messages.
+// The last `max_bytes` of a text file ("" when unreadable) as valid UTF-8, for error messages.
 std::string tail_file(const std::filesystem::path& path, std::size_t max_bytes);
 
 }  // namespace assay::supervisor

@@ -63,7 +63,8 @@ struct CommitFiles {
 
 class JobStore {
  public:
-  // Creates STATE/jobs (0700) if needed and loads every job in it.
+  // Creates STATE/jobs (0700) if it is missing (an existing one is not written to, so a full
+  // disk does not stop a start) and loads every job in it.
   explicit JobStore(std::filesystem::path state_dir);
 
   const std::filesystem::path& jobs_dir() const { return jobs_dir_; }
@@ -74,7 +75,8 @@ class JobStore {
   // Jobs in creation order.
   std::vector<Job*> all();
 
-  // Writes request.json and job.json of a new job durably, then indexes it.
+  // Writes request.json and job.json of a new job durably, then indexes it. Throws
+  // Error("fs.no_space") when the disk is full, leaving nothing of the job behind.
   Job& create(Job job, const std::string& request_canonical);
   // Rewrites job.json atomically after `job` was changed; durably (fsync of file and directory)
   // unless `durable` is false, which is for changes nobody relies on across a crash: a restart
@@ -93,16 +95,5 @@ class JobStore {
   std::map<std::string, Job> jobs_;
   std::map<std::string, std::string> by_key_;
 };
-
-// fsyncs all of `paths` concurrently and throws Error("fs.fsync") naming the first that failed.
-// On ext4 concurrent fsyncs share one journal commit; one after another each pays its own.
-void fsync_together(const std::vector<std::filesystem::path>& paths);
-
-// temp file + rename without fsync: atomic for readers and across a crash of assayd, not
-// across a power cut. For files whose loss only means re-running a job.
-void replace_file_fast(const std::filesystem::path& path, std::string_view content, mode_t mode);
-
-std::string now_rfc3339();
-double now_unix();
 
 }  // namespace assay::supervisor

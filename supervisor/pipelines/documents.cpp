@@ -1,66 +1,16 @@
-#include "supervisor/evidence.h"
+#include "supervisor/pipelines/documents.h"
 
 #include <fstream>
 
 #include "common/error.h"
 #include "common/fs.h"
 #include "common/protocol.h"
+#include "common/text.h"
 
 namespace assay::supervisor {
 
 using common::Error;
 using common::Json;
-
-namespace {
-
-// The first of `keys` present in `j` (dotted paths allowed), or null.
-Json pick(const Json& j, std::initializer_list<const char*> paths) {
-  for (const char* path : paths) {
-    const Json* cur = &j;
-    std::string p = path;
-    std::size_t start = 0;
-    bool found = true;
-    while (found) {
-      auto dot = p.find('.', start);
-      std::string key = p.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
-      if (!cur->is_object() || !cur->contains(key)) {
-        found = false;
-        break;
-      }
-      cur = &(*cur)[key];
-      if (dot == std::string::npos) break;
-      start = dot + 1;
-    }
-    if (found && !cur->is_null()) return *cur;
-  }
-  return nullptr;
-}
-
-}  // namespace
-
-Outcome judge_evidence(const Json& ev) {
-  Outcome o;
-  o.timed_out = pick(ev, {"timed_out", "timeout.timed_out"}) == Json(true);
-  o.oom_killed = pick(ev, {"oom_killed", "memory.oom_killed"}) == Json(true);
-  Json code = pick(ev, {"exit_code", "exit.code", "status.exit_code"});
-  Json signal = pick(ev, {"exit.signal_name", "exit.signal", "signal"});
-  Json error = pick(ev, {"error", "spawn_error"});
-  if (o.timed_out) {
-    o.reason = "timed out and was killed";
-  } else if (o.oom_killed) {
-    o.reason = "was OOM-killed (memory limit reached)";
-  } else if (!signal.is_null()) {
-    o.reason =
-        "was killed by signal " + (signal.is_string() ? signal.get<std::string>() : signal.dump());
-  } else if (code.is_number_integer() && code.get<int>() == 0) {
-    o.ok = true;
-  } else if (code.is_number_integer()) {
-    o.reason = "exited with code " + code.dump();
-  } else {
-    o.reason = "left no exit status in its evidence" + (error.is_null() ? "" : ": " + error.dump());
-  }
-  return o;
-}
 
 std::string execution_dtype(const std::string& model_dir) {
   // Execute in the checkpoint's own dtype: float32 checkpoints in float32, the rest in bf16.
@@ -103,13 +53,37 @@ std::optional<std::int64_t> config_int(const Json& cfg, const char* key) {
 std::int64_t read_vocab_size(const std::filesystem::path& model_dir) {
   auto v = config_int(read_config(model_dir), "vocab_size");
   if (!v)
-    throw Error("request.bad_model", (model_dir / "config.json").string() +
-                                         " has no integer vocab_size");
+    throw Error("request.bad_model",
+                (model_dir / "config.json").string() + " has no integer vocab_size");
   return *v;
 }
 
 std::optional<std::int64_t> read_max_positions(const std::filesystem::path& model_dir) {
   return config_int(read_config(model_dir), "max_position_embeddings");
+}
+
+std::uint64_t estimate_required_bytes(const std::filesystem::path& model_dir) {
+  std::uint64_t shard_bytes = 0;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(model_dir, ec)) {
+    std::error_code fec;
+    if (e.is_regular_file(fec) && !e.is_symlink(fec) && e.path().extension() == ".safetensors")
+      shard_bytes += e.file_size(fec);
+  }
+  if (ec)
+    common::throw_errno("preflight.bad_model", "cannot list " + model_dir.string(), ec.value());
+  // Weights are mapped in their stored dtype and, for bf16 and float32 checkpoints, executed in it
+  // (execution_dtype): no copy. Without a readable config.json the dtype is unknown: assume half
+  // the bytes get converted.
+  double factor = 1.0;
+  try {
+    common::parse_strict(common::read_file(model_dir / "config.json", 4 << 20));
+  } catch (const Error&) {
+    factor = 1.5;
+  }
+  // Activations, the logits row and the runtime itself: a quarter of the weights + 256 MiB.
+  return static_cast<std::uint64_t>(static_cast<double>(shard_bytes) * factor) + shard_bytes / 4 +
+         (256ull << 20);
 }
 
 Json oracle_input(const std::string& model_dir, const common::NextTokenRequest& request,
@@ -123,14 +97,14 @@ Json oracle_input(const std::string& model_dir, const common::NextTokenRequest& 
 }
 
 std::string oracle_artifact_name(const Json& output) {
-  Json name = pick(output, {"artifact.path", "artifact", "logits_file", "logits_path"});
+  Json name = output.value("logits_file", Json());
   if (name.is_string()) {
     std::string n = name.get<std::string>();
     if (n.find('/') == std::string::npos && n != ".." && !n.empty()) return n;
     throw Error("worker.oracle_output",
                 "oracle artifact name \"" + n + "\" is not a plain file name");
   }
-  return "logits.safetensors";
+  throw Error("worker.oracle_output", "oracle output has no logits_file");
 }
 
 Json oracle_section(const Json& output, const Json& evidence) {
@@ -140,7 +114,7 @@ Json oracle_section(const Json& output, const Json& evidence) {
 }
 
 Json make_verdict(const common::NextTokenRequest& request, const Json& output) {
-  Json argmax = pick(output, {"argmax.token_id", "argmax"});
+  Json argmax = output.value("argmax", Json());
   if (!argmax.is_number_integer())
     throw Error("worker.oracle_output", "oracle output has no integer argmax: " + argmax.dump());
   std::int64_t top = argmax.get<std::int64_t>();
@@ -155,7 +129,7 @@ Json make_verdict(const common::NextTokenRequest& request, const Json& output) {
       if (r.is_object() && r.value("engine", "") == c.engine && r.contains("logit")) seen = true;
     complete = complete && seen;
   }
-  Json margin = pick(output, {"top_logit_margin"});
+  Json margin = output.value("top_logit_margin", Json());
   if (!margin.is_number() || margin.get<double>() <= 0) complete = false;
   if (output.value("top_logit_tie", false)) complete = false;
   return Json{{"argmax_candidate", winner},
@@ -168,11 +142,12 @@ std::string tail_file(const std::filesystem::path& path, std::size_t max_bytes) 
   if (!in) return "";
   in.seekg(0, std::ios::end);
   auto size = static_cast<std::size_t>(in.tellg());
-  std::size_t start = size > max_bytes ? size - max_bytes : 0;
+  // A few bytes more than asked, so the cut can fall between characters.
+  std::size_t start = size > max_bytes + 4 ? size - max_bytes - 4 : 0;
   in.seekg(static_cast<std::streamoff>(start));
   std::string s(size - start, '\0');
   in.read(s.data(), static_cast<std::streamsize>(s.size()));
-  return s;
+  return common::printable_tail(s, max_bytes);
 }
 
 }  // namespace assay::supervisor

@@ -1,0 +1,227 @@
+// The engine's steps: each in a fresh workspace, contained, judged by its typed evidence; then
+// the kind assembles the result, which is sealed, signed and committed with the terminal state.
+#include "supervisor/jobs/engine.h"
+
+#include <algorithm>
+
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/error.h"
+#include "common/fs.h"
+#include "common/protocol.h"
+#include "common/text.h"
+#include "common/time.h"
+#include "supervisor/pipelines/documents.h"
+#include "supervisor/pipelines/steps.h"
+
+namespace assay::supervisor {
+
+using common::Error;
+using common::Json;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr std::size_t kMaxWorkerOutputBytes = 64 * 1024 * 1024;
+constexpr std::size_t kMaxMessageBytes = 16 * 1024;
+
+// The limits of one worker: what the request asks for (admission refused anything above the
+// configured maxima), else the configured defaults; memory from the preflight estimate.
+contain::Limits worker_limits(const Config& config, const common::RequestLimits& asked,
+                              std::uint64_t required_bytes, bool has_memory_high) {
+  contain::Limits l;
+  double timeout = asked.timeout_seconds.value_or(config.worker_timeout_seconds);
+  l.timeout = std::chrono::milliseconds(static_cast<long long>(timeout * 1000));
+  std::uint64_t memory = asked.memory_bytes.value_or(static_cast<std::uint64_t>(
+      static_cast<double>(required_bytes) * config.worker_memory_margin));
+  if (config.worker_memory_max) memory = std::min(memory, *config.worker_memory_max);
+  l.memory_max = memory;
+  // Reclaim pressure before the hard limit, where the kernel has memory.high (v2).
+  if (has_memory_high) l.memory_high = memory / 10 * 9;
+  l.pids_max = config.worker_pids_max;
+  return l;
+}
+
+}  // namespace
+
+void Engine::next_step(JobRun& run) {
+  if (run.cancel_requested) return finish(run.id, JobState::kCancelled, "cancelled between steps");
+  if (run.next_step == run.steps.size()) return complete(run);
+  start_step(run, run.steps[run.next_step++]);
+}
+
+void Engine::prepare_workspace(const Step& step, const fs::path& ws) const {
+  std::error_code ec;
+  fs::remove_all(ws, ec);  // a previous attempt's leftovers
+  if (::mkdir(ws.c_str(), 0700) != 0)
+    common::throw_errno("worker.workspace", "mkdir " + ws.string(), errno);
+  common::replace_file_fast(ws / protocol::kInputFile, common::canonical(step.input()), 0600);
+  std::vector<fs::path> handed{ws, ws / protocol::kInputFile};
+  if (step.move_in) {
+    for (const auto& [source, name] : step.move_in()) {
+      if (::rename(source.c_str(), (ws / name).c_str()) != 0)
+        common::throw_errno("worker.workspace",
+                            "cannot move " + source.string() + " into " + ws.string(), errno);
+      handed.push_back(ws / name);
+    }
+  }
+  if (worker_.uid)
+    for (const auto& p : handed)
+      if (::chown(p.c_str(), *worker_.uid, *worker_.gid) != 0)
+        common::throw_errno("worker.workspace", "cannot hand " + p.string() + " to the worker user",
+                            errno);
+}
+
+contain::SpawnSpec Engine::worker_spec(const JobRun& run, const Step& step,
+                                       const fs::path& ws) const {
+  contain::SpawnSpec spec;
+  spec.name = run.id + "-" + step.role;
+  spec.argv = {step.worker.string(), step.mode,  "--input", (ws / protocol::kInputFile).string(),
+               "--workdir",          ws.string()};
+  spec.workdir = ws;
+  spec.env = {"PATH=/usr/bin:/bin", "LANG=C.UTF-8", "HOME=" + ws.string(),
+              "OMP_NUM_THREADS=" + std::to_string(worker_threads())};
+  spec.stdout_path = ws / protocol::kStdoutFile;
+  spec.stderr_path = ws / protocol::kStderrFile;
+  // The worker sees neither the state directory (other jobs, the signing key) nor the socket;
+  // the runtime bind-mounts its own workspace back.
+  spec.hidden_paths = {config_.state_dir};
+  if (!config_.socket.empty()) spec.hidden_paths.push_back(config_.socket);
+  spec.uid = worker_.uid;
+  spec.gid = worker_.gid;
+  spec.limits = worker_limits(config_, run.pipeline->limits(), run.required_bytes,
+                              runtime_.backend() == "cgroup-v2");
+  return spec;
+}
+
+void Engine::start_step(JobRun& run, Step& step) {
+  const std::string id = run.id, role = step.role;
+  Job& job = *store_.find(id);
+  fs::path ws = store_.job_dir(id) / role;
+  try {
+    if (::access(step.worker.c_str(), X_OK) != 0)
+      throw Error("worker.missing",
+                  "worker executable " + step.worker.string() + " is missing or not executable");
+    prepare_workspace(step, ws);
+    contain::SpawnSpec spec = worker_spec(run, step, ws);
+    set_phase(job, role, "running " + role + " worker");
+    double t0 = common::now_unix();
+    run.process = runtime_.start(io_, spec, [this, id, role, t0](contain::Evidence evidence) {
+      metrics_.durations[role].add(common::now_unix() - t0);
+      step_done(id, role, std::move(evidence));
+    });
+  } catch (const Error& e) {
+    fail(id, e.code(), "cannot start the " + role + " worker: " + e.what());
+  } catch (const std::exception& e) {
+    fail(id, "supervisor.internal", "cannot start the " + role + " worker: " + e.what());
+  }
+}
+
+void Engine::step_done(const std::string& id, const std::string& role, contain::Evidence evidence) {
+  auto it = runs_.find(id);
+  if (it == runs_.end()) return;
+  JobRun& run = *it->second;
+  run.process.reset();
+  fs::path ws = store_.job_dir(id) / role;
+  try {
+    common::replace_file_fast(ws / "evidence.json", common::canonical(evidence.to_json()), 0600);
+  } catch (const Error& e) {
+    spdlog::error("cannot keep evidence of {} {}: {}", id, role, e.what());
+  }
+  if (evidence.oom_killed.value_or(false)) ++metrics_.oom_kills;
+  if (evidence.timed_out) ++metrics_.timeouts;
+  if (run.cancel_requested)
+    return finish(id, JobState::kCancelled, "cancelled while the " + role + " worker ran");
+  if (!evidence.succeeded())
+    return fail(id, "worker." + role + "_failed",
+                role + " worker " + evidence.failure_reason() +
+                    "; stderr: " + tail_file(ws / protocol::kStderrFile, 2000));
+  Step& step = run.steps[run.next_step - 1];
+  try {
+    Json output;
+    try {
+      output =
+          common::parse_strict(common::read_file(ws / protocol::kOutputFile, kMaxWorkerOutputBytes),
+                               {.max_bytes = kMaxWorkerOutputBytes});
+    } catch (const Error& e) {
+      throw Error("worker." + role + "_output",
+                  role + " worker exited 0 but its output.json is unusable: " + e.what());
+    }
+    step.accept(std::move(output), evidence);
+  } catch (const Error& e) {
+    return fail(id, e.code(), e.what());
+  } catch (const std::exception& e) {
+    return fail(id, "supervisor.internal", e.what());
+  }
+  next_step(run);
+}
+
+void Engine::complete(JobRun& run) {
+  Job& job = *store_.find(run.id);
+  set_phase(job, "assembling", "assembling and signing the result");
+  try {
+    RunFacts facts{run.id,          store_.job_dir(run.id), run.started_unix,
+                   run.host_memory, runtime_.backend(),     key_.key_id()};
+    Sealed sealed = run.pipeline->assemble(facts);
+    CommitFiles files = seal(sealed, key_);
+    finish(run.id, JobState::kSucceeded, sealed.message, std::nullopt, files);
+  } catch (const Error& e) {
+    fail(run.id, e.code(), e.what());
+  } catch (const std::exception& e) {
+    fail(run.id, "supervisor.internal", e.what());
+  }
+}
+
+void Engine::set_phase(Job& job, const std::string& phase, const std::string& message,
+                       bool durable) {
+  job.phase = phase;
+  JobStore::add_event(job, message);
+  try {
+    store_.save(job, durable);
+  } catch (const Error& e) {
+    // A phase is progress, not a promise: a restart re-runs the job from what the disk holds.
+    ++metrics_.store_write_failures;
+    spdlog::warn("cannot record phase {} of {}: {}", phase, job.id, e.what());
+  }
+  watchers_.publish(job);
+}
+
+void Engine::finish(const std::string& id, JobState state, const std::string& message,
+                    std::optional<Json> error, const CommitFiles& files) {
+  Job* job = store_.find(id);
+  if (!job) return;
+  job->state = state;
+  job->phase = std::string(state_name(state));
+  job->error = std::move(error);
+  job->waiting_reason.clear();
+  JobStore::add_event(*job, message);
+  try {
+    store_.commit(*job, files);
+  } catch (const Error& e) {
+    // The disk still says queued or running, so a restart runs the job again; until then the
+    // job reads as failed, saying why, and nothing claims a result that was not recorded.
+    ++metrics_.store_write_failures;
+    spdlog::error("cannot record the end of job {}: {}", id, e.what());
+    std::string why = "could not record the job's end (" + std::string(state_name(state)) +
+                      ") in the state directory: " + e.what() + "; a restart runs it again";
+    job->state = JobState::kFailed;
+    job->phase = "failed";
+    job->error = Json{{"code", e.code() == "fs.no_space" ? "store.full" : "store.unwritable"},
+                      {"message", why}};
+    JobStore::add_event(*job, "failed: " + why);
+  }
+  metrics_.durations["job"].add(common::now_unix() - job->created_unix);
+  watchers_.publish(*job);
+  release(id);
+}
+
+void Engine::fail(const std::string& id, const std::string& code, const std::string& message) {
+  // Messages carry workers' and clients' bytes: always valid UTF-8 in the record.
+  std::string text = common::printable(message, kMaxMessageBytes);
+  spdlog::warn("job {} failed: {} ({})", id, text, code);
+  finish(id, JobState::kFailed, "failed: " + text, Json{{"code", code}, {"message", text}});
+}
+
+}  // namespace assay::supervisor

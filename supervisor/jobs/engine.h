@@ -1,0 +1,108 @@
+// The job engine: a FIFO queue onto device slots, the memory preflight, and each running job's
+// steps (workspace, contained worker, evidence, output) through to the sealed, signed result.
+// It owns retries of the preflight, cancel, restart recovery and the job's events. Everything
+// runs on the io_context's one thread; nothing here throws to its caller once a job is accepted.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <sys/types.h>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
+
+#include "common/sign.h"
+#include "supervisor/config.h"
+#include "supervisor/contain/contain.h"
+#include "supervisor/jobs/events.h"
+#include "supervisor/jobs/metrics.h"
+#include "supervisor/jobs/store.h"
+#include "supervisor/pipelines/pipeline.h"
+
+namespace assay::supervisor {
+
+// The user workers run as, when assayd runs as root.
+struct WorkerIdentity {
+  std::optional<uid_t> uid;
+  std::optional<gid_t> gid;
+};
+
+// One running job: everything the engine keeps while it runs, in one place.
+struct JobRun {
+  std::string id;
+  int slot = 0;
+  double started_unix = 0;
+  bool cancel_requested = false;
+  std::unique_ptr<Pipeline> pipeline;
+  std::vector<Step> steps;
+  std::size_t next_step = 0;
+  std::uint64_t required_bytes = 0;
+  common::Json host_memory;  // the preflight's record, for the result
+  std::shared_ptr<contain::Running> process;
+};
+
+class Engine {
+ public:
+  Engine(boost::asio::io_context& io, const Config& config, JobStore& store,
+         contain::Runtime& runtime, const common::SigningKey& key, Watchers& watchers,
+         Metrics& metrics, WorkerIdentity worker);
+
+  // Re-queues jobs cut off by a restart and starts scheduling.
+  void recover();
+  void stop();
+  // Queues an accepted job.
+  void enqueue(const std::string& id);
+  // Cancels a queued job at once, a running one by killing its worker (its step then ends the
+  // job as cancelled). Returns false when the job is already terminal.
+  bool cancel(Job& job);
+  std::size_t queue_depth() const { return queue_.size(); }
+  std::size_t running() const { return runs_.size(); }
+
+ private:
+  // scheduler.cpp
+  void schedule();
+  void begin(const std::string& id);
+  // True when the job may start now; false when it waits (queued at the head) or failed.
+  bool preflight(JobRun& run);
+  void arm_retry();
+  void release(const std::string& id);
+
+  // engine.cpp
+  void next_step(JobRun& run);
+  void start_step(JobRun& run, Step& step);
+  void step_done(const std::string& id, const std::string& role, contain::Evidence evidence);
+  void complete(JobRun& run);
+  contain::SpawnSpec worker_spec(const JobRun& run, const Step& step,
+                                 const std::filesystem::path& ws) const;
+  void prepare_workspace(const Step& step, const std::filesystem::path& ws) const;
+  // Records a phase change and tells watchers; `durable` when a restart must see it.
+  void set_phase(Job& job, const std::string& phase, const std::string& message,
+                 bool durable = false);
+  // Records the terminal state (with `files`, a success's result, in the same commit) before
+  // watchers are told, and frees the slot.
+  void finish(const std::string& id, JobState state, const std::string& message,
+              std::optional<common::Json> error = std::nullopt, const CommitFiles& files = {});
+  void fail(const std::string& id, const std::string& code, const std::string& message);
+
+  boost::asio::io_context& io_;
+  const Config& config_;
+  JobStore& store_;
+  contain::Runtime& runtime_;
+  const common::SigningKey& key_;
+  Watchers& watchers_;
+  Metrics& metrics_;
+  WorkerIdentity worker_;
+
+  std::vector<std::string> queue_;                       // FIFO of queued job ids
+  std::map<std::string, std::unique_ptr<JobRun>> runs_;  // running jobs
+  std::optional<std::string> waiting_;                   // the head job the preflight holds back
+  boost::asio::steady_timer retry_timer_;
+  bool retry_armed_ = false;
+  bool stopping_ = false;
+};
+
+}  // namespace assay::supervisor

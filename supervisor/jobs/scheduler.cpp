@@ -1,0 +1,209 @@
+// The engine's queue: FIFO onto device slots, the memory preflight (a job that does not fit
+// waits at the head of the queue, retried on a timer, never in a loop), cancel and recovery.
+#include <algorithm>
+
+#include <spdlog/spdlog.h>
+#include <boost/asio/post.hpp>
+
+#include "common/error.h"
+#include "common/time.h"
+#include "supervisor/contain/memory.h"
+#include "supervisor/jobs/engine.h"
+
+namespace assay::supervisor {
+
+using common::Error;
+using common::Json;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string fmt_bytes(std::uint64_t b) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%llu bytes (%.1f MiB)", static_cast<unsigned long long>(b),
+                static_cast<double>(b) / 1048576.0);
+  return buf;
+}
+
+}  // namespace
+
+Engine::Engine(boost::asio::io_context& io, const Config& config, JobStore& store,
+               contain::Runtime& runtime, const common::SigningKey& key, Watchers& watchers,
+               Metrics& metrics, WorkerIdentity worker)
+    : io_(io),
+      config_(config),
+      store_(store),
+      runtime_(runtime),
+      key_(key),
+      watchers_(watchers),
+      metrics_(metrics),
+      worker_(worker),
+      retry_timer_(io) {}
+
+void Engine::recover() {
+  // Worker cgroups left by an assayd that died: kill, measure, remove.
+  for (const contain::Evidence& ev : runtime_.cleanup_orphans())
+    spdlog::warn("removed an orphaned worker cgroup: {}", ev.to_json().dump());
+  for (Job* job : store_.all()) {
+    if (job->state == JobState::kRunning) {
+      job->state = JobState::kQueued;
+      job->phase = "queued";
+      JobStore::add_event(*job, "re-queued: assayd restarted while attempt " +
+                                    std::to_string(job->attempts) + " was running");
+      try {
+        store_.save(*job);
+      } catch (const Error& e) {
+        // The disk says running, which a later start re-queues the same way.
+        ++metrics_.store_write_failures;
+        spdlog::error("cannot record the re-queue of {}: {}", job->id, e.what());
+      }
+    }
+    if (job->state == JobState::kQueued) queue_.push_back(job->id);
+  }
+  spdlog::info("recovered {} jobs, {} queued", store_.all().size(), queue_.size());
+  schedule();
+}
+
+void Engine::stop() {
+  stopping_ = true;
+  retry_timer_.cancel();
+}
+
+void Engine::enqueue(const std::string& id) {
+  queue_.push_back(id);
+  boost::asio::post(io_, [this] { schedule(); });
+}
+
+bool Engine::cancel(Job& job) {
+  if (is_terminal(job.state)) return false;
+  if (job.state == JobState::kQueued) {
+    queue_.erase(std::remove(queue_.begin(), queue_.end(), job.id), queue_.end());
+    finish(job.id, JobState::kCancelled, "cancelled while queued");
+    return true;
+  }
+  auto it = runs_.find(job.id);
+  if (it == runs_.end()) return false;
+  it->second->cancel_requested = true;
+  JobStore::add_event(job, "cancel requested");
+  try {
+    store_.save(job, false);
+  } catch (const Error& e) {
+    spdlog::warn("cannot record the cancel request of {}: {}", job.id, e.what());
+  }
+  watchers_.publish(job);
+  if (it->second->process) it->second->process->kill();
+  return true;
+}
+
+void Engine::schedule() {
+  if (stopping_) return;
+  while (!queue_.empty() && static_cast<int>(runs_.size()) < config_.device_slots) {
+    // The head waits for memory: the retry timer calls again; nothing overtakes it (FIFO).
+    if (retry_armed_) return;
+    std::string id = queue_.front();
+    queue_.erase(queue_.begin());
+    begin(id);
+  }
+}
+
+void Engine::begin(const std::string& id) {
+  Job* job = store_.find(id);
+  if (!job || job->state != JobState::kQueued) return;
+  std::vector<int> used;
+  for (const auto& [other, run] : runs_) used.push_back(run->slot);
+  auto run = std::make_unique<JobRun>();
+  run->id = id;
+  while (std::find(used.begin(), used.end(), run->slot) != used.end()) ++run->slot;
+  JobRun& r = *(runs_[id] = std::move(run));
+  try {
+    const JobKind& kind = kind_for_schema(job->request_schema);
+    r.pipeline = kind.open(config_, store_.job_dir(id), job->model_dir);
+    r.required_bytes = r.pipeline->required_bytes();
+  } catch (const Error& e) {
+    return fail(id, e.code() == "json.invalid" ? "job.bad_request" : e.code(), e.what());
+  } catch (const std::exception& e) {
+    return fail(id, "preflight.bad_model", std::string("cannot size the model: ") + e.what());
+  }
+  try {
+    if (!preflight(r)) return;
+  } catch (const Error& e) {
+    return fail(id, e.code(), std::string("preflight: ") + e.what());
+  }
+  job->state = JobState::kRunning;
+  job->attempts += 1;
+  job->waiting_reason.clear();
+  r.started_unix = common::now_unix();
+  // Not durable: a crash leaves the job queued on disk, which a restart runs just as it would
+  // re-run a running one; only the attempt count of this start is lost.
+  set_phase(*job, "preflight", "started attempt " + std::to_string(job->attempts));
+  try {
+    r.steps = r.pipeline->plan();
+  } catch (const Error& e) {
+    return fail(id, e.code(), e.what());
+  }
+  next_step(r);
+}
+
+bool Engine::preflight(JobRun& run) {
+  Job& job = *store_.find(run.id);
+  contain::MemoryView mem = contain::read_memory_view();
+  std::uint64_t available = mem.available();
+  std::uint64_t required = run.required_bytes, reserve = config_.memory_reserve_bytes;
+  std::uint64_t ceiling = mem.cgroup_limit.value_or(UINT64_MAX);
+  run.host_memory = Json{{"available_bytes_before", available},
+                         {"required_bytes", required},
+                         {"reserve_bytes", reserve}};
+  if (required + reserve > ceiling) {
+    ++metrics_.preflight_refusals;
+    fail(run.id, "preflight.refused",
+         "the model needs " + fmt_bytes(required) + " plus a reserve of " + fmt_bytes(reserve) +
+             " but the supervisor's cgroup limit is " + fmt_bytes(ceiling));
+    return false;
+  }
+  if (required + reserve <= available) return true;
+  // Could fit once other work ends: the job stays first in line and is retried on a timer. Only
+  // the start of a wait is an event; later retries change nothing on disk.
+  std::string reason = "needs " + fmt_bytes(required) + " + reserve " + fmt_bytes(reserve) +
+                       ", available " + fmt_bytes(available);
+  bool first = job.waiting_reason.empty();
+  job.waiting_reason = reason;
+  job.rendered.clear();
+  if (first) {
+    ++metrics_.preflight_waits;
+    set_phase(job, "queued", "waiting for memory: " + reason);
+  }
+  runs_.erase(run.id);
+  queue_.insert(queue_.begin(), job.id);
+  arm_retry();
+  return false;
+}
+
+void Engine::arm_retry() {
+  if (retry_armed_) return;
+  retry_armed_ = true;
+  retry_timer_.expires_after(std::chrono::milliseconds(config_.preflight_retry_ms));
+  retry_timer_.async_wait([this](boost::system::error_code ec) {
+    retry_armed_ = false;
+    if (!ec) schedule();
+  });
+}
+
+void Engine::release(const std::string& id) {
+  // Logits the workers left in their workspaces are scratch, whatever the outcome: a result's
+  // artifact has moved to the job directory itself, and a fidelity job's captures ([positions,
+  // vocab] floats each) are named by digest in its receipt. Logs and evidence stay.
+  std::error_code ec;
+  for (const auto& ws : fs::directory_iterator(store_.job_dir(id), ec)) {
+    if (!ws.is_directory(ec) || ws.is_symlink(ec)) continue;
+    for (const auto& file : fs::directory_iterator(ws.path(), ec))
+      if (file.path().extension() == ".safetensors") fs::remove(file.path(), ec);
+  }
+  if (runs_.erase(id) && retry_armed_) {
+    // A slot and its memory came free: the waiting head may fit now.
+    retry_timer_.cancel();
+    retry_armed_ = false;
+  }
+  boost::asio::post(io_, [this] { schedule(); });
+}
+
+}  // namespace assay::supervisor

@@ -1,0 +1,25 @@
+#include "common/error.h"
+#include "common/protocol.h"
+#include "common/result.h"
+#include "supervisor/pipelines/pipeline.h"
+
+namespace assay::supervisor {
+
+const std::vector<JobKind>& kinds() {
+  // Explicit, no static registration: the first kind whose schema matches, else the last (the
+  // next-token kind reads both of its request schemas itself).
+  static const std::vector<JobKind> all{
+      {"fidelity", protocol::kFidelityRequest, common::kKlArtifactFileName, &admit_fidelity,
+       &open_fidelity},
+      {"next-token", "", common::kArtifactFileName, &admit_next_token, &open_next_token},
+  };
+  return all;
+}
+
+const JobKind& kind_for_schema(std::string_view schema) {
+  for (const JobKind& k : kinds())
+    if (!k.request_schema.empty() && k.request_schema == schema) return k;
+  return kinds().back();
+}
+
+}  // namespace assay::supervisor

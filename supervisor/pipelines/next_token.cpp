@@ -1,0 +1,144 @@
+// Next-token jobs: fingerprint the model directory, check its identity against the request's,
+// run the oracle over the input token ids, and attribute the reference argmax to an engine.
+#include <thread>
+
+#include "common/error.h"
+#include "common/fs.h"
+#include "common/identity.h"
+#include "common/protocol.h"
+#include "common/result.h"
+#include "common/time.h"
+#include "supervisor/pipelines/admission.h"
+#include "supervisor/pipelines/documents.h"
+#include "supervisor/pipelines/pipeline.h"
+#include "supervisor/pipelines/steps.h"
+
+#ifndef ASSAY_VERSION
+#define ASSAY_VERSION "0.0.0"
+#endif
+
+namespace assay::supervisor {
+
+using common::Error;
+using common::Json;
+namespace fs = std::filesystem;
+
+namespace {
+
+class NextTokenPipeline final : public Pipeline {
+ public:
+  NextTokenPipeline(const Config& config, fs::path job_dir, std::string model_dir)
+      : config_(config),
+        job_dir_(std::move(job_dir)),
+        model_dir_(std::move(model_dir)),
+        request_(common::validate_request(read_request(job_dir_))) {}
+
+  std::uint64_t required_bytes() override { return estimate_required_bytes(model_dir_); }
+  common::RequestLimits limits() const override { return request_.limits; }
+
+  std::vector<Step> plan() override {
+    std::string name = request_.model_identity ? (*request_.model_identity)["id"].get<std::string>()
+                                               : fs::path(model_dir_).filename().string();
+    Step fingerprint = fingerprint_step(config_, "fingerprint", model_dir_, name,
+                                        request_.model_identity, fingerprint_);
+    Step oracle{"oracle",
+                config_.oracle_worker,
+                "next-token",
+                [this] {
+                  Json candidates = Json::array();
+                  for (const auto& c : request_.candidates)
+                    candidates.push_back(
+                        Json{{"engine", c.engine}, {"token_id", c.token_id}, {"text", c.text}});
+                  return oracle_input(model_dir_, request_, candidates, config_.oracle_device,
+                                      worker_threads());
+                },
+                {},
+                [this](Json output, const contain::Evidence& evidence) {
+                  oracle_ = std::move(output);
+                  oracle_evidence_ = evidence;
+                }};
+    return {std::move(fingerprint), std::move(oracle)};
+  }
+
+  Sealed assemble(const RunFacts& facts) override {
+    // The reference artifact moves out of the worker's workspace into the job directory.
+    fs::path artifact = take_artifact(facts.job_dir / "oracle" / oracle_artifact_name(oracle_),
+                                      facts.job_dir / common::kArtifactFileName);
+    std::string artifact_sha = common::sha256_file_id(artifact);
+    Json verdict = make_verdict(request_, oracle_);
+    Json network = oracle_evidence_->network ? oracle_evidence_->network->to_json() : Json("host");
+    Json result{
+        {"schema", protocol::kNextTokenResult},
+        {"created_at_utc", common::now_rfc3339()},
+        {"duration_seconds", common::now_unix() - facts.started_unix},
+        {"job_id", facts.job_id},
+        {"supervisor", {{"version", ASSAY_VERSION}, {"key_id", facts.key_id}}},
+        {"request",
+         {{"schema", request_.schema},
+          {"id", request_.id},
+          {"sha256", request_.request_sha256},
+          {"input_token_ids_sha256", request_.input_token_ids_sha256},
+          {"source", request_.source}}},
+        {"model_identity", fingerprint_.output["model_identity"]},
+        {"model_fingerprint",
+         {{"implementation_sha256",
+           fingerprint_.output.value("implementation_sha256", Json(nullptr))},
+          {"process", fingerprint_.evidence->to_json()}}},
+        {"containment",
+         {{"host_memory", facts.host_memory}, {"backend", facts.backend}, {"network", network}}},
+        {"oracle", oracle_section(oracle_, oracle_evidence_->to_json())},
+        {"reference_artifact",
+         {{"name", common::kArtifactFileName},
+          {"bytes", fs::file_size(artifact)},
+          {"sha256", artifact_sha}}},
+        {"verdict", verdict}};
+    std::string message = "succeeded: reference argmax " +
+                          std::to_string(verdict["argmax_token_id"].get<std::int64_t>()) + " -> " +
+                          verdict["argmax_candidate"].get<std::string>();
+    return Sealed{std::move(result),
+                  artifact,
+                  artifact_sha,
+                  std::string(common::kArtifactFileName),
+                  std::string(protocol::kResultPredicateType),
+                  message};
+  }
+
+ private:
+  const Config& config_;
+  fs::path job_dir_;
+  std::string model_dir_;
+  common::NextTokenRequest request_;
+  FingerprintRun fingerprint_;
+  Json oracle_;
+  std::optional<contain::Evidence> oracle_evidence_;
+};
+
+}  // namespace
+
+Admission admit_next_token(const Json& document, const SubmitContext& context) {
+  auto request = common::validate_request(document);
+  check_request_limits(request.limits, context.config);
+  std::string dir =
+      !context.query_model_dir.empty() ? context.query_model_dir : request.model_dir.value_or("");
+  if (dir.empty())
+    throw Error("request.no_model_dir",
+                "no model directory: the request has no model_dir (Kiln requests never do); "
+                "pass ?model_dir=/abs/dir");
+  std::string model_dir = check_model_dir(dir, context.peer);
+  // The request's own model_dir is part of its identity: a second spelling of the same
+  // directory would make a second job of the same dispute.
+  if (context.query_model_dir.empty() && model_dir != dir)
+    throw Error("request.bad_model",
+                "model_dir \"" + dir + "\" is not normalised (as " + model_dir + ")");
+  request.check_vocab(read_vocab_size(model_dir));
+  return Admission{common::sha256_canonical_id(
+                       Json{{"request_sha256", request.request_sha256}, {"model_dir", model_dir}}),
+                   request.request_sha256, request.schema, request.id, model_dir};
+}
+
+std::unique_ptr<Pipeline> open_next_token(const Config& config, const fs::path& job_dir,
+                                          const std::string& model_dir) {
+  return std::make_unique<NextTokenPipeline>(config, job_dir, model_dir);
+}
+
+}  // namespace assay::supervisor

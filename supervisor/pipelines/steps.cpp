@@ -1,0 +1,77 @@
+#include "supervisor/pipelines/steps.h"
+
+#include <algorithm>
+#include <thread>
+
+#include <sys/stat.h>
+
+#include "common/error.h"
+#include "common/fs.h"
+#include "common/identity.h"
+#include "common/protocol.h"
+#include "common/result.h"
+
+namespace assay::supervisor {
+
+using common::Error;
+using common::Json;
+namespace fs = std::filesystem;
+
+Json read_request(const fs::path& job_dir) {
+  return common::parse_strict(common::read_file(job_dir / "request.json", 64 << 20),
+                              {.max_bytes = 64 << 20});
+}
+
+int worker_threads() {
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+Step fingerprint_step(const Config& config, const std::string& role, const std::string& model_dir,
+                      const std::string& name, const std::optional<Json>& expected,
+                      FingerprintRun& out) {
+  Json input{{"schema", protocol::kFingerprintInput},
+             {"model_dir", model_dir},
+             {"id", name},
+             {"threads", config.fingerprint_threads}};
+  return Step{
+      role,
+      config.fingerprint_worker,
+      "run",
+      [input] { return input; },
+      {},
+      [&out, expected, role](Json output, const contain::Evidence& evidence) {
+        if (output.value("schema", "") != protocol::kFingerprintOutput)
+          throw Error(
+              "worker.fingerprint_output",
+              role + " output.json has schema " + output.value("schema", std::string("(none)")));
+        const Json& identity = common::require(output, "model_identity", "fingerprint output");
+        if (expected && (*expected)["content_sha256"] != identity["content_sha256"])
+          throw Error("job.identity_mismatch",
+                      "the model directory's identity " + identity["content_sha256"].dump() +
+                          " differs from the request's expected identity " +
+                          (*expected)["content_sha256"].dump() + "; fingerprinted: " +
+                          identity.dump() + "; expected: " + expected->dump());
+        out.output = std::move(output);
+        out.evidence = evidence;
+      }};
+}
+
+fs::path take_artifact(const fs::path& from, const fs::path& to) {
+  if (::rename(from.c_str(), to.c_str()) != 0)
+    common::throw_errno("job.artifact", "cannot move the worker's artifact " + from.string(),
+                        errno);
+  ::chmod(to.c_str(), 0600);
+  return to;
+}
+
+CommitFiles seal(Sealed& sealed, const common::SigningKey& key) {
+  std::string result_bytes = common::seal_result(sealed.result);
+  Json statement = common::make_statement(sealed.predicate_type, result_bytes, sealed.artifact_name,
+                                          sealed.artifact_sha256);
+  Json envelope = common::dsse_sign(common::kInTotoPayloadType, common::canonical(statement), key);
+  return CommitFiles{{{std::string(common::kResultFileName), result_bytes},
+                      {std::string(common::kEnvelopeFileName), common::canonical(envelope) + "\n"}},
+                     {sealed.artifact}};
+}
+
+}  // namespace assay::supervisor

@@ -1,0 +1,41 @@
+// Pieces the job kinds share: the fingerprint step with its identity check, the request file,
+// moving an artifact into the job directory, and sealing a result.
+#pragma once
+
+#include <filesystem>
+#include <optional>
+#include <string>
+
+#include "common/json.h"
+#include "common/sign.h"
+#include "supervisor/jobs/store.h"
+#include "supervisor/pipelines/pipeline.h"
+
+namespace assay::supervisor {
+
+// A job's request.json, parsed strictly.
+common::Json read_request(const std::filesystem::path& job_dir);
+// Threads a worker may use: every CPU of the host.
+int worker_threads();
+
+struct FingerprintRun {
+  common::Json output;  // assay.fingerprint-output.v1
+  std::optional<contain::Evidence> evidence;
+  const common::Json& identity() const { return output["model_identity"]; }
+};
+// Fingerprints `model_dir` into `out`; fails the job with Error("job.identity_mismatch") when
+// `expected` is given and its content_sha256 differs. `out` must outlive the step.
+Step fingerprint_step(const Config& config, const std::string& role, const std::string& model_dir,
+                      const std::string& name, const std::optional<common::Json>& expected,
+                      FingerprintRun& out);
+
+// Renames a worker's artifact to `to` (0600); its data and the rename become durable with the
+// job's terminal commit. Throws Error("job.artifact").
+std::filesystem::path take_artifact(const std::filesystem::path& from,
+                                    const std::filesystem::path& to);
+
+// Seals `sealed.result` (result_sha256), signs its statement (DSSE) and returns the files that
+// become durable with the job's terminal state.
+CommitFiles seal(Sealed& sealed, const common::SigningKey& key);
+
+}  // namespace assay::supervisor

@@ -1,0 +1,192 @@
+// The daemon's core driven without a socket: the route table and the Service facade, as a
+// hostile or unlucky client would call them.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <fstream>
+
+#include <sys/stat.h>
+#include <unistd.h>
+#include <boost/asio/io_context.hpp>
+
+#include "common/json.h"
+#include "common/text.h"
+#include "supervisor/api/routes.h"
+#include "supervisor/jobs/metrics.h"
+#include "supervisor/service.h"
+#include "tests/support/process.h"
+
+namespace sup = assay::supervisor;
+using assay::common::Json;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Fixture {
+  assay::test_support::TempDir tmp;
+  boost::asio::io_context io;
+  std::unique_ptr<sup::Service> service;
+  sup::Peer root{0, 0, 1, true};
+  sup::Peer user{65534, 65534, 2, false};
+
+  explicit Fixture(std::function<void(sup::Config&)> tweak = {}) {
+    sup::Config c;
+    c.state_dir = tmp.path() / "state";
+    c.containment.mode = assay::contain::Mode::kNone;
+    c.fingerprint_worker = c.oracle_worker = c.compare_worker = "/bin/false";
+    if (tweak) tweak(c);
+    c.finalize();
+    service = std::make_unique<sup::Service>(io, c);
+  }
+
+  // A model directory with a config.json, mode `mode`.
+  fs::path model(const std::string& name, mode_t mode = 0755) {
+    fs::path dir = tmp.path() / name;
+    fs::create_directories(dir);
+    std::ofstream(dir / "config.json") << R"({"vocab_size": 260})";
+    ::chmod(dir.c_str(), mode);
+    ::chmod(tmp.path().c_str(), 0755);
+    return dir;
+  }
+
+  sup::api::Answer call(const std::string& method, const std::string& target,
+                        const std::string& body = "", const sup::Peer* peer = nullptr) {
+    return sup::api::route(*service, method, target, body, peer ? *peer : root);
+  }
+};
+
+std::string request(const fs::path& model_dir, const std::string& extra = "") {
+  return R"({"schema":"assay.next-token-request.v1","id":"t","model_dir":")" + model_dir.string() +
+         R"(","input_token_ids":[1,2,3],"candidates":[{"engine":"a","token_id":65,"text":"A"},)"
+         R"({"engine":"b","token_id":66,"text":"B"}])" +
+         extra + "}";
+}
+
+Json body_of(const sup::api::Answer& a) {
+  CHECK(assay::common::is_valid_utf8(a.body));
+  return assay::common::parse_strict(a.body);
+}
+
+}  // namespace
+
+TEST_CASE("targets that are not UTF-8 once decoded are answered 400, in valid UTF-8") {
+  Fixture f;
+  for (std::string target : {"/v1/jobs?%FF=1", "/v1/jobs?state=%FF", "/v1/jobs?model_dir=/%C3",
+                             "/v1/\xff", "/v1/jobs/j-\xc3"}) {
+    auto a = f.call(target.find("model_dir") != std::string::npos ? "POST" : "GET", target, "{}");
+    CHECK_MESSAGE(a.status == 400, target);
+    CHECK(body_of(a)["error"]["code"] == "api.bad_target");
+  }
+}
+
+TEST_CASE("JSON bodies holding invalid UTF-8 are answered 400 json.invalid") {
+  Fixture f;
+  for (std::string bad : {"\xc3\x28", "\xc0\xaf", "\xed\xa0\x80"}) {
+    auto a = f.call("POST", "/v1/jobs", R"({"schema":"x","id":")" + bad + "\"}");
+    CHECK(a.status == 400);
+    CHECK(body_of(a)["error"]["code"] == "json.invalid");
+  }
+}
+
+TEST_CASE("405 names the allowed methods, and HEAD is answered where GET is") {
+  Fixture f;
+  auto a = f.call("PUT", "/v1/jobs");
+  CHECK(a.status == 405);
+  CHECK(a.allow == "POST, GET, HEAD");
+  CHECK(f.call("HEAD", "/v1/health").status == 200);
+  CHECK(f.call("GET", "/v2/nothing").status == 404);
+}
+
+TEST_CASE("a model directory the submitter cannot reach is 403 whether or not it exists") {
+  Fixture f;
+  fs::path secret = f.model("secret", 0700);
+  fs::path real = secret / "inner";
+  fs::create_directories(real);
+  std::ofstream(real / "config.json") << R"({"vocab_size": 260})";
+  auto exists = f.call("POST", "/v1/jobs", request(real), &f.user);
+  auto missing = f.call("POST", "/v1/jobs", request(secret / "nothing"), &f.user);
+  CHECK(exists.status == 403);
+  CHECK(missing.status == 403);
+  std::string a = body_of(exists)["error"]["message"], b = body_of(missing)["error"]["message"];
+  CHECK(a.find("not readable by uid 65534") != std::string::npos);
+  CHECK(a.find("exist") == std::string::npos);
+  CHECK(b.find("exist") == std::string::npos);
+  // Root may: the same request is accepted.
+  CHECK(f.call("POST", "/v1/jobs", request(real)).status == 201);
+}
+
+TEST_CASE("request limits above the configured maxima are refused naming both values") {
+  Fixture f([](sup::Config& c) {
+    c.worker_timeout_seconds = 60;
+    c.worker_memory_max = 2ull << 30;
+  });
+  fs::path m = f.model("m");
+  auto a = f.call("POST", "/v1/jobs", request(m, R"(,"limits":{"timeout_seconds":604800})"));
+  CHECK(a.status == 422);
+  std::string msg = body_of(a)["error"]["message"];
+  CHECK(msg.find("604800") != std::string::npos);
+  CHECK(msg.find("60.0") != std::string::npos);
+  auto b = f.call("POST", "/v1/jobs", request(m, R"(,"limits":{"memory_bytes":1099511627776})"));
+  CHECK(b.status == 422);
+  CHECK(body_of(b)["error"]["code"] == "request.limit_above_max");
+  CHECK(f.call("POST", "/v1/jobs", request(m, R"(,"limits":{"timeout_seconds":30})")).status ==
+        201);
+}
+
+TEST_CASE("a duplicate of another user's job does not reveal its id; /./ does not evade dedup") {
+  Fixture f;
+  fs::path m = f.model("m");
+  auto first = f.call("POST", "/v1/jobs", request(m));
+  REQUIRE(first.status == 201);
+  std::string id = body_of(first)["id"];
+  auto other = f.call("POST", "/v1/jobs", request(m), &f.user);
+  CHECK(other.status == 409);
+  CHECK(other.body.find(id) == std::string::npos);
+  fs::path spelled = m.parent_path() / "." / m.filename();
+  CHECK(f.call("POST", "/v1/jobs", request(spelled)).status == 422);
+  std::string kiln_like = request(m);  // the same request with the directory in the query
+  auto first_q = f.call("POST", "/v1/jobs?model_dir=" + m.string(), kiln_like);
+  auto dotted = f.call("POST", "/v1/jobs?model_dir=" + spelled.string() + "/", kiln_like);
+  CHECK(first_q.status == 200);  // the query names the same directory: the same job
+  CHECK(body_of(first_q)["id"] == id);
+  CHECK(dotted.status == 200);
+  CHECK(body_of(dotted)["id"] == id);
+  CHECK(body_of(dotted)["duplicate"] == true);
+}
+
+TEST_CASE("a FIFO in place of config.json is refused without blocking") {
+  Fixture f;
+  fs::path m = f.tmp.path() / "fifo-model";
+  fs::create_directories(m);
+  REQUIRE(::mkfifo((m / "config.json").c_str(), 0644) == 0);
+  auto a = f.call("POST", "/v1/jobs", request(m));
+  CHECK(a.status == 422);
+  CHECK(body_of(a)["error"]["message"].get<std::string>().find("not a regular file") !=
+        std::string::npos);
+}
+
+TEST_CASE("a failed job runs again only when resubmitted with retry") {
+  Fixture f;
+  fs::path m = f.model("m");
+  std::string id = body_of(f.call("POST", "/v1/jobs", request(m)))["id"];
+  // /bin/false as the fingerprint worker: the job fails.
+  for (int i = 0; i < 200 && f.service->list(sup::JobState::kFailed, f.root)["jobs"].empty(); ++i)
+    f.io.run_for(std::chrono::milliseconds(20));
+  REQUIRE(f.service->list(sup::JobState::kFailed, f.root)["jobs"].size() == 1);
+  auto again = f.call("POST", "/v1/jobs", request(m));
+  CHECK(again.status == 200);
+  CHECK(body_of(again)["state"] == "failed");
+  auto retried = f.call("POST", "/v1/jobs?retry=1", request(m));
+  CHECK(retried.status == 201);
+  CHECK(body_of(retried)["id"] == id);
+  CHECK(body_of(retried)["state"] == "queued");
+  CHECK(body_of(retried)["retried"] == true);
+}
+
+TEST_CASE("duration windows are bounded and keep their totals") {
+  sup::Durations d;
+  for (int i = 0; i < 5000; ++i) d.add(i < 4000 ? 100.0 : 1.0);
+  CHECK(d.recent.size() == sup::Durations::kWindow);
+  CHECK(d.count == 5000);
+  CHECK(d.median() == 1.0);
+}

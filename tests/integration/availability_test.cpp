@@ -10,7 +10,6 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/types.h>
-#include <atomic>
 #include <cstring>
 #include <functional>
 #include <optional>
@@ -466,6 +465,17 @@ AttackStats probe_during(Daemon& d, const std::function<AttackStats()>& attack,
 }  // namespace
 
 TEST_SUITE("availability") {
+  TEST_CASE("the tests' UTF-8 check accepts U+20AC and refuses C3 28, C0 AF, ED A0 80 and a cut") {
+    CHECK(valid_utf8("plain ASCII"));
+    CHECK(valid_utf8("\xE2\x82\xAC and \xF0\x9F\x98\x80"));
+    CHECK_FALSE(valid_utf8("x\xC3\x28"));
+    CHECK_FALSE(valid_utf8("\xC0\xAF"));
+    CHECK_FALSE(valid_utf8("\xED\xA0\x80"));
+    CHECK_FALSE(valid_utf8("\xFF"));
+    CHECK_FALSE(valid_utf8("\x82\xAC"));          // a tail cut off its lead byte
+    CHECK_FALSE(valid_utf8("ends in \xE2\x82"));  // a lead cut off its tail
+  }
+
   TEST_CASE(
       "invalid UTF-8 in a target, query or body is a 400 in valid UTF-8, and assayd keeps "
       "serving") {

@@ -2,6 +2,8 @@
 // to it over the unix socket with plain POSIX calls (no client library between test and daemon).
 #pragma once
 
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -12,6 +14,7 @@
 #include <vector>
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -111,6 +114,63 @@ inline HttpReply request(const fs::path& socket, const std::string& method,
   return raw_request(socket, req);
 }
 
+// One exchange with a deadline for all of it (connect, send, read to the close): status 0 when
+// the daemon did not answer in time. Connects non-blocking, retrying while the backlog is full,
+// so a daemon that stopped accepting or a hung I/O thread cannot block the test.
+inline HttpReply request_within(const fs::path& socket, const std::string& method,
+                                const std::string& target, double seconds,
+                                const std::string& body = "") {
+  using Clock = std::chrono::steady_clock;
+  auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                     std::chrono::duration<double>(seconds));
+  auto left_ms = [&] {
+    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    return static_cast<int>(std::max<long long>(0, ms.count()));
+  };
+  std::string req = method + " " + target + " HTTP/1.1\r\nHost: assayd\r\nConnection: close\r\n";
+  if (!body.empty() || method == "POST")
+    req +=
+        "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) + "\r\n";
+  req += "\r\n" + body;
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s", socket.c_str());
+  int fd = -1;
+  while (true) {
+    fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) break;
+    int err = errno;
+    ::close(fd);
+    fd = -1;
+    if ((err != EAGAIN && err != ECONNREFUSED && err != ENOENT) || left_ms() == 0) return {};
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  std::size_t off = 0;
+  std::string raw;
+  bool failed = false;
+  while (!failed) {
+    pollfd p{fd, static_cast<short>(off < req.size() ? POLLIN | POLLOUT : POLLIN), 0};
+    if (::poll(&p, 1, left_ms()) <= 0) {
+      failed = true;
+      break;
+    }
+    if (p.revents & POLLIN || (p.revents & (POLLHUP | POLLERR) && !(p.revents & POLLOUT))) {
+      char buf[65536];
+      ssize_t n = ::read(fd, buf, sizeof buf);
+      if (n == 0) break;
+      if (n < 0 && errno != EAGAIN) break;
+      if (n > 0) raw.append(buf, static_cast<std::size_t>(n));
+    } else if (p.revents & POLLOUT) {
+      ssize_t n = ::send(fd, req.data() + off, req.size() - off, MSG_NOSIGNAL);
+      if (n < 0 && errno != EAGAIN) break;
+      if (n > 0) off += static_cast<std::size_t>(n);
+    }
+  }
+  ::close(fd);
+  if (failed) return {};
+  return parse_reply(raw);
+}
+
 inline std::string slurp(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), {});
@@ -184,6 +244,69 @@ class Daemon {
     return st;
   }
 
+  // Starts assayd and waits at most `seconds` for /v1/health, each probe bounded, so a daemon
+  // that hangs cannot hang the test; false when it exited or did not answer in time.
+  bool start_within(double seconds) {
+    log_ = state_.parent_path() / ("assayd-" + std::to_string(++starts_) + ".log");
+    std::vector<std::string> args{ASSAYD_PATH,      "serve",       "--socket",
+                                  socket_.string(), "--state-dir", state_.string()};
+    args.insert(args.end(), extra_.begin(), extra_.end());
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      int fd = ::open(log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      ::execv(argv[0], argv.data());
+      ::_exit(127);
+    }
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (request_within(socket_, "GET", "/v1/health", 1.0).status == 200) return true;
+      if (!alive()) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return false;
+  }
+
+  // The daemon's pid (-1 when none runs or it has been reaped).
+  pid_t pid() const { return pid_; }
+
+  // False once the process has exited (it is reaped then; exit_status() says how).
+  bool alive() {
+    if (pid_ <= 0) return false;
+    int st = 0;
+    if (::waitpid(pid_, &st, WNOHANG) == pid_) {
+      exit_status_ = st;
+      pid_ = -1;
+      return false;
+    }
+    return true;
+  }
+  int exit_status() const { return exit_status_; }
+
+  // SIGTERM, then SIGKILL when it has not exited after `seconds`: a hung daemon cannot hang the
+  // test's cleanup. Returns the wait status (-1 when none ran).
+  int stop_within(double seconds) {
+    if (pid_ <= 0) return -1;
+    ::kill(pid_, SIGTERM);
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    int st = 0;
+    while (::waitpid(pid_, &st, WNOHANG) != pid_) {
+      if (std::chrono::steady_clock::now() >= deadline) {
+        ::kill(pid_, SIGKILL);
+        ::waitpid(pid_, &st, 0);
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    pid_ = -1;
+    exit_status_ = st;
+    return st;
+  }
+
   std::string log() const { return slurp(log_); }
   const fs::path& socket() const { return socket_; }
   const fs::path& state() const { return state_; }
@@ -194,6 +317,7 @@ class Daemon {
   fs::path log_;
   pid_t pid_ = -1;
   int starts_ = 0;
+  int exit_status_ = -1;
 };
 
 // Polls GET /v1/jobs/{id} until `pred(job)` or the deadline; returns the last job document.

@@ -334,7 +334,7 @@ std::string model_content_sha256(const Json& mi) {
   for (const char* k :
        {"id", "config_hash", "tokenizer_hash", "chat_template_hash", "weight_files"})
     core[k] = field(mi, k, "model_identity");
-  return sha256_canonical_id(core);
+  return sha256_id(kiln_canonical(core));
 }
 
 void validate_model_identity(const Json& mi, std::string_view where) {

@@ -101,8 +101,8 @@ std::string token_ids_sha256(std::span<const std::int64_t> ids);
 // (surrogate pairs above U+FFFF). Equal to canonical() for ASCII documents, and to Kiln's bytes
 // for every document without non-integer numbers.
 std::string kiln_canonical(const Json& value);
-// Recomputes a Kiln-compatible identity's content_sha256: the canonical hash of
-// {id, config_hash, tokenizer_hash, chat_template_hash, weight_files}. Throws
+// Recomputes a Kiln-compatible identity's content_sha256: the sha256 of Kiln's canonical form
+// (kiln_canonical) of {id, config_hash, tokenizer_hash, chat_template_hash, weight_files}. Throws
 // Error("request.invalid") when the identity is malformed (names the field).
 std::string model_content_sha256(const Json& model_identity);
 // Checks the identity's shape and its content_sha256; throws as above.

@@ -381,7 +381,7 @@ TEST_CASE("utf8_sha256 names the one user message; a second user message is refu
   CHECK(refusal(no_user).first == "request.invalid");
 }
 
-TEST_CASE("a Kiln request's sha256 escapes non-ASCII text as Kiln's json.dumps does") {
+TEST_CASE("Kiln's identities escape non-ASCII text as Kiln's json.dumps does") {
   Json doc = kiln_fixture();
   doc["candidates"][1]["text"] = " fondation\u00e9\U0001F600";
   auto r = common::validate_request(doc);
@@ -390,4 +390,10 @@ TEST_CASE("a Kiln request's sha256 escapes non-ASCII text as Kiln's json.dumps d
         "sha256:bd602bd14a3907082c275605d66aa1dec504182adda3a08089cb01e949b65ab9");
   CHECK(common::kiln_canonical(Json("\u00e9\U0001F600\n")) == "\"\\u00e9\\ud83d\\ude00\\n\"");
   CHECK(common::kiln_canonical(doc["source"]) == common::canonical(doc["source"]));
+
+  // The model identity's content_sha256 likewise (python3, the same json.dumps of the five fields).
+  Json identity = doc["model_identity"];
+  identity["id"] = "Qwen3.5-4B-\u00e9";
+  CHECK(common::model_content_sha256(identity) ==
+        "sha256:ffeef86e72d20e2593c625fdbeba831621b861da195313671a97cd67eacbf254");
 }

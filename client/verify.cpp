@@ -101,8 +101,9 @@ VerifyReport verify_result(const VerifyInputs& in) {
     if (known) kind = known;
     checks.add("result.schema", known != nullptr,
                "schema " + (schema ? "\"" + *schema + "\"" : std::string("missing")) +
-                   (known ? "" : ", expected \"" + std::string(protocol::kNextTokenResult) +
-                                     "\" or \"" + std::string(protocol::kFidelityResult) + "\""));
+                   (known ? ""
+                          : ", expected \"" + std::string(protocol::kNextTokenResult) + "\" or \"" +
+                                std::string(protocol::kFidelityResult) + "\""));
     std::string canon = common::canonical(result);
     checks.add("result.canonical", result_bytes == canon,
                result_bytes == canon ? "file bytes are the RFC 8785 canonical form"
@@ -147,14 +148,20 @@ VerifyReport verify_result(const VerifyInputs& in) {
       checks.add("envelope.payload_type", type == std::string(common::kInTotoPayloadType),
                  "payloadType " + (type ? "\"" + *type + "\"" : std::string("missing")));
       if (!raw_key.empty()) {
-        std::string payload = common::dsse_verify(env, raw_key);
-        checks.add("signature", true, "Ed25519 DSSE signature by " + key_id + " verifies");
-        statement = common::parse_strict(payload, {.max_bytes = kMaxDocumentBytes});
+        common::VerifiedEnvelope opened = common::dsse_open(env, raw_key);
+        std::string detail;
+        for (const auto& sig : opened.signatures)
+          detail += (detail.empty() ? "" : "; ") + std::string("signatures[") +
+                    std::to_string(sig.index) + "] verifies with key " + sig.key_id +
+                    (sig.keyid.empty() ? " (no keyid)" : " (keyid names it)");
+        checks.add("signature", true, "Ed25519 DSSE: " + detail);
+        statement = common::parse_strict(opened.payload, {.max_bytes = kMaxDocumentBytes});
       } else {
         checks.add("signature", false, "no usable public key");
       }
     } catch (const common::Error& e) {
-      checks.add("signature", false, in.envelope->string() + ": " + e.what());
+      checks.add("signature", false,
+                 in.envelope->string() + ": " + e.what() + " [" + e.code() + "]");
     }
   }
 

@@ -1,5 +1,6 @@
 #include "common/request.h"
 
+#include <optional>
 #include <set>
 
 #include "common/error.h"
@@ -103,14 +104,181 @@ void check_token_ids_sha(const Json& doc, const std::string& recomputed) {
     invalid("request.input_token_ids_sha256 must be \"sha256:<64 lowercase hex>\", got " +
             it->dump());
   if (*it != recomputed)
-    throw Error("request.sha_mismatch", "request.input_token_ids_sha256 is " +
-                                            it->get<std::string>() + " but the ids hash to " +
-                                            recomputed);
+    throw Error("request.sha_mismatch",
+                "request.input_token_ids_sha256: expected " + recomputed +
+                    " (sha256 of the canonical request.input_token_ids), found " +
+                    it->get<std::string>());
 }
 
+// Kiln's source: which commit and which two receipts produced the disputed tokens. Closed as
+// Kiln's is; assay does not read the receipts, it carries the object into the result verbatim.
+void check_hex(const Json& obj, std::string_view key, std::string_view where, std::size_t len) {
+  const Json& v = field(obj, key, where);
+  bool ok = v.is_string() && v.get_ref<const std::string&>().size() == len;
+  if (ok)
+    for (char c : v.get_ref<const std::string&>())
+      ok = ok && ((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'));
+  if (!ok)
+    invalid(std::string(where) + "." + std::string(key) + " must be " + std::to_string(len) +
+            " lowercase hex digits, got " + v.dump());
+}
+
+const Json& kiln_source(const Json& source) {
+  if (!source.is_object()) invalid("request.source must be an object");
+  only_fields(source, {"source_commit", "kiln_receipt", "vllm_receipt"}, "request.source");
+  check_hex(source, "source_commit", "request.source", 40);
+  for (const char* receipt : {"kiln_receipt", "vllm_receipt"}) {
+    std::string where = std::string("request.source.") + receipt;
+    const Json& r = field(source, receipt, "request.source");
+    if (!r.is_object()) invalid(where + " must be an object");
+    only_fields(r, {"path", "file_sha256", "content_sha256"}, where);
+    auto path = string_field(r, "path", where, 4096);
+    if (path.front() == '/' || path.find("..") != std::string::npos)
+      invalid(where + ".path \"" + path + "\" must be relative, without \"..\"");
+    check_identity_string(r, "file_sha256", where, false);
+    check_identity_string(r, "content_sha256", where, false);
+  }
+  return source;
+}
+
+void check_bool(const Json& obj, std::string_view key, std::string_view where) {
+  const Json& v = field(obj, key, where);
+  if (!v.is_boolean())
+    invalid(std::string(where) + "." + std::string(key) + " must be true or false, got " +
+            v.dump());
+}
+
+// Kiln's prompt: the chat it rendered and the token ids the rendering gave. assay does not
+// render the chat template; it checks the document's own claims about itself.
+std::vector<std::int64_t> kiln_prompt_token_ids(const Json& prompt) {
+  constexpr std::string_view w = "request.prompt";
+  if (!prompt.is_object()) invalid("request.prompt must be an object");
+  only_fields(prompt,
+              {"generator", "messages", "add_generation_prompt", "template_kwargs", "utf8_sha256",
+               "token_count", "token_ids"},
+              w);
+
+  const Json& gen = field(prompt, "generator", w);
+  if (!gen.is_object()) invalid("request.prompt.generator must be an object");
+  only_fields(gen, {"run_id", "phase", "request_index", "profile", "template_version"},
+              "request.prompt.generator");
+  for (const char* k : {"run_id", "phase", "profile", "template_version"})
+    string_field(gen, k, "request.prompt.generator", 256);
+  const Json& index = field(gen, "request_index", "request.prompt.generator");
+  if (!index.is_number_integer() || index.get<std::int64_t>() < 0)
+    invalid("request.prompt.generator.request_index must be a non-negative integer, got " +
+            index.dump());
+
+  // The one user message is the text Kiln hashes into utf8_sha256; with several user messages
+  // the hash would not say which, so such a prompt is refused.
+  const Json& messages = field(prompt, "messages", w);
+  if (!messages.is_array() || messages.empty() || messages.size() > kMaxMessages)
+    invalid("request.prompt.messages must be an array of 1.." + std::to_string(kMaxMessages) +
+            " messages, got " +
+            (messages.is_array() ? std::to_string(messages.size()) + " entries"
+                                 : std::string(messages.type_name())));
+  std::optional<std::size_t> user;
+  for (std::size_t i = 0; i < messages.size(); ++i) {
+    std::string mw = "request.prompt.messages[" + std::to_string(i) + "]";
+    if (!messages[i].is_object()) invalid(mw + " must be an object");
+    only_fields(messages[i], {"role", "content"}, mw);
+    auto role = string_field(messages[i], "role", mw, 64);
+    if (role != "system" && role != "user" && role != "assistant")
+      invalid(mw + ".role must be \"system\", \"user\" or \"assistant\", got \"" + role + "\"");
+    string_field(messages[i], "content", mw, kMaxRequestBytes);
+    if (role != "user") continue;
+    if (user)
+      invalid(mw + " is a second user message (the first is messages[" + std::to_string(*user) +
+              "]); utf8_sha256 names one user message");
+    user = i;
+  }
+  if (!user) invalid("request.prompt.messages has no message with role \"user\"");
+
+  check_bool(prompt, "add_generation_prompt", w);
+  const Json& kwargs = field(prompt, "template_kwargs", w);
+  if (!kwargs.is_object()) invalid("request.prompt.template_kwargs must be an object");
+  only_fields(kwargs, {"enable_thinking"}, "request.prompt.template_kwargs");
+  check_bool(kwargs, "enable_thinking", "request.prompt.template_kwargs");
+
+  check_identity_string(prompt, "utf8_sha256", w, false);
+  const auto& content = messages[*user]["content"].get_ref<const std::string&>();
+  std::string content_sha = sha256_id(content);
+  if (prompt["utf8_sha256"] != content_sha)
+    throw Error("request.sha_mismatch", "request.prompt.utf8_sha256: expected " + content_sha +
+                                            " (sha256 of the " + std::to_string(content.size()) +
+                                            " UTF-8 bytes of request.prompt.messages[" +
+                                            std::to_string(*user) + "].content), found " +
+                                            prompt["utf8_sha256"].get<std::string>());
+
+  auto ids = token_ids(prompt, "token_ids", w, false);
+  const Json& count = field(prompt, "token_count", w);
+  if (!count.is_number_integer())
+    invalid("request.prompt.token_count must be an integer, got " + count.dump());
+  if (count.is_number_unsigned() ? count.get<std::uint64_t>() != ids.size()
+                                 : count.get<std::int64_t>() != std::int64_t(ids.size()))
+    throw Error("request.token_count_mismatch",
+                "request.prompt.token_count: expected " + std::to_string(ids.size()) +
+                    " (the number of request.prompt.token_ids), found " + count.dump());
+  return ids;
+}
+
+std::vector<PrefixToken> continuation_prefix(const Json& v) {
+  constexpr std::string_view w = "request.continuation_prefix";
+  if (!v.is_array())
+    invalid("request.continuation_prefix must be an array of {token_id, text}, got " +
+            std::string(v.type_name()));
+  if (v.size() > kMaxInputTokens)
+    invalid("request.continuation_prefix has " + std::to_string(v.size()) +
+            " tokens, more than the limit " + std::to_string(kMaxInputTokens));
+  std::vector<PrefixToken> out;
+  out.reserve(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    std::string tw = std::string(w) + "[" + std::to_string(i) + "]";
+    if (!v[i].is_object()) invalid(tw + " must be an object");
+    only_fields(v[i], {"token_id", "text"}, tw);
+    PrefixToken t;
+    t.token_id = token_id(field(v[i], "token_id", tw), tw + ".token_id");
+    const Json& text = field(v[i], "text", tw);
+    if (!text.is_string()) invalid(tw + ".text must be a string, got " + text.dump());
+    t.text = text.get<std::string>();
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+// input_token_ids must be the prompt's ids followed by the prefix's; the message names the
+// first position that differs, what the two parts give there and what the document has.
+void check_joined_ids(const std::vector<std::int64_t>& prompt,
+                      const std::vector<PrefixToken>& prefix,
+                      const std::vector<std::int64_t>& input) {
+  std::size_t n = prompt.size() + prefix.size();
+  auto expected_at = [&](std::size_t i) {
+    return i < prompt.size() ? prompt[i] : prefix[i - prompt.size()].token_id;
+  };
+  auto source_of = [&](std::size_t i) {
+    return i < prompt.size()
+               ? "request.prompt.token_ids[" + std::to_string(i) + "]"
+               : "request.continuation_prefix[" + std::to_string(i - prompt.size()) + "].token_id";
+  };
+  std::size_t i = 0;
+  while (i < n && i < input.size() && expected_at(i) == input[i]) ++i;
+  if (i == n && i == input.size()) return;
+  std::string parts = "request.prompt.token_ids " + std::to_string(prompt.size()) +
+                      " + request.continuation_prefix " + std::to_string(prefix.size());
+  if (i < n && i < input.size())
+    throw Error("request.inconsistent_token_ids",
+                "request.input_token_ids[" + std::to_string(i) + "]: expected " +
+                    std::to_string(expected_at(i)) + " (" + source_of(i) + "), found " +
+                    std::to_string(input[i]));
+  throw Error("request.inconsistent_token_ids", "request.input_token_ids: expected " +
+                                                    std::to_string(n) + " ids (" + parts +
+                                                    "), found " + std::to_string(input.size()));
+}
 }  // namespace
 
-RequestLimits parse_request_limits(const Json& doc) { return parse_limits(doc); }
+RequestLimits parse_request_limits(const Json& doc) {
+  return parse_limits(doc);
+}
 
 std::vector<std::int64_t> parse_token_id_array(const Json& obj, std::string_view key,
                                                std::string_view where, bool allow_empty) {
@@ -129,13 +297,44 @@ std::string token_ids_sha256(std::span<const std::int64_t> ids) {
   return sha256_id(s);
 }
 
+std::string kiln_canonical(const Json& value) {
+  std::string jcs = canonical(value);
+  std::string out;
+  out.reserve(jcs.size());
+  static const char* kHex = "0123456789abcdef";
+  auto escape = [&](std::uint32_t unit) {
+    out += "\\u";
+    for (int shift = 12; shift >= 0; shift -= 4) out += kHex[(unit >> shift) & 0xf];
+  };
+  // canonical() has validated the UTF-8; non-ASCII bytes occur only inside strings.
+  for (std::size_t i = 0; i < jcs.size();) {
+    auto c = static_cast<unsigned char>(jcs[i]);
+    if (c < 0x80) {
+      out += jcs[i++];
+      continue;
+    }
+    int n = c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : 2;
+    std::uint32_t cp = c & (0x7f >> n);
+    for (int k = 1; k < n; ++k) cp = (cp << 6) | (static_cast<unsigned char>(jcs[i + k]) & 0x3f);
+    i += n;
+    if (cp >= 0x10000) {
+      cp -= 0x10000;
+      escape(0xd800 + (cp >> 10));
+      escape(0xdc00 + (cp & 0x3ff));
+    } else {
+      escape(cp);
+    }
+  }
+  return out;
+}
+
 std::string model_content_sha256(const Json& mi) {
   if (!mi.is_object()) invalid("model_identity must be an object");
   Json core = Json::object();
   for (const char* k :
        {"id", "config_hash", "tokenizer_hash", "chat_template_hash", "weight_files"})
     core[k] = field(mi, k, "model_identity");
-  return sha256_canonical_id(core);
+  return sha256_id(kiln_canonical(core));
 }
 
 void validate_model_identity(const Json& mi, std::string_view where) {
@@ -170,9 +369,11 @@ void validate_model_identity(const Json& mi, std::string_view where) {
   }
   auto recomputed = model_content_sha256(mi);
   if (mi["content_sha256"] != recomputed)
-    throw Error("request.sha_mismatch", std::string(where) + ".content_sha256 is " +
-                                            mi["content_sha256"].get<std::string>() +
-                                            " but the identity hashes to " + recomputed);
+    throw Error("request.sha_mismatch",
+                std::string(where) + ".content_sha256: expected " + recomputed +
+                    " (canonical sha256 of {id, config_hash, tokenizer_hash, chat_template_hash, "
+                    "weight_files}), found " +
+                    mi["content_sha256"].get<std::string>());
 }
 
 NextTokenRequest parse_request(std::string_view text) {
@@ -229,34 +430,14 @@ NextTokenRequest validate_request(const Json& doc) {
       invalid("request.model_identity is required in a " + r.schema + " request");
     if (doc.find("input_token_ids_sha256") == doc.end())
       invalid("request.input_token_ids_sha256 is required in a " + r.schema + " request");
-    const Json& source = field(doc, "source", "request");
-    if (!source.is_object()) invalid("request.source must be an object");
-    r.source = source;
-    const Json& prompt = field(doc, "prompt", "request");
-    if (!prompt.is_object()) invalid("request.prompt must be an object");
-    only_fields(prompt, {"token_ids", "text"}, "request.prompt");
-    auto prompt_ids = token_ids(prompt, "token_ids", "request.prompt", false);
-    std::vector<std::int64_t> prefix_ids;
-    if (auto cp = doc.find("continuation_prefix"); cp != doc.end()) {
-      if (!cp->is_object()) invalid("request.continuation_prefix must be an object");
-      only_fields(*cp, {"token_ids", "text"}, "request.continuation_prefix");
-      prefix_ids = token_ids(*cp, "token_ids", "request.continuation_prefix", true);
-    }
-    std::vector<std::int64_t> joined = prompt_ids;
-    joined.insert(joined.end(), prefix_ids.begin(), prefix_ids.end());
-    if (joined != r.input_token_ids) {
-      std::size_t i = 0;
-      while (i < joined.size() && i < r.input_token_ids.size() && joined[i] == r.input_token_ids[i])
-        ++i;
-      throw Error("request.inconsistent_token_ids",
-                  "request.input_token_ids (" + std::to_string(r.input_token_ids.size()) +
-                      " ids) != prompt.token_ids + continuation_prefix.token_ids (" +
-                      std::to_string(joined.size()) + " ids); first difference at index " +
-                      std::to_string(i));
-    }
+    r.source = kiln_source(field(doc, "source", "request"));
+    auto prompt_ids = kiln_prompt_token_ids(field(doc, "prompt", "request"));
+    r.continuation_prefix = continuation_prefix(field(doc, "continuation_prefix", "request"));
+    check_joined_ids(prompt_ids, r.continuation_prefix, r.input_token_ids);
     check_token_ids_sha(doc, r.input_token_ids_sha256);
   }
-  r.request_sha256 = sha256_canonical_id(doc);
+  r.request_sha256 =
+      r.kind == RequestKind::kKiln ? sha256_id(kiln_canonical(doc)) : sha256_canonical_id(doc);
   r.document = doc;
   return r;
 }

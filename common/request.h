@@ -23,6 +23,13 @@ struct Candidate {
   std::string text;
 };
 
+// A token Kiln forces after the prompt (continuation_prefix[i]) with the text Kiln claims the
+// tokenizer decodes it to; the text is checked where the tokenizer is (the worker).
+struct PrefixToken {
+  std::int64_t token_id = 0;
+  std::string text;
+};
+
 struct RequestLimits {
   std::optional<double> timeout_seconds;      // per worker run
   std::optional<std::uint64_t> memory_bytes;  // per worker cgroup memory.max
@@ -32,6 +39,7 @@ struct RequestLimits {
 inline constexpr std::size_t kMaxRequestBytes = 16 * 1024 * 1024;
 inline constexpr std::size_t kMaxInputTokens = 1'000'000;
 inline constexpr std::size_t kMaxCandidates = 64;
+inline constexpr std::size_t kMaxMessages = 1024;  // Kiln prompt.messages
 inline constexpr std::int64_t kMaxTokenId = (std::int64_t{1} << 31) - 1;
 
 struct NextTokenRequest {
@@ -46,9 +54,15 @@ struct NextTokenRequest {
   std::string input_token_ids_sha256;  // recomputed (and equal to the document's, if given)
   std::vector<Candidate> candidates;
   RequestLimits limits;
-  Json source;  // Kiln's source pair, passed through untouched; null for assay requests
-  std::string request_sha256;  // sha256 of the canonical form of the whole document
-  Json document;               // the document as parsed
+  // Kiln's {source_commit, kiln_receipt, vllm_receipt}, shape-checked and kept verbatim for
+  // the result; null for assay requests.
+  Json source;
+  // sha256 of the canonical form of the whole document: RFC 8785 for an assay request, Kiln's
+  // form (kiln_canonical, non-ASCII escaped) for a Kiln request, so it is the id Kiln publishes.
+  std::string request_sha256;
+  Json document;  // the document as parsed
+  // Kiln: continuation_prefix in order (their ids end input_token_ids); empty for assay requests.
+  std::vector<PrefixToken> continuation_prefix;
 
   // {"schema", "request_sha256", "input_token_ids_sha256", "model_content_sha256" (or null)}:
   // what `assay request check` prints.
@@ -64,9 +78,13 @@ struct NextTokenRequest {
 //   request.unknown_schema         "schema" is not one of the two request schemas
 //   request.invalid                a missing, mistyped, unknown or out-of-range field
 //   request.invalid_token_id       a negative or too large token id
-//   request.inconsistent_token_ids Kiln: input_token_ids != prompt + continuation_prefix
-//   request.sha_mismatch           input_token_ids_sha256 or model_identity.content_sha256
-//                                  differs from the value recomputed from the document
+//   request.inconsistent_token_ids Kiln: input_token_ids != prompt.token_ids followed by the
+//                                  continuation_prefix ids
+//   request.token_count_mismatch   Kiln: prompt.token_count != the number of prompt.token_ids
+//   request.sha_mismatch           input_token_ids_sha256, model_identity.content_sha256 or
+//                                  (Kiln) prompt.utf8_sha256 differs from the value recomputed
+//                                  from the document
+// Each message names the field, the expected (recomputed) and the found value.
 NextTokenRequest parse_request(std::string_view text);
 NextTokenRequest validate_request(const Json& document);
 
@@ -78,8 +96,13 @@ std::vector<std::int64_t> parse_token_id_array(const Json& obj, std::string_view
 
 // sha256 of the canonical JSON array of the ids ("[1,2,3]"), as Kiln publishes it.
 std::string token_ids_sha256(std::span<const std::int64_t> ids);
-// Recomputes a Kiln-compatible identity's content_sha256: the canonical hash of
-// {id, config_hash, tokenizer_hash, chat_template_hash, weight_files}. Throws
+// Kiln's canonical JSON (Python json.dumps(sort_keys, separators=(",",":"), ensure_ascii)):
+// the RFC 8785 form with every non-ASCII character written as a lowercase \uXXXX escape
+// (surrogate pairs above U+FFFF). Equal to canonical() for ASCII documents, and to Kiln's bytes
+// for every document without non-integer numbers.
+std::string kiln_canonical(const Json& value);
+// Recomputes a Kiln-compatible identity's content_sha256: the sha256 of Kiln's canonical form
+// (kiln_canonical) of {id, config_hash, tokenizer_hash, chat_template_hash, weight_files}. Throws
 // Error("request.invalid") when the identity is malformed (names the field).
 std::string model_content_sha256(const Json& model_identity);
 // Checks the identity's shape and its content_sha256; throws as above.

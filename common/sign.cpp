@@ -191,6 +191,19 @@ std::string base64_decode(std::string_view text) {
                           reinterpret_cast<const unsigned char*>(text.data()),
                           static_cast<int>(text.size()));
   if (n < 0) throw Error("sign.base64", "malformed base64 text");
+  // The bits of the last character before the padding that no output byte uses must be zero,
+  // or several texts would decode to the same bytes.
+  if (pad) {
+    std::size_t at = text.size() - pad - 1;
+    static constexpr std::string_view kAlphabet =
+        "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    auto value = kAlphabet.find(text[at]);
+    unsigned unused_mask = pad == 1 ? 0x3 : 0xf;
+    if (value & unused_mask)
+      throw Error("sign.base64", "non-canonical base64: the unused bits of '" +
+                                     std::string(1, text[at]) + "' at offset " +
+                                     std::to_string(at) + " are not zero");
+  }
   out.resize(static_cast<std::size_t>(n) - pad);
   return out;
 }
@@ -215,24 +228,71 @@ Json dsse_sign(std::string_view payload_type, std::string_view payload, const Si
       {"signatures", Json::array({Json{{"keyid", key.key_id()}, {"sig", base64_encode(sig)}}})}};
 }
 
-std::string dsse_verify(const Json& envelope, std::string_view public_key) {
-  if (!envelope.is_object() || !envelope.contains("payload") || !envelope["payload"].is_string() ||
-      !envelope.contains("payloadType") || !envelope["payloadType"].is_string() ||
-      !envelope.contains("signatures") || !envelope["signatures"].is_array())
-    throw Error("sign.envelope", "not a DSSE envelope (payload, payloadType, signatures)");
-  std::string payload = base64_decode(envelope["payload"].get<std::string>());
-  std::string pae = dsse_pae(envelope["payloadType"].get<std::string>(), payload);
-  for (const Json& s : envelope["signatures"]) {
-    if (!s.is_object() || !s.contains("sig") || !s["sig"].is_string()) continue;
+VerifiedEnvelope dsse_open(const Json& envelope, std::string_view public_key) {
+  auto fail = [](const std::string& m) -> void { throw Error("sign.envelope", m); };
+  if (!envelope.is_object()) fail("a DSSE envelope must be a JSON object");
+  for (const auto& item : envelope.items())
+    if (const std::string& key = item.key();
+        key != "payload" && key != "payloadType" && key != "signatures")
+      fail("unknown member \"" + key +
+           "\" in the DSSE envelope (payload, payloadType, signatures)");
+  for (const char* key : {"payload", "payloadType"})
+    if (!envelope.contains(key) || !envelope[key].is_string())
+      fail(std::string("the DSSE envelope's ") + key + " must be a string");
+  if (!envelope.contains("signatures") || !envelope["signatures"].is_array() ||
+      envelope["signatures"].empty())
+    fail("the DSSE envelope's signatures must be a non-empty array");
+  const Json& sigs = envelope["signatures"];
+
+  std::string raw_key =
+      public_key.size() == 32 ? std::string(public_key) : public_key_raw_from_pem(public_key);
+  std::string key_id = sha256_id(raw_key);
+  VerifiedEnvelope out;
+  out.payload_type = envelope["payloadType"].get<std::string>();
+  try {
+    out.payload = base64_decode(envelope["payload"].get<std::string>());
+  } catch (const Error& e) {
+    throw Error(e.code(), std::string("payload: ") + e.what());
+  }
+  std::string pae = dsse_pae(out.payload_type, out.payload);
+  for (std::size_t i = 0; i < sigs.size(); ++i) {
+    std::string where = "signatures[" + std::to_string(i) + "]";
+    const Json& s = sigs[i];
+    if (!s.is_object()) fail(where + " must be an object");
+    for (const auto& item : s.items())
+      if (const std::string& key = item.key(); key != "keyid" && key != "sig")
+        fail("unknown member \"" + key + "\" in " + where + " (keyid, sig)");
+    if (!s.contains("sig") || !s["sig"].is_string()) fail(where + ".sig must be a string");
+    VerifiedSignature v{.index = i, .key_id = key_id, .keyid = ""};
+    if (s.contains("keyid")) {
+      if (!s["keyid"].is_string()) fail(where + ".keyid must be a string");
+      v.keyid = s["keyid"].get<std::string>();
+      if (!v.keyid.empty() && !is_identity(v.keyid))
+        fail(where + ".keyid \"" + v.keyid + "\" is not \"sha256:<64 lowercase hex>\"");
+    }
     std::string sig;
     try {
       sig = base64_decode(s["sig"].get<std::string>());
-    } catch (const Error&) {
-      continue;  // a malformed signature entry is not a valid signature; others may be
+    } catch (const Error& e) {
+      throw Error(e.code(), where + ".sig: " + e.what());
     }
-    if (ed25519_verify(public_key, pae, sig)) return payload;
+    if (sig.size() != 64)
+      fail(where + ".sig decodes to " + std::to_string(sig.size()) +
+           " bytes; an Ed25519 signature has 64");
+    if (!ed25519_verify(raw_key, pae, sig))
+      throw Error("sign.verify_failed", where +
+                                            (v.keyid.empty() ? "" : " (keyid " + v.keyid + ")") +
+                                            " does not verify with the given key " + key_id);
+    if (!v.keyid.empty() && v.keyid != key_id)
+      throw Error("sign.keyid_mismatch",
+                  where + " verifies with key " + key_id + " but its keyid names " + v.keyid);
+    out.signatures.push_back(std::move(v));
   }
-  throw Error("sign.verify_failed", "no signature in the envelope verifies with the given key");
+  return out;
+}
+
+std::string dsse_verify(const Json& envelope, std::string_view public_key) {
+  return dsse_open(envelope, public_key).payload;
 }
 
 Json intoto_statement(const std::vector<Subject>& subjects, std::string_view predicate_type,

@@ -295,3 +295,53 @@ TEST_CASE("a real job end to end: submit --wait, fetch result/envelope/artifact/
   CHECK(tampered.status == 6);
   CHECK(tampered.out.find("FAIL  artifact.file") != std::string::npos);
 }
+
+// Kiln's real request (tests/client/fixtures/kiln-request-v1.json) with its model, prompt, prefix
+// and candidates moved onto the fixture model: every other field is as Kiln wrote it.
+TEST_CASE("a Kiln request in Kiln's own format runs end to end on a fixture model") {
+  std::string oracle = oracle_bin();
+  if (oracle.empty()) {
+    MESSAGE("skipped: assay-oracle was not built (" ASSAY_ORACLE_BIN_DEFAULT ")");
+    return;
+  }
+  Daemon d({"--oracle-worker", oracle});
+  std::string model = (d.dir() / "model").string();
+  std::string make = std::string(ASSAY_PYTHON3) + " '" ASSAY_FIXTURES_DIR "/make_fixture.py' " +
+                     "--arch llama --size tiny --out '" + model + "' >/dev/null";
+  REQUIRE(std::system(make.c_str()) == 0);
+  // The model identity as Kiln computes it, without assay code.
+  std::string identity_file = (d.dir() / "identity.json").string();
+  std::string ident = std::string(ASSAY_PYTHON3) +
+                      " '" ASSAY_CLIENT_TEST_DIR "/../fingerprint/independent_identity.py' '" +
+                      model + "' fixture-tiny-llama > '" + identity_file + "'";
+  REQUIRE(std::system(ident.c_str()) == 0);
+
+  Json doc = common::parse_strict(
+      common::read_file(ASSAY_CLIENT_TEST_DIR "/fixtures/kiln-request-v1.json", 1 << 20));
+  doc["model_identity"] = common::parse_strict(common::read_file(identity_file, 1 << 20));
+  // "Hell" + forced "o", then "," or "!" (byte-level tokens of the fixture's tokenizer).
+  doc["prompt"]["messages"][0]["content"] = "Hell";
+  doc["prompt"]["utf8_sha256"] = common::sha256_id("Hell");
+  doc["prompt"]["token_ids"] = {72, 101, 108, 108};
+  doc["prompt"]["token_count"] = 4;
+  doc["continuation_prefix"] = Json::array({{{"token_id", 111}, {"text", "o"}}});
+  doc["input_token_ids"] = {72, 101, 108, 108, 111};
+  doc["input_token_ids_sha256"] = common::sha256_id("[72,101,108,108,111]");
+  doc["candidates"] = Json::array({{{"engine", "kiln"}, {"token_id", 44}, {"text", ","}},
+                                   {{"engine", "vllm"}, {"token_id", 33}, {"text", "!"}}});
+  std::string req = d.dir().write("kiln.json", doc.dump(2));
+  auto checked = run({"request", "check", "--json", req});
+  REQUIRE_MESSAGE(checked.status == 0, checked.err);
+
+  auto submitted =
+      run({"submit", req, "--model", model, "--wait", "--wait-timeout", "300"}, d.env());
+  REQUIRE_MESSAGE(submitted.status == 0, submitted.out << submitted.err);
+  CHECK(submitted.out.find("  succeeded") != std::string::npos);
+  std::string id = common::parse_strict(run({"list", "--json"}, d.env()).out)["jobs"][0]["id"];
+  Json result = common::parse_strict(run({"result", id}, d.env()).out);
+  CHECK(result["request"]["schema"] == "kiln.hf-next-token-request.v1");
+  CHECK(result["request"]["sha256"] == common::parse_strict(checked.out)["request_sha256"]);
+  CHECK(result["request"]["input_token_ids_sha256"] == doc["input_token_ids_sha256"]);
+  CHECK(result["request"]["source"] == doc["source"]);
+  CHECK(result["model_identity"]["content_sha256"] == doc["model_identity"]["content_sha256"]);
+}

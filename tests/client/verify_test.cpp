@@ -1,10 +1,13 @@
 // `assay verify` against records made here with common/sign.h: the valid one passes, and each
 // kind of tampering is caught by the check that should catch it.
 #include <cstdlib>
+#include <fstream>
 
 #include <doctest/doctest.h>
 
 #include "client/verify.h"
+#include "common/error.h"
+#include "common/fs.h"
 #include "common/identity.h"
 #include "common/protocol.h"
 #include "common/result.h"
@@ -55,7 +58,8 @@ struct Record {
     Json statement = common::make_result_statement(
         result_bytes, result["reference_artifact"]["sha256"].get<std::string>());
     Json env = common::dsse_sign(common::kInTotoPayloadType, common::canonical(statement), key);
-    envelope_path = dir.write("result.dsse.json", env.dump());
+    // As assayd writes it (supervisor: canonical form and a newline).
+    envelope_path = dir.write("result.dsse.json", common::canonical(env) + "\n");
   }
 
   client::VerifyInputs inputs() const {
@@ -131,8 +135,86 @@ TEST_CASE("verify rejects an envelope whose payload was replaced") {
   rec.dir.write("result.dsse.json", env.dump());
   auto report = client::verify_result(rec.inputs());
   CHECK(failed(report) == std::vector<std::string>{"signature"});
-  CHECK(check(report, "signature").detail.find("no signature in the envelope verifies") !=
-        std::string::npos);
+  CHECK(check(report, "signature")
+            .detail.find("signatures[0] (keyid " + rec.key.key_id() +
+                         ") does not verify with the given key") != std::string::npos);
+}
+
+TEST_CASE("verify names the signature that verified and the key it verified with") {
+  Record rec;
+  auto report = client::verify_result(rec.inputs());
+  CHECK(check(report, "signature").detail ==
+        "Ed25519 DSSE: signatures[0] verifies with key " + rec.key.key_id() + " (keyid names it)");
+}
+
+// Every bit of every byte of a real envelope file, flipped one at a time: none may verify.
+// The file is canonical JSON plus a newline, so no single-bit flip keeps it semantically equal
+// (no whitespace inside; '\n' flips to a non-whitespace byte; no escapes or numbers whose spelling
+// could change); base64 flips either change the decoded bytes or set unused bits (refused).
+// In memory, through the two calls verify_result makes on the envelope's bytes (parse_strict,
+// dsse_open), so that the 3,000-odd variants take well under a second.
+TEST_CASE("no single-bit flip anywhere in a real envelope verifies") {
+  Record rec;
+  const std::string original = common::read_file(rec.envelope_path, 1 << 20);
+  const std::string key = rec.key.public_key_pem();
+  auto verifies = [&](const std::string& bytes) {
+    try {
+      common::dsse_open(common::parse_strict(bytes), key);
+      return true;
+    } catch (const common::Error&) {
+      return false;
+    }
+  };
+  REQUIRE(verifies(original));
+  std::size_t flips = 0;
+  std::string accepted;  // "byte I bit B; ..." of each flip that verified
+  for (std::size_t i = 0; i < original.size(); ++i)
+    for (int bit = 0; bit < 8; ++bit) {
+      std::string flipped = original;
+      flipped[i] = static_cast<char>(flipped[i] ^ (1 << bit));
+      ++flips;
+      if (verifies(flipped))
+        accepted += "byte " + std::to_string(i) + " bit " + std::to_string(bit) + "; ";
+    }
+  CHECK(flips == 8 * original.size());
+  CHECK(original.size() > 400);
+  CHECK(accepted == "");
+
+  // And through `assay verify`'s own path for the flips that used to pass: every bit of the
+  // character before each '=' (the padding flips 241 of 3,360 were accepted before).
+  for (std::size_t i = 1; i < original.size(); ++i) {
+    if (original[i] != '=' || original[i - 1] == '=') continue;
+    for (int bit = 0; bit < 8; ++bit) {
+      std::string flipped = original;
+      flipped[i - 1] = static_cast<char>(flipped[i - 1] ^ (1 << bit));
+      std::ofstream(rec.envelope_path, std::ios::binary | std::ios::trunc) << flipped;
+      CAPTURE(i - 1);
+      CAPTURE(bit);
+      CHECK_FALSE(check(client::verify_result(rec.inputs()), "signature").ok);
+    }
+  }
+}
+
+TEST_CASE("verify refuses an envelope with a changed keyid or an extra bogus signature") {
+  Record rec;
+  Json env = common::parse_strict(common::read_file(rec.envelope_path, 1 << 20));
+  auto other = common::SigningKey::generate();
+  SUBCASE("keyid names another key") {
+    env["signatures"][0]["keyid"] = other.key_id();
+    rec.dir.write("result.dsse.json", common::canonical(env));
+    auto report = client::verify_result(rec.inputs());
+    CHECK(failed(report) == std::vector<std::string>{"signature"});
+    CHECK(check(report, "signature").detail.find("[sign.keyid_mismatch]") != std::string::npos);
+  }
+  SUBCASE("a second entry that does not verify") {
+    env["signatures"].push_back(
+        {{"keyid", other.key_id()}, {"sig", common::base64_encode(std::string(64, '\x01'))}});
+    rec.dir.write("result.dsse.json", common::canonical(env));
+    auto report = client::verify_result(rec.inputs());
+    CHECK(failed(report) == std::vector<std::string>{"signature"});
+    CHECK(check(report, "signature").detail.find("signatures[1]") != std::string::npos);
+    CHECK(check(report, "signature").detail.find("[sign.verify_failed]") != std::string::npos);
+  }
 }
 
 TEST_CASE("verify rejects a record checked with another key") {

@@ -37,13 +37,33 @@ Json assay_request() {
                 {{"engine", "vllm"}, {"token_id", 66}, {"text", "B"}}}}};
 }
 
+// The shape of Kiln's real request (tests/client/fixtures/kiln-request-v1.json), shrunk.
 Json kiln_request() {
+  const std::string message = "Write a paragraph.";
+  Json receipt{{"path", "receipts/run.kiln.json"},
+               {"file_sha256", "sha256:" + std::string(64, 'd')},
+               {"content_sha256", "sha256:" + std::string(64, 'e')}};
   Json r{{"schema", "kiln.hf-next-token-request.v1"},
          {"id", "k1"},
-         {"source", {{"left", {{"engine", "kiln"}}}, {"right", {{"engine", "vllm"}}}}},
+         {"source",
+          {{"source_commit", std::string(40, 'f')},
+           {"kiln_receipt", receipt},
+           {"vllm_receipt", receipt}}},
          {"model_identity", identity()},
-         {"prompt", {{"token_ids", {1, 2, 3}}}},
-         {"continuation_prefix", {{"token_ids", {4}}}},
+         {"prompt",
+          {{"generator",
+            {{"run_id", "run-1"},
+             {"phase", "measure-c001-r000"},
+             {"request_index", 0},
+             {"profile", "short"},
+             {"template_version", "fixed-serving-profiles-v1"}}},
+           {"messages", {{{"role", "user"}, {"content", message}}}},
+           {"add_generation_prompt", true},
+           {"template_kwargs", {{"enable_thinking", false}}},
+           {"utf8_sha256", common::sha256_id(message)},
+           {"token_count", 3},
+           {"token_ids", {1, 2, 3}}}},
+         {"continuation_prefix", {{{"token_id", 4}, {"text", "To"}}}},
          {"input_token_ids", {1, 2, 3, 4}},
          {"candidates",
           {{{"engine", "kiln"}, {"token_id", 5}, {"text", "x"}},
@@ -86,7 +106,11 @@ TEST_CASE("a valid Kiln request is accepted as is and keeps its source pair") {
   auto r = common::validate_request(kiln_request());
   CHECK(r.kind == common::RequestKind::kKiln);
   CHECK_FALSE(r.model_dir.has_value());
-  CHECK(r.source["left"]["engine"] == "kiln");
+  CHECK(r.source == kiln_request()["source"]);
+  REQUIRE(r.continuation_prefix.size() == 1);
+  CHECK(r.continuation_prefix[0].token_id == 4);
+  CHECK(r.continuation_prefix[0].text == "To");
+  CHECK(r.request_sha256 == common::sha256_id(common::canonical(kiln_request())));
   CHECK(r.check_report()["model_content_sha256"] == identity()["content_sha256"]);
 }
 
@@ -139,7 +163,16 @@ TEST_CASE("bad requests are refused with a stable code") {
   CHECK(code_of(with(kiln_request(), "/input_token_ids", {1, 2, 3, 5})) ==
         "request.inconsistent_token_ids");
   CHECK(code_of(with(kiln_request(), "/prompt/token_ids", {1, 2})) ==
+        "request.token_count_mismatch");
+  CHECK(code_of(with(with(kiln_request(), "/prompt/token_ids", {1, 2}), "/prompt/token_count",
+                     2)) == "request.inconsistent_token_ids");
+  CHECK(code_of(with(kiln_request(), "/continuation_prefix/0/token_id", 7)) ==
         "request.inconsistent_token_ids");
+  CHECK(code_of(with(kiln_request(), "/prompt/messages/0/content", "Write a paragraph!")) ==
+        "request.sha_mismatch");
+  CHECK(code_of(without(kiln_request(), "continuation_prefix")) == "request.invalid");
+  CHECK(code_of(with(kiln_request(), "/source/extra", 1)) == "request.invalid");
+  CHECK(code_of(with(kiln_request(), "/prompt/text", "rendered")) == "request.invalid");
   CHECK(code_of(with(kiln_request(), "/input_token_ids_sha256",
                      "sha256:" + std::string(64, '1'))) == "request.sha_mismatch");
   CHECK(code_of(without(kiln_request(), "input_token_ids_sha256")) == "request.invalid");

@@ -96,3 +96,130 @@ TEST_CASE("a DSSE envelope over an in-toto statement verifies and detects tamper
   CHECK_THROWS_AS(dsse_verify(env, SigningKey::generate().public_key_raw()), Error);
   CHECK_THROWS_AS(dsse_verify(Json{{"payload", 1}}, k.public_key_raw()), Error);
 }
+
+TEST_CASE("base64_decode accepts exactly the texts base64_encode writes") {
+  const std::string alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  CHECK_THROWS_WITH_AS(base64_decode("Zh=="), doctest::Contains("offset 1"), Error);
+  CHECK_THROWS_AS(base64_decode("Zm9="), Error);  // "fo" is "Zm8="
+  // Every padded final quantum: accepted iff it re-encodes to itself.
+  std::size_t accepted = 0, total = 0;
+  for (char a : alphabet)
+    for (char b : alphabet) {
+      for (char c : alphabet + "=") {
+        std::string text = {a, b, c, '='};
+        if (c == '=') text = {a, b, '=', '='};
+        ++total;
+        bool ok = true;
+        std::string bytes;
+        try {
+          bytes = base64_decode(text);
+        } catch (const Error& e) {
+          CHECK(e.code() == "sign.base64");
+          ok = false;
+        }
+        if (ok) {
+          ++accepted;
+          CHECK(base64_encode(bytes) == text);
+        }
+      }
+    }
+  CHECK(total == 64 * 64 * 65);
+  CHECK(accepted == 256 + 256 * 256);  // one text per 1-byte and per 2-byte value
+}
+
+namespace {
+
+Json signed_envelope(const SigningKey& k) {
+  return dsse_sign(kInTotoPayloadType, R"({"_type":"https://in-toto.io/Statement/v1"})", k);
+}
+
+std::string refusal(const Json& env, const SigningKey& k) {
+  try {
+    dsse_open(env, k.public_key_raw());
+  } catch (const Error& e) {
+    return e.code() + ": " + e.what();
+  }
+  return "accepted";
+}
+
+}  // namespace
+
+TEST_CASE("dsse_open says which signature verified with which key") {
+  SigningKey k = SigningKey::generate();
+  Json env = signed_envelope(k);
+  VerifiedEnvelope v = dsse_open(env, k.public_key_pem());
+  CHECK(v.payload == R"({"_type":"https://in-toto.io/Statement/v1"})");
+  CHECK(v.payload_type == kInTotoPayloadType);
+  REQUIRE(v.signatures.size() == 1);
+  CHECK(v.signatures[0].index == 0);
+  CHECK(v.signatures[0].key_id == k.key_id());
+  CHECK(v.signatures[0].keyid == k.key_id());
+
+  // keyid is an optional hint (DSSE): absent or empty is fine, the key decides.
+  Json no_keyid = env;
+  no_keyid["signatures"][0].erase("keyid");
+  CHECK(refusal(no_keyid, k) == "accepted");
+  Json empty_keyid = env;
+  empty_keyid["signatures"][0]["keyid"] = "";
+  CHECK(refusal(empty_keyid, k) == "accepted");
+  Json twice = env;
+  twice["signatures"].push_back(env["signatures"][0]);
+  CHECK(dsse_open(twice, k.public_key_raw()).signatures.size() == 2);
+}
+
+TEST_CASE("dsse_open refuses an envelope whose unsigned parts were changed") {
+  SigningKey k = SigningKey::generate();
+  SigningKey other = SigningKey::generate();
+  const Json env = signed_envelope(k);
+  auto changed = [&](auto&& edit) {
+    Json e = env;
+    edit(e);
+    return refusal(e, k);
+  };
+  CHECK(changed([&](Json& e) { e["signatures"][0]["keyid"] = other.key_id(); }) ==
+        "sign.keyid_mismatch: signatures[0] verifies with key " + k.key_id() +
+            " but its keyid names " + other.key_id());
+  CHECK(changed([](Json& e) {
+          e["signatures"][0]["keyid"] = "host-key";
+        }).rfind("sign.envelope:", 0) == 0);
+  CHECK(changed([](Json& e) { e["signatures"][0]["keyid"] = 1; }).rfind("sign.envelope:", 0) == 0);
+
+  std::string bogus_sig = base64_encode(std::string(64, '\x5a'));
+  std::string r = changed([&](Json& e) {
+    e["signatures"].push_back(Json{{"keyid", other.key_id()}, {"sig", bogus_sig}});
+  });
+  CHECK(r == "sign.verify_failed: signatures[1] (keyid " + other.key_id() +
+                 ") does not verify with the given key " + k.key_id());
+  // A real signature by another key is refused too: every entry must verify with the key.
+  Json by_other = signed_envelope(other);
+  CHECK(changed([&](Json& e) {
+          e["signatures"].push_back(by_other["signatures"][0]);
+        }).rfind("sign.verify_failed: signatures[1]", 0) == 0);
+  CHECK(changed([&](Json& e) {
+          e["signatures"].insert(e["signatures"].begin(), Json{{"sig", bogus_sig}});
+        }).rfind("sign.verify_failed: signatures[0] does not verify", 0) == 0);
+
+  CHECK(changed([](Json& e) { e["signatures"][0]["note"] = "x"; }).rfind("sign.envelope:", 0) == 0);
+  CHECK(changed([](Json& e) { e["signed_by"] = "x"; }).rfind("sign.envelope:", 0) == 0);
+  CHECK(changed([](Json& e) { e["signatures"] = Json::array(); }).rfind("sign.envelope:", 0) == 0);
+  CHECK(changed([](Json& e) {
+          e["signatures"][0]["sig"] = base64_encode(std::string(63, 'x'));
+        }).rfind("sign.envelope:", 0) == 0);
+
+  // Non-canonical base64 of the same bytes: the last character before '=' with unused bits set.
+  auto bump_last = [](std::string text) {
+    auto at = text.find('=') - 1;
+    text[at] = static_cast<char>(text[at] + 1);
+    return text;
+  };
+  std::string payload = env["payload"];
+  REQUIRE(payload.back() == '=');
+  CHECK(changed([&](Json& e) {
+          e["payload"] = bump_last(payload);
+        }).rfind("sign.base64: payload:", 0) == 0);
+  std::string sig = env["signatures"][0]["sig"];
+  REQUIRE(sig.substr(sig.size() - 2) == "==");  // 64 bytes: 4 unused bits
+  CHECK(changed([&](Json& e) {
+          e["signatures"][0]["sig"] = bump_last(sig);
+        }).rfind("sign.base64: signatures[0].sig:", 0) == 0);
+}

@@ -35,12 +35,32 @@ Json valid_request(const std::string& id, const fs::path& model_dir) {
 }
 
 Json kiln_request(const Json& identity) {
+  const std::string message = "Hel";
+  Json receipt{{"path", "receipts/run.kiln.json"},
+               {"file_sha256", "sha256:" + std::string(64, 'd')},
+               {"content_sha256", "sha256:" + std::string(64, 'e')}};
   Json r{{"schema", "kiln.hf-next-token-request.v1"},
          {"id", "kiln-1"},
-         {"source", {{"a", {{"engine", "kiln"}}}, {"b", {{"engine", "vllm"}}}}},
+         {"source",
+          {{"source_commit", std::string(40, 'f')},
+           {"kiln_receipt", receipt},
+           {"vllm_receipt", receipt}}},
          {"model_identity", identity},
-         {"prompt", {{"token_ids", {72, 101, 108}}}},
-         {"continuation_prefix", {{"token_ids", {108, 111}}}},
+         {"prompt",
+          {{"generator",
+            {{"run_id", "run-1"},
+             {"phase", "measure-c001-r000"},
+             {"request_index", 0},
+             {"profile", "short"},
+             {"template_version", "fixed-serving-profiles-v1"}}},
+           {"messages", {{{"role", "user"}, {"content", message}}}},
+           {"add_generation_prompt", true},
+           {"template_kwargs", {{"enable_thinking", false}}},
+           {"utf8_sha256", common::sha256_id(message)},
+           {"token_count", 3},
+           {"token_ids", {72, 101, 108}}}},
+         {"continuation_prefix",
+          {{{"token_id", 108}, {"text", "l"}}, {{"token_id", 111}, {"text", "o"}}}},
          {"input_token_ids", {72, 101, 108, 108, 111}},
          {"candidates",
           {{{"engine", "kiln"}, {"token_id", 65}, {"text", "A"}},
@@ -49,7 +69,6 @@ Json kiln_request(const Json& identity) {
       common::token_ids_sha256(std::vector<std::int64_t>{72, 101, 108, 108, 111});
   return r;
 }
-
 
 }  // namespace
 
@@ -311,8 +330,8 @@ TEST_CASE("a real job runs both contained workers and returns a verifiable signe
   TempDir tmp;
   fs::path model = fixture_model(tmp.path / "llama-tiny");
   Daemon d(tmp.path / "state", tmp.path / "assayd.sock",
-           {"--containment", containment(), "--fingerprint-worker", kFingerprint,
-            "--oracle-worker", kOracle});
+           {"--containment", containment(), "--fingerprint-worker", kFingerprint, "--oracle-worker",
+            kOracle});
   REQUIRE_MESSAGE(d.start(), d.log());
   auto sub = request(d.socket(), "POST", "/v1/jobs", valid_request("e2e", model).dump());
   REQUIRE_MESSAGE(sub.status == 201, sub.body);
@@ -399,8 +418,8 @@ TEST_CASE("kill -9 of assayd while a job runs loses nothing: the job is re-run a
   fs::path model = fixture_model(tmp.path / "llama-tiny");
   fs::path slow = slow_wrapper(tmp.path, kOracle, 3);
   Daemon d(tmp.path / "state", tmp.path / "assayd.sock",
-           {"--containment", containment(), "--fingerprint-worker", kFingerprint,
-            "--oracle-worker", slow.string()});
+           {"--containment", containment(), "--fingerprint-worker", kFingerprint, "--oracle-worker",
+            slow.string()});
   REQUIRE_MESSAGE(d.start(), d.log());
   auto running = request(d.socket(), "POST", "/v1/jobs", valid_request("crash", model).dump());
   auto queued = request(d.socket(), "POST", "/v1/jobs", valid_request("crash-2", model).dump());
@@ -437,8 +456,8 @@ TEST_CASE("cancelling a running job kills its worker and keeps the evidence") {
   fs::path model = fixture_model(tmp.path / "llama-tiny");
   fs::path slow = slow_wrapper(tmp.path, kOracle, 30);
   Daemon d(tmp.path / "state", tmp.path / "assayd.sock",
-           {"--containment", containment(), "--fingerprint-worker", kFingerprint,
-            "--oracle-worker", slow.string()});
+           {"--containment", containment(), "--fingerprint-worker", kFingerprint, "--oracle-worker",
+            slow.string()});
   REQUIRE_MESSAGE(d.start(), d.log());
   std::string id =
       request(d.socket(), "POST", "/v1/jobs", valid_request("cancel", model).dump()).json()["id"];

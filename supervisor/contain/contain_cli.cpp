@@ -141,7 +141,7 @@ int contain_main(int argc, char** argv) {
   app.add_option("--user", user,
                  "run as this user (name or uid; its primary group unless --gid); default when "
                  "root: assay-worker, else a transient uid/gid");
-  app.add_option("--uid", uid, "run as this user id");
+  app.add_option("--uid", uid, "run as this user id (group: --gid, else the same number)");
   app.add_option("--gid", gid, "run as this group id");
   app.add_flag("--allow-root", allow_root,
                "development only: without --user/--uid, run COMMAND as root (still without "

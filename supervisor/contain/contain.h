@@ -1,5 +1,6 @@
-// Containment runtime: each worker runs in a fresh leaf cgroup, in a private network and
-// mount namespace, under a hard timeout; the supervisor reads what the kernel counted.
+// Containment runtime: each worker runs in a fresh leaf cgroup, in private PID, network and
+// mount namespaces, never as root unless allowed, with no capabilities and a seccomp filter,
+// under a hard timeout; the supervisor reads what the kernel counted.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +15,7 @@
 
 #include "common/json.h"
 #include "supervisor/contain/evidence.h"
+#include "supervisor/contain/identity.h"
 
 namespace assay::contain {
 
@@ -37,8 +39,14 @@ struct SpawnSpec {
   std::filesystem::path stderr_path;
   std::uint64_t output_cap_bytes = 8 * 1024 * 1024;
   std::vector<std::filesystem::path> hidden_paths;  // made unreachable in the worker
+  // Unset: assayd's own. A worker that would run as uid 0 or gid 0 is refused
+  // (contain.root_worker) unless allow_root; give it default_worker_identity() (identity.h).
   std::optional<uid_t> uid;
   std::optional<gid_t> gid;
+  bool allow_root = false;  // development only
+  // Open descriptors the worker receives as fds 3, 4, 5, ... in this order (close-on-exec
+  // cleared there; the caller keeps and closes its own). Every other fd above 2 is closed.
+  std::vector<int> pass_fds;
   std::uint64_t nofile = 4096;  // RLIMIT_NOFILE (soft and hard); RLIMIT_CORE is always 0
   Limits limits;                // evidence.h
 };
@@ -49,6 +57,7 @@ class Running {
   virtual ~Running() = default;
   // Kills the whole cgroup now (cancel); the completion handler still runs with the evidence.
   virtual void kill() = 0;
+  // The worker's init (pid 1 of its PID namespace; the worker itself is pid 2 there).
   virtual pid_t pid() const = 0;
 };
 
@@ -76,8 +85,11 @@ class Runtime {
   // their evidence (`orphan` true).
   virtual std::vector<Evidence> cleanup_orphans() = 0;
   // Starts the process; `done` (CompletionHandler, evidence.h) runs on `io` once it exited (or
-  // was killed) and was measured.
-  // Throws common::Error("contain.spawn_failed", ...) if it could not be started.
+  // was killed) and was measured. Until its gate opens, the child dies with the calling thread
+  // (PR_SET_PDEATHSIG).
+  // Throws common::Error("contain.spawn_failed", ...) if it could not be started, and
+  // common::Error("contain.root_worker", ...) before anything is made for a root worker that
+  // `allow_root` does not allow.
   virtual std::shared_ptr<Running> start(boost::asio::io_context& io, const SpawnSpec& spec,
                                          CompletionHandler done) = 0;
   // The same with a child started for `spec` by EarlyChild::start: taken over (`early` is

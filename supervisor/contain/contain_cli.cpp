@@ -97,9 +97,11 @@ std::string resolve_command(const std::string& command, const std::string& path_
 
 int contain_main(int argc, char** argv) {
   CLI::App app{
-      "Runs COMMAND in a fresh leaf cgroup, in a private network namespace (only lo) and a "
-      "private mount namespace, with a cleared environment and a hard timeout, then prints the "
-      "evidence JSON (assay.process-containment.v1) on stdout.\n"
+      "Runs COMMAND in a fresh leaf cgroup, in private PID, network (only lo) and mount "
+      "namespaces, with no capabilities, a seccomp filter, a cleared environment and a hard "
+      "timeout, then prints the evidence JSON (assay.process-containment.v1) on stdout. Run as "
+      "root, COMMAND runs as the assay-worker user (else a transient uid/gid in 61184-65519) "
+      "unless --user, --uid or --allow-root says otherwise.\n"
       "Exit status: 0 when the command ran and was measured (whatever its own outcome), 1 when "
       "containment failed, 2 on a usage error.",
       "assayd contain"};
@@ -110,7 +112,8 @@ int contain_main(int argc, char** argv) {
   std::vector<std::string> env, pass_env, hide, command;
   std::optional<uid_t> uid;
   std::optional<gid_t> gid;
-  bool delegated = false, cleanup = false;
+  std::string user;
+  bool delegated = false, cleanup = false, allow_root = false;
   app.add_option("--memory-max", memory_max, "memory limit in bytes (K/M/G suffixes allowed)");
   app.add_option("--memory-high", memory_high, "memory.high throttle limit (cgroup v2 only)");
   app.add_option("--swap-max", swap_max, "swap limit in bytes");
@@ -135,8 +138,14 @@ int contain_main(int argc, char** argv) {
   app.add_option("--stderr", stderr_path, "file for the command's stderr (default: discarded)");
   app.add_option("--output-cap", output_cap, "bytes kept of each of stdout/stderr (default 8M)");
   app.add_option("--hide", hide, "path made unreachable inside (repeatable)");
-  app.add_option("--uid", uid, "run as this user id");
+  app.add_option("--user", user,
+                 "run as this user (name or uid; its primary group unless --gid); default when "
+                 "root: assay-worker, else a transient uid/gid");
+  app.add_option("--uid", uid, "run as this user id (group: --gid, else the same number)");
   app.add_option("--gid", gid, "run as this group id");
+  app.add_flag("--allow-root", allow_root,
+               "development only: without --user/--uid, run COMMAND as root (still without "
+               "capabilities)");
   app.add_flag("--cleanup-orphans", cleanup,
                "instead of running a command: kill, measure and remove worker cgroups left by "
                "assayd processes that are gone; prints a JSON array of their evidence");
@@ -197,8 +206,16 @@ int contain_main(int argc, char** argv) {
       spec.stdout_path = stdout_path;
       spec.stderr_path = stderr_path;
       for (const auto& h : hide) spec.hidden_paths.emplace_back(h);
-      spec.uid = uid;
-      spec.gid = gid;
+      std::optional<contain::WorkerIdentity> who;
+      if (!user.empty()) {
+        who = contain::worker_identity(user);
+      } else if (!uid && !allow_root && ::geteuid() == 0) {
+        who = contain::default_worker_identity();
+      }
+      spec.uid = uid ? uid : who ? std::optional<uid_t>(who->uid) : std::nullopt;
+      spec.gid = gid ? gid : who ? std::optional<gid_t>(who->gid) : std::nullopt;
+      if (uid && !gid && ::geteuid() == 0) spec.gid = *uid;  // not root's group
+      spec.allow_root = allow_root;
     }
   } catch (const common::Error& e) {
     std::fprintf(stderr, "assayd contain: %s\n", e.what());

@@ -42,6 +42,30 @@ Json limits_json(const Limits& l) {
               {"timeout_ms", l.timeout.count()}, {"kill_grace_ms", l.kill_grace.count()}};
 }
 
+std::string hex64(std::uint64_t v) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out(16, '0');
+  for (int i = 15; i >= 0; --i, v >>= 4) out[static_cast<std::size_t>(i)] = kHex[v & 0xf];
+  return out;
+}
+
+Json capabilities_json(const Capabilities& c) {
+  return Json{{"inheritable", hex64(c.inheritable)},
+              {"permitted", hex64(c.permitted)},
+              {"effective", hex64(c.effective)},
+              {"bounding", hex64(c.bounding)},
+              {"ambient", hex64(c.ambient)}};
+}
+
+Json seccomp_json(const SeccompEvidence& s) {
+  return Json{{"policy_sha256", s.policy_sha256},
+              {"arch", s.arch},
+              {"denied", s.denied},
+              {"enosys", s.enosys},
+              {"clone_namespace_flags", "EPERM"},
+              {"other_architectures", "EPERM"}};
+}
+
 Json stream_json(const StreamEvidence& s) {
   return Json{{"path", opt(s.path)}, {"bytes", s.bytes}, {"dropped_bytes", s.dropped_bytes}};
 }
@@ -165,6 +189,12 @@ bool is_timestamp(const std::string& s) {
   return true;
 }
 
+bool is_sha256_id(const std::string& s) {
+  return s.size() == 71 && s.starts_with("sha256:") &&
+         std::all_of(s.begin() + 7, s.end(),
+                     [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+}
+
 bool is_worker_name(const std::string& s) {
   auto allowed = [](char c, bool first) {
     return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
@@ -203,9 +233,42 @@ Limits read_limits(const Field& f) {
   return l;
 }
 
+// 16 lowercase hex digits, as /proc/PID/status shows a capability set.
+std::uint64_t read_hex64(const Field& f) {
+  std::string s = f.string();
+  std::uint64_t v = 0;
+  if (s.size() != 16) f.fail("expected 16 lowercase hex digits");
+  for (char c : s) {
+    int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+    if (d < 0) f.fail("expected 16 lowercase hex digits");
+    v = v << 4 | static_cast<std::uint64_t>(d);
+  }
+  return v;
+}
+
+Capabilities read_capabilities(const Field& f) {
+  f.object({"inheritable", "permitted", "effective", "bounding", "ambient"});
+  return {read_hex64(f["inheritable"]), read_hex64(f["permitted"]), read_hex64(f["effective"]),
+          read_hex64(f["bounding"]), read_hex64(f["ambient"])};
+}
+
+SeccompEvidence read_seccomp(const Field& f) {
+  f.object({"policy_sha256", "arch", "denied", "enosys", "clone_namespace_flags",
+            "other_architectures"});
+  SeccompEvidence s;
+  s.policy_sha256 = f["policy_sha256"].string();
+  if (!is_sha256_id(s.policy_sha256)) f["policy_sha256"].fail("expected sha256:<64 hex>");
+  s.arch = f["arch"].one_of({"x86_64", "aarch64"});
+  s.denied = f["denied"].strings();
+  s.enosys = f["enosys"].strings();
+  f["clone_namespace_flags"].constant("EPERM");
+  f["other_architectures"].constant("EPERM");
+  return s;
+}
+
 SpawnEvidence read_spawn(const Field& f) {
   f.object({"method", "argv", "workdir", "environment_keys", "uid", "gid", "no_new_privs",
-            "rlimits", "stdin"});
+            "dumpable_before_exec", "rlimits", "stdin", "pass_fds", "capabilities", "seccomp"});
   SpawnEvidence s;
   s.method = f["method"].one_of({"clone3-into-cgroup", "clone3-self-attach", "clone-self-attach",
                                  "clone3-pipe-gate", "clone-pipe-gate"});
@@ -221,6 +284,10 @@ SpawnEvidence read_spawn(const Field& f) {
   rl["core"].constant(0);
   s.rlimit_nofile = static_cast<std::uint64_t>(rl["nofile"].integer(1, INT64_MAX));
   f["stdin"].constant("/dev/null");
+  f["dumpable_before_exec"].constant(false);
+  s.pass_fds = static_cast<std::uint32_t>(f["pass_fds"].integer(0, UINT32_MAX));
+  s.capabilities = read_capabilities(f["capabilities"]);
+  s.seccomp = read_seccomp(f["seccomp"]);
   return s;
 }
 
@@ -265,17 +332,26 @@ Json Evidence::to_json() const {
                       {"uid", spawn->uid ? Json(*spawn->uid) : Json(nullptr)},
                       {"gid", spawn->gid ? Json(*spawn->gid) : Json(nullptr)},
                       {"no_new_privs", true},
+                      {"dumpable_before_exec", false},
                       {"rlimits", Json{{"core", 0}, {"nofile", spawn->rlimit_nofile}}},
-                      {"stdin", "/dev/null"}};
+                      {"stdin", "/dev/null"},
+                      {"pass_fds", spawn->pass_fds},
+                      {"capabilities", capabilities_json(spawn->capabilities)},
+                      {"seccomp", seccomp_json(spawn->seccomp)}};
   } else {
     e["spawn"] = nullptr;
   }
   e["limits"] = limits ? limits_json(*limits) : Json(nullptr);
   e["network"] = network ? network->to_json() : Json(nullptr);
-  e["mounts"] =
-      mounts
-          ? Json{{"namespace", "private"}, {"hidden", mounts->hidden}, {"absent", mounts->absent}}
-          : Json(nullptr);
+  e["pid_namespace"] = pid_namespace_private
+                           ? Json{{"namespace", *pid_namespace_private ? "private" : "shared"}}
+                           : Json(nullptr);
+  e["mounts"] = mounts ? Json{{"namespace", "private"},
+                              {"proc", "pid-namespace"},
+                              {"sys", "network-namespace"},
+                              {"hidden", mounts->hidden},
+                              {"absent", mounts->absent}}
+                       : Json(nullptr);
   e["started_at"] = opt(started_at);
   e["wall_usec"] = opt(wall_usec);
   e["exit"] = exit ? Json{{"code", opt(exit->code)},
@@ -313,31 +389,13 @@ Json Evidence::to_json() const {
 
 Evidence Evidence::from_json(const Json& json) {
   Field doc(json, "");
-  doc.object({"schema",
-              "name",
-              "mode",
-              "orphan",
-              "cgroup",
-              "spawn",
-              "limits",
-              "network",
-              "mounts",
-              "started_at",
-              "wall_usec",
-              "exit",
-              "cpu",
-              "timed_out",
-              "cancelled",
-              "sigterm_sent",
-              "cgroup_killed",
-              "kill_scope",
-              "leftover_processes_killed",
-              "oom_killed",
-              "memory",
-              "pids_peak",
-              "counters",
-              "output",
-              "errors"});
+  doc.object({"schema",        "name",          "mode",       "orphan",
+              "cgroup",        "spawn",         "limits",     "network",
+              "pid_namespace", "mounts",        "started_at", "wall_usec",
+              "exit",          "cpu",           "timed_out",  "cancelled",
+              "sigterm_sent",  "cgroup_killed", "kill_scope", "leftover_processes_killed",
+              "oom_killed",    "memory",        "pids_peak",  "counters",
+              "output",        "errors"});
   doc["schema"].constant(std::string(protocol::kProcessContainment));
   Evidence e;
   e.name = doc["name"].string();
@@ -361,9 +419,15 @@ Evidence Evidence::from_json(const Json& json) {
     e.network = NetworkEvidence{f["namespace"].one_of({"private", "shared"}) == "private",
                                 f["interfaces"].strings()};
   }
+  if (Field f = doc["pid_namespace"]; !f.is_null()) {
+    f.object({"namespace"});
+    e.pid_namespace_private = f["namespace"].one_of({"private", "shared"}) == "private";
+  }
   if (Field f = doc["mounts"]; !f.is_null()) {
-    f.object({"namespace", "hidden", "absent"});
+    f.object({"namespace", "proc", "sys", "hidden", "absent"});
     f["namespace"].constant("private");
+    f["proc"].constant("pid-namespace");
+    f["sys"].constant("network-namespace");
     e.mounts = MountsEvidence{f["hidden"].strings(), f["absent"].strings()};
   }
   e.started_at = doc["started_at"].string_or_null();

@@ -36,16 +36,37 @@ struct CgroupEvidence {
   bool operator==(const CgroupEvidence&) const = default;
 };
 
+// Capability sets as the worker's process read them back right before execve (the /proc
+// status lines CapInh, CapPrm, CapEff, CapBnd, CapAmb).
+struct Capabilities {
+  std::uint64_t inheritable = 0, permitted = 0, effective = 0, bounding = 0, ambient = 0;
+  bool operator==(const Capabilities&) const = default;
+};
+
+// The seccomp filter installed right before execve (seccomp.h). Always true, and so not stored:
+// clone with CLONE_NEW* flags, x32 and other architectures' calls are denied too.
+struct SeccompEvidence {
+  std::string policy_sha256;        // "sha256:<hex>" of the BPF program's bytes
+  std::string arch;                 // "x86_64", "aarch64"
+  std::vector<std::string> denied;  // fail with EPERM
+  std::vector<std::string> enosys;  // fail with ENOSYS ("clone3": libc falls back to clone)
+  bool operator==(const SeccompEvidence&) const = default;
+};
+
 // How the worker was started. Always true, and so not stored: no_new_privs, RLIMIT_CORE 0,
-// stdin /dev/null.
+// stdin /dev/null, not dumpable until execve (which makes a binary the worker may read
+// dumpable again: a kernel rule; the worker sets PR_SET_DUMPABLE itself if it cares).
 struct SpawnEvidence {
   std::string method;  // "clone3-into-cgroup", "clone3-self-attach", ... (spawn.h)
   std::vector<std::string> argv;
   std::string workdir;
   std::vector<std::string> environment_keys;
-  std::optional<uid_t> uid;
+  std::optional<uid_t> uid;  // real = effective = saved, as the worker read them back
   std::optional<gid_t> gid;
   std::uint64_t rlimit_nofile = 0;
+  std::uint32_t pass_fds = 0;  // SpawnSpec::pass_fds, received as fds 3, 4, ...
+  Capabilities capabilities;
+  SeccompEvidence seccomp;
   bool operator==(const SpawnEvidence&) const = default;
 };
 
@@ -57,7 +78,8 @@ struct NetworkEvidence {
   bool operator==(const NetworkEvidence&) const = default;
 };
 
-// The child's (always private) mount namespace.
+// The child's (always private) mount namespace, with /proc of its PID namespace and /sys of its
+// network namespace mounted fresh.
 struct MountsEvidence {
   std::vector<std::string> hidden;  // hidden paths, a hidden parent standing for its children
   std::vector<std::string> absent;  // requested hidden paths that did not exist
@@ -102,7 +124,8 @@ struct OutputEvidence {
   bool operator==(const OutputEvidence&) const = default;
 };
 
-// Orphans (worker cgroups an earlier assayd left) have no spawn, limits, network, mounts,
+// Orphans (worker cgroups an earlier assayd left) have no spawn, limits, network, PID namespace,
+// mounts,
 // started_at, wall_usec, exit or output.
 struct Evidence {
   std::string name;
@@ -112,6 +135,9 @@ struct Evidence {
   std::optional<SpawnEvidence> spawn;
   std::optional<Limits> limits;
   std::optional<NetworkEvidence> network;
+  // The worker's PID namespace differed from the supervisor's (its init, assayd's code, is
+  // pid 1 there and the worker pid 2).
+  std::optional<bool> pid_namespace_private;
   std::optional<MountsEvidence> mounts;
   std::optional<std::string> started_at;   // UTC, "2024-05-01T12:00:00.123Z"
   std::optional<std::uint64_t> wall_usec;  // spawn to the main process's exit

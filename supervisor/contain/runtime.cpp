@@ -12,6 +12,7 @@
 #include <csignal>
 #include <cstring>
 #include <ctime>
+#include <string_view>
 #include <thread>
 
 #include <fcntl.h>
@@ -24,6 +25,7 @@
 #include "common/fs.h"
 #include "supervisor/contain/cgroup.h"
 #include "supervisor/contain/contain.h"
+#include "supervisor/contain/seccomp.h"
 #include "supervisor/contain/spawn.h"
 
 namespace assay::contain {
@@ -143,15 +145,19 @@ void summarise_counters(Evidence& e) {
   }
 }
 
+// The schema's pattern: ^[A-Za-z0-9_][A-Za-z0-9._-]{0,199}$.
 void check_name(const std::string& name) {
-  bool ok = !name.empty() && name.size() <= 200 && name.front() != '.' &&
+  constexpr const char* kFirst = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_";
+  bool ok = !name.empty() && name.size() <= 200 &&
+            std::string_view(kFirst).find(name.front()) != std::string_view::npos &&
             name.find_first_not_of(
                 "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
                 "0123456789._-") == std::string::npos;
   if (!ok) {
     throw common::Error("contain.spawn_failed",
                         "worker name \"" + name +
-                            "\" must be 1-200 characters of [A-Za-z0-9._-], not starting with '.'");
+                            "\" must be 1-200 characters of [A-Za-z0-9._-], starting with a "
+                            "letter, digit or '_'");
   }
 }
 
@@ -190,6 +196,7 @@ class Job : public std::enable_shared_from_this<Job> {
 
   void start() {
     check_name(spec_.name);
+    detail::check_identity(spec_);
     // v2 clones the child into its cgroup, which must exist first; otherwise the cgroup is
     // made while the child makes its namespaces (an early child has been at it for a while).
     const bool into_cgroup = backend_ && backend_->supports_clone_into_cgroup();
@@ -208,6 +215,7 @@ class Job : public std::enable_shared_from_this<Job> {
     }
     pid_ = spawned_.pid;
     pidfd_.assign(spawned_.pidfd.release());
+    init_status_ = std::move(spawned_.status_read);
     out_.pipe.assign(spawned_.stdout_read.release());
     err_.pipe.assign(spawned_.stderr_read.release());
     out_.open = err_.open = true;
@@ -336,6 +344,14 @@ class Job : public std::enable_shared_from_this<Job> {
       }
       status.core_dumped = info.si_code == CLD_DUMPED;
       exit_ = std::move(status);
+      // The init mirrors the worker's exit code, not its signal: its report says which.
+      if (auto outcome = detail::read_init_report(init_status_.get())) {
+        exit_ = outcome->exit;
+        if (exit_->signal) {
+          if (const char* name = signal_name(*exit_->signal)) exit_->signal_name = name;
+        }
+        leftover_killed_ = outcome->leftover_killed;
+      }
       auto usec = [](const timeval& t) {
         return static_cast<std::uint64_t>(t.tv_sec) * 1000000 +
                static_cast<std::uint64_t>(t.tv_usec);
@@ -351,7 +367,7 @@ class Job : public std::enable_shared_from_this<Job> {
       try {
         auto left = cgroup_->pids();
         empty = left.empty();
-        if (!empty) leftover_killed_ = cgroup_->kill_all();
+        if (!empty) leftover_killed_ += cgroup_->kill_all();
       } catch (const common::Error& e) {
         errors_.push_back(e.what());
       }
@@ -435,12 +451,17 @@ class Job : public std::enable_shared_from_this<Job> {
     spawn.argv = spec_.argv;
     spawn.workdir = spec_.workdir.empty() ? "/" : spec_.workdir.string();
     for (const auto& kv : spec_.env) spawn.environment_keys.push_back(kv.substr(0, kv.find('=')));
-    spawn.uid = spec_.uid;
-    spawn.gid = spec_.gid;
+    spawn.uid = spawned_.uid;
+    spawn.gid = spawned_.gid;
     spawn.rlimit_nofile = spec_.nofile;
+    spawn.pass_fds = static_cast<std::uint32_t>(spec_.pass_fds.size());
+    spawn.capabilities = spawned_.capabilities;
+    const auto& policy = detail::seccomp_policy();
+    spawn.seccomp = {policy.sha256, policy.arch, policy.denied, policy.enosys};
     e.spawn = std::move(spawn);
     e.limits = spec_.limits;
     e.network = spawned_.network;
+    e.pid_namespace_private = spawned_.pid_namespace_private;
     e.mounts = spawned_.mounts;
     e.started_at = started_at_;
     e.wall_usec = static_cast<std::uint64_t>(
@@ -467,6 +488,7 @@ class Job : public std::enable_shared_from_this<Job> {
   std::unique_ptr<Cgroup> cgroup_;
   detail::Spawned spawned_;
   pid_t pid_ = -1;
+  common::UniqueFd init_status_;
   asio::posix::stream_descriptor pidfd_;
   asio::steady_timer timeout_timer_, grace_timer_, poll_timer_;
   OutputSink out_, err_;

@@ -1,6 +1,4 @@
-// The child runs between clone and execve in a copy of a possibly multi-threaded process, so
-// it only makes raw system calls on memory prepared by the parent: no malloc, no locks, no
-// glibc set*id (its all-threads broadcast would wait for threads that do not exist here).
+// Starting one contained process (spawn.h); the child's side is child.cpp.
 #include "supervisor/contain/spawn.h"
 
 #include <algorithm>
@@ -12,23 +10,16 @@
 
 #include <fcntl.h>
 #include <linux/sched.h>
-#include <net/if.h>
 #include <sched.h>
-#include <sys/ioctl.h>
 #include <sys/mount.h>
-#include <sys/prctl.h>
-#include <sys/resource.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "common/error.h"
-
-#ifndef CLOSE_RANGE_CLOEXEC
-#define CLOSE_RANGE_CLOEXEC (1U << 2)
-#endif
+#include "supervisor/contain/child.h"
+#include "supervisor/contain/seccomp.h"
 
 namespace assay::contain::detail {
 
@@ -36,299 +27,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using common::UniqueFd;
-
-enum Stage : int {
-  kStageNamespaces = 0,  // not a failure: a NamespacesReport follows
-  kStageUnshare,
-  kStageSetsid,
-  kStageMountPrivate,
-  kStageMount,
-  kStageMkdir,
-  kStageLoopback,
-  kStageStdio,
-  kStageChdir,
-  kStageRlimit,
-  kStageSignals,
-  kStageCloseRange,
-  kStageSetgroups,
-  kStageSetgid,
-  kStageSetuid,
-  kStageNoNewPrivs,
-  kStageExec,
-  kStageAttach,
-  kStageAffinity,
-};
-
-const char* stage_name(int stage) {
-  switch (stage) {
-    case kStageNamespaces:
-      return "namespaces";
-    case kStageUnshare:
-      return "unshare the network and mount namespaces";
-    case kStageSetsid:
-      return "setsid";
-    case kStageMountPrivate:
-      return "make / private in the mount namespace";
-    case kStageMount:
-      return "mount over a hidden path";
-    case kStageMkdir:
-      return "mkdir the workdir mount point";
-    case kStageLoopback:
-      return "bring up lo";
-    case kStageStdio:
-      return "set up stdin/stdout/stderr";
-    case kStageChdir:
-      return "chdir to the workdir";
-    case kStageRlimit:
-      return "setrlimit";
-    case kStageSignals:
-      return "reset signals";
-    case kStageCloseRange:
-      return "close_range";
-    case kStageSetgroups:
-      return "setgroups";
-    case kStageSetgid:
-      return "setresgid";
-    case kStageSetuid:
-      return "setresuid";
-    case kStageNoNewPrivs:
-      return "PR_SET_NO_NEW_PRIVS";
-    case kStageExec:
-      return "execve";
-    case kStageAttach:
-      return "move itself into the cgroup (write 0 to)";
-    case kStageAffinity:
-      return "sched_setaffinity";
-  }
-  return "unknown step";
-}
-
-struct ChildReport {
-  int stage;
-  int err;
-  int op;  // index of the failed mount op or attach file, or -1
-};
-
-// The child's network namespace as the kernel shows it from inside, read by the child right
-// after unshare (it is still assayd's code then), so that the parent need not hold the child
-// while it reads /proc/<pid>: follows a ChildReport of stage kStageNamespaces, then
-// `net_dev_bytes` of /proc/self/net/dev. One write, below PIPE_BUF.
-struct NamespacesReport {
-  std::uint64_t net_dev;
-  std::uint64_t net_ino;
-  std::uint32_t net_dev_bytes;
-};
-constexpr std::size_t kNetDevMax = 2048;
-
-// What the parent sends through the gate: the control files the child writes "0" to, to move
-// itself into its cgroups (v1 `tasks`), as `count` NUL-terminated paths in `bytes` bytes.
-struct GateHeader {
-  std::uint32_t count;
-  std::uint32_t bytes;
-};
-constexpr std::size_t kGateMaxBytes = 4 * 4096;  // read onto the child's stack
-
-struct MountOp {
-  enum Kind { kMount, kMkdir } kind;
-  const char* source;
-  const char* target;
-  const char* fstype;
-  unsigned long flags;
-  const char* data;
-  int stage;
-};
-
-// Everything the child needs, as plain pointers into storage the parent keeps alive.
-struct ChildPlan {
-  int gate_read;
-  int report_write;
-  int stdin_fd;
-  int stdout_fd;
-  int stderr_fd;
-  int workdir_fd;
-  const char* workdir;
-  const char* exe;
-  char* const* argv;
-  char* const* envp;
-  const MountOp* ops;
-  std::size_t op_count;
-  rlim_t nofile;
-  bool set_ids;
-  uid_t uid;
-  gid_t gid;
-  const cpu_set_t* affinity;  // restored first thing (see prespawn), or null
-};
-
-[[noreturn]] void child_fail(const ChildPlan& p, int stage, int op = -1) {
-  ChildReport r{stage, errno, op};
-  ssize_t ignored = ::write(p.report_write, &r, sizeof r);
-  (void)ignored;
-  ::_exit(127);
-}
-
-// Moves the calling (single-threaded) child into one cgroup; false with errno set on failure.
-bool write_zero(const char* file) {
-  int fd = ::open(file, O_WRONLY | O_CLOEXEC);
-  if (fd < 0) return false;
-  ssize_t n;
-  do {
-    n = ::write(fd, "0", 1);
-  } while (n < 0 && errno == EINTR);
-  int err = errno;
-  ::close(fd);
-  errno = err;
-  return n == 1;
-}
-
-// Reads exactly `size` bytes; false on EOF or error (the parent gave up on this child).
-bool read_full(int fd, void* buf, std::size_t size) {
-  auto* at = static_cast<char*>(buf);
-  while (size > 0) {
-    ssize_t n = ::read(fd, at, size);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    at += n;
-    size -= static_cast<std::size_t>(n);
-  }
-  return true;
-}
-
-// Everything between the namespaces and the gate: 0, or the failed stage with errno set and
-// *op naming the mount op. The child keeps a failure to itself until it has read the gate, so
-// that the parent's write to the gate never meets a closed pipe.
-int child_setup(const ChildPlan& p, int* op) {
-  // Own session and process group: the timeout's SIGTERM goes to the group.
-  if (::setsid() < 0) return kStageSetsid;
-  if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) return kStageMountPrivate;
-  // The parent's workdir fd points into the parent's mount namespace, and the kernel binds
-  // only from mounts of our own: reopen it here, at the same number the plan refers to.
-  int wfd = ::open(p.workdir, O_PATH | O_DIRECTORY | O_CLOEXEC);
-  if (wfd < 0) return kStageChdir;
-  if (wfd != p.workdir_fd) {
-    if (::dup3(wfd, p.workdir_fd, O_CLOEXEC) < 0) return kStageChdir;
-    ::close(wfd);
-  }
-  for (std::size_t i = 0; i < p.op_count; ++i) {
-    const MountOp& m = p.ops[i];
-    *op = static_cast<int>(i);
-    if (m.kind == MountOp::kMkdir) {
-      if (::mkdir(m.target, 0755) != 0 && errno != EEXIST) return kStageMkdir;
-    } else if (::mount(m.source, m.target, m.fstype, m.flags, m.data) != 0) {
-      return m.stage;
-    }
-  }
-  *op = -1;
-  // A new network namespace has only lo, and it is down.
-  int sock = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  if (sock < 0) return kStageLoopback;
-  struct ifreq ifr {};
-  std::memcpy(ifr.ifr_name, "lo", 3);
-  if (::ioctl(sock, SIOCGIFFLAGS, &ifr) != 0) return kStageLoopback;
-  ifr.ifr_flags = static_cast<short>(ifr.ifr_flags | IFF_UP | IFF_RUNNING);
-  if (::ioctl(sock, SIOCSIFFLAGS, &ifr) != 0) return kStageLoopback;
-  ::close(sock);
-
-  if (::dup2(p.stdin_fd, 0) < 0 || ::dup2(p.stdout_fd, 1) < 0 || ::dup2(p.stderr_fd, 2) < 0) {
-    return kStageStdio;
-  }
-  if (::chdir(p.workdir) != 0 && ::fchdir(p.workdir_fd) != 0) return kStageChdir;
-
-  struct rlimit core {
-    0, 0
-  };
-  struct rlimit nofile {
-    p.nofile, p.nofile
-  };
-  if (::setrlimit(RLIMIT_CORE, &core) != 0 || ::setrlimit(RLIMIT_NOFILE, &nofile) != 0) {
-    return kStageRlimit;
-  }
-  sigset_t none;
-  sigemptyset(&none);
-  if (::sigprocmask(SIG_SETMASK, &none, nullptr) != 0) return kStageSignals;
-  struct sigaction dfl {};
-  dfl.sa_handler = SIG_DFL;
-  for (int sig = 1; sig < NSIG; ++sig) {
-    if (sig != SIGKILL && sig != SIGSTOP) ::sigaction(sig, &dfl, nullptr);  // some are reserved
-  }
-  // Nothing of the supervisor's leaks past exec (the report pipe is already close-on-exec).
-  if (::syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC) != 0) {
-    for (int fd = 3; fd < 65536; ++fd) {
-      if (fd != p.report_write) ::fcntl(fd, F_SETFD, FD_CLOEXEC);
-    }
-  }
-  return 0;
-}
-
-// Sends the NamespacesReport (see there); a namespace that cannot be read is reported as 0
-// and no interfaces, which the parent records as such.
-void report_namespaces(const ChildPlan& p) {
-  char msg[sizeof(ChildReport) + sizeof(NamespacesReport) + kNetDevMax];
-  ChildReport head{kStageNamespaces, 0, -1};
-  NamespacesReport ns{};
-  struct stat st {};
-  if (::stat("/proc/self/ns/net", &st) == 0) {
-    ns.net_dev = st.st_dev;
-    ns.net_ino = st.st_ino;
-  }
-  char* text = msg + sizeof head + sizeof ns;
-  int fd = ::open("/proc/self/net/dev", O_RDONLY | O_CLOEXEC);
-  if (fd >= 0) {
-    while (ns.net_dev_bytes < kNetDevMax) {
-      ssize_t n = ::read(fd, text + ns.net_dev_bytes, kNetDevMax - ns.net_dev_bytes);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) break;
-      ns.net_dev_bytes += static_cast<std::uint32_t>(n);
-    }
-    ::close(fd);
-  }
-  std::memcpy(msg, &head, sizeof head);
-  std::memcpy(msg + sizeof head, &ns, sizeof ns);
-  ssize_t ignored = ::write(p.report_write, msg, sizeof head + sizeof ns + ns.net_dev_bytes);
-  (void)ignored;  // a parent that stopped listening closes the gate too
-}
-
-[[noreturn]] void child_main(const ChildPlan& p) {
-  // The namespaces first: making a network namespace is most of a spawn's time, and the parent
-  // makes the cgroup meanwhile (or has made it and cloned us into it). A failure is kept until
-  // the gate was read, so that the parent's write to the gate never meets a closed pipe.
-  int failed = 0, failed_errno = 0, op = -1;
-  if (p.affinity && ::sched_setaffinity(0, sizeof *p.affinity, p.affinity) != 0) {
-    failed = kStageAffinity;
-    failed_errno = errno;
-  } else if (::unshare(CLONE_NEWNET | CLONE_NEWNS) != 0) {
-    failed = kStageUnshare;
-    failed_errno = errno;
-  } else {
-    report_namespaces(p);
-    failed = child_setup(p, &op);
-    failed_errno = errno;
-  }
-  // Held here until the parent has made the cgroup.
-  GateHeader gate{};
-  char files[kGateMaxBytes];
-  if (!read_full(p.gate_read, &gate, sizeof gate) || gate.bytes > sizeof files ||
-      !read_full(p.gate_read, files, gate.bytes)) {
-    ::_exit(127);
-  }
-  if (failed != 0) {
-    errno = failed_errno;
-    child_fail(p, failed, op);
-  }
-  // Into the worker's cgroups before anything of the command runs.
-  const char* file = files;
-  for (std::uint32_t i = 0; i < gate.count; ++i) {
-    if (!write_zero(file)) child_fail(p, kStageAttach, static_cast<int>(i));
-    file += std::strlen(file) + 1;
-  }
-  if (p.set_ids) {
-    if (::syscall(SYS_setgroups, 0, nullptr) != 0) child_fail(p, kStageSetgroups);
-    if (::syscall(SYS_setresgid, p.gid, p.gid, p.gid) != 0) child_fail(p, kStageSetgid);
-    if (::syscall(SYS_setresuid, p.uid, p.uid, p.uid) != 0) child_fail(p, kStageSetuid);
-  }
-  if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) child_fail(p, kStageNoNewPrivs);
-  ::execve(p.exe, p.argv, p.envp);
-  child_fail(p, kStageExec);
-}
 
 struct CloneArgs {
   std::uint64_t flags = 0;
@@ -393,23 +91,43 @@ struct Prespawned::State {
   std::string exe;
   std::deque<std::string> strings;  // the mount ops' paths (stable addresses)
   std::vector<MountOp> ops;
+  std::vector<FdMove> moves;
   MountsEvidence mounts;
   std::string clone;  // "clone3" or "clone"
   bool into_cgroup = false;
+  bool root_worker = false;
   bool affinity_narrowed = false;  // this thread runs on other CPUs until finish_spawn
   cpu_set_t affinity{};            // this thread's CPUs before prespawn
   pid_t pid = -1;
-  UniqueFd pidfd, gate_w, report_r, out_r, err_r;
+  UniqueFd pidfd, gate_w, report_r, status_r, out_r, err_r;
 };
+
+void check_identity(const SpawnSpec& spec) {
+  uid_t uid = spec.uid.value_or(::geteuid());
+  gid_t gid = spec.gid.value_or(::getegid());
+  if (spec.allow_root || (uid != 0 && gid != 0)) return;
+  throw common::Error("contain.root_worker",
+                      "worker \"" + spec.name + "\" would run as uid " + std::to_string(uid) +
+                          " gid " + std::to_string(gid) +
+                          ": give it an unprivileged uid and gid (default_worker_identity()), "
+                          "or allow_root for development");
+}
 
 std::unique_ptr<Prespawned> prespawn(const SpawnSpec& spec, Cgroup* clone_into) {
   if (spec.argv.empty()) throw common::Error("contain.spawn_failed", "empty argv");
+  check_identity(spec);
   auto child = std::make_unique<Prespawned>();
   Prespawned::State& st = *child->state_;
   st.exe = spec.argv.front();
   const std::string& exe = st.exe;
   if (exe.empty() || exe.front() != '/') {
     throw common::Error("contain.spawn_failed", "argv[0] \"" + exe + "\" is not an absolute path");
+  }
+  for (int fd : spec.pass_fds) {
+    if (fd < 0 || ::fcntl(fd, F_GETFD) < 0) {
+      throw common::Error("contain.spawn_failed",
+                          "pass_fds: descriptor " + std::to_string(fd) + " is not open");
+    }
   }
   fs::path workdir = spec.workdir.empty() ? fs::path("/") : fs::absolute(spec.workdir);
   workdir = workdir.lexically_normal();
@@ -437,6 +155,14 @@ std::unique_ptr<Prespawned> prespawn(const SpawnSpec& spec, Cgroup* clone_into) 
   if (wfd < 0)
     common::throw_errno("contain.spawn_failed", "open workdir " + workdir.string(), errno);
   UniqueFd workdir_fd(wfd);
+  // Without pidfd_open (before 5.3) the child cannot tell that its parent died before it
+  // armed PDEATHSIG; the gate's EOF still ends it.
+  UniqueFd parent_pidfd(static_cast<int>(::syscall(SYS_pidfd_open, ::getpid(), 0)));
+
+  // The child's descriptors: 0-2, the passed ones from 3, then its own (close-on-exec).
+  const int own = 3 + static_cast<int>(spec.pass_fds.size());
+  const int gate_slot = own, report_slot = own + 1, status_slot = own + 2, parent_slot = own + 3,
+            workdir_slot = own + 4, first_free = own + 5;
 
   // Hidden paths: an empty read-only tmpfs over a directory, /dev/null over anything else. A
   // workdir inside a hidden directory is bind-mounted back at its own path.
@@ -447,7 +173,7 @@ std::unique_ptr<Prespawned> prespawn(const SpawnSpec& spec, Cgroup* clone_into) 
   std::vector<MountOp>& ops = st.ops;
   MountsEvidence& mounts = st.mounts;
   std::vector<fs::path> done;
-  const char* workdir_proc = keep("/proc/self/fd/" + std::to_string(wfd));
+  const char* workdir_proc = keep("/proc/self/fd/" + std::to_string(workdir_slot));
   for (const auto& h : hidden) {
     if (std::any_of(done.begin(), done.end(), [&](const fs::path& d) { return is_under(h, d); })) {
       continue;  // already covered by a hidden parent
@@ -487,19 +213,36 @@ std::unique_ptr<Prespawned> prespawn(const SpawnSpec& spec, Cgroup* clone_into) 
                    "size=64k,mode=0755", kStageMount});
   }
 
-  UniqueFd gate_r, report_w, out_w, err_w;
+  UniqueFd gate_r, report_w, status_w, out_w, err_w;
   make_pipe(gate_r, st.gate_w, "pipe (gate)");
   make_pipe(st.report_r, report_w, "pipe (report)");
+  make_pipe(st.status_r, status_w, "pipe (init status)");
   make_pipe(st.out_r, out_w, "pipe (stdout)");
   make_pipe(st.err_r, err_w, "pipe (stderr)");
+  // The init's report is read once it exited, never waited for.
+  ::fcntl(st.status_r.get(), F_SETFL, O_NONBLOCK);
+
+  std::vector<FdMove>& moves = st.moves;
+  moves = {
+      {devnull_fd.get(), 0, false, -1}, {out_w.get(), 1, false, -1}, {err_w.get(), 2, false, -1}};
+  for (std::size_t i = 0; i < spec.pass_fds.size(); ++i) {
+    moves.push_back({spec.pass_fds[i], 3 + static_cast<int>(i), false, -1});
+  }
+  moves.push_back({gate_r.get(), gate_slot, true, -1});
+  moves.push_back({report_w.get(), report_slot, true, -1});
+  moves.push_back({status_w.get(), status_slot, true, -1});
+  if (parent_pidfd) moves.push_back({parent_pidfd.get(), parent_slot, true, -1});
+  moves.push_back({workdir_fd.get(), workdir_slot, true, -1});
 
   ChildPlan plan{};
-  plan.gate_read = gate_r.get();
-  plan.report_write = report_w.get();
-  plan.stdin_fd = devnull_fd.get();
-  plan.stdout_fd = out_w.get();
-  plan.stderr_fd = err_w.get();
-  plan.workdir_fd = workdir_fd.get();
+  plan.moves = moves.data();
+  plan.move_count = moves.size();
+  plan.first_free = first_free;
+  plan.gate_read = gate_slot;
+  plan.report_write = report_slot;
+  plan.status_write = status_slot;
+  plan.parent_pidfd = parent_pidfd ? parent_slot : -1;
+  plan.workdir_fd = workdir_slot;
   std::string workdir_str = workdir.string();
   plan.workdir = workdir_str.c_str();
   plan.exe = argv_store.front().c_str();
@@ -509,8 +252,11 @@ std::unique_ptr<Prespawned> prespawn(const SpawnSpec& spec, Cgroup* clone_into) 
   plan.op_count = ops.size();
   plan.nofile = spec.nofile;
   plan.set_ids = spec.uid.has_value() || spec.gid.has_value();
-  plan.uid = spec.uid.value_or(::getuid());
-  plan.gid = spec.gid.value_or(::getgid());
+  plan.uid = spec.uid.value_or(::geteuid());
+  plan.gid = spec.gid.value_or(::getegid());
+  plan.root_worker = plan.uid == 0;
+  plan.seccomp = &seccomp_policy().fprog;
+  st.root_worker = plan.root_worker;
 
   // The child starts on this CPU, which is awake, and this thread moves to the others for its
   // share (detection, the cgroup) until finish_spawn: the child's path (namespaces, exec) is
@@ -530,7 +276,7 @@ std::unique_ptr<Prespawned> prespawn(const SpawnSpec& spec, Cgroup* clone_into) 
 
   int pidfd = -1;
   CloneArgs args;
-  args.flags = CLONE_PIDFD;
+  args.flags = CLONE_PIDFD | CLONE_NEWPID;
   args.pidfd = reinterpret_cast<std::uint64_t>(&pidfd);
   args.exit_signal = SIGCHLD;
   st.into_cgroup = clone_into && clone_into->clone_into_fd() >= 0;
@@ -552,7 +298,8 @@ std::unique_ptr<Prespawned> prespawn(const SpawnSpec& spec, Cgroup* clone_into) 
   if (pid < 0 && errno == ENOSYS) {
     // clone3 filtered (older seccomp profiles): clone with CLONE_PIDFD via parent_tid.
     st.into_cgroup = false;
-    pid = ::syscall(SYS_clone, CLONE_PIDFD | SIGCHLD, nullptr, &pidfd, nullptr, nullptr);
+    pid = ::syscall(SYS_clone, CLONE_PIDFD | CLONE_NEWPID | SIGCHLD, nullptr, &pidfd, nullptr,
+                    nullptr);
     if (pid == 0) child_main(plan);
     st.clone = "clone";
   }
@@ -572,7 +319,7 @@ std::unique_ptr<Prespawned> prespawn(const SpawnSpec& spec, Cgroup* clone_into) 
 Prespawned::Prespawned() : state_(std::make_unique<State>()) {}
 
 // A child never finished (given up on, or failed) reads EOF at the gate and exits, or is
-// killed; either way it is reaped here.
+// killed (and its PID namespace with it); either way it is reaped here.
 Prespawned::~Prespawned() {
   restore_affinity();
   if (state_->pid <= 0) return;
@@ -593,6 +340,21 @@ void Prespawned::restore_affinity() {
   ::sched_setaffinity(0, sizeof state_->affinity, &state_->affinity);
 }
 
+namespace {
+
+bool same_namespace(const char* mine_path, std::uint64_t dev, std::uint64_t ino) {
+  struct stat mine {};
+  return ino == 0 || (::stat(mine_path, &mine) == 0 && ino == mine.st_ino && dev == mine.st_dev);
+}
+
+std::string hex(std::uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+}  // namespace
+
 Spawned finish_spawn(std::unique_ptr<Prespawned> child, Cgroup* cgroup) {
   child->restore_affinity();
   Prespawned::State& st = *child->state_;
@@ -612,11 +374,17 @@ Spawned finish_spawn(std::unique_ptr<Prespawned> child, Cgroup* cgroup) {
       if (report.op >= 0 && static_cast<std::size_t>(report.op) < attach_files.size()) {
         what += " " + attach_files[static_cast<std::size_t>(report.op)];
       }
+    } else if (report.stage == kStageBounding) {
+      what += " (capability " + std::to_string(report.op) + ")";
     } else if (report.op >= 0 && static_cast<std::size_t>(report.op) < st.ops.size()) {
       what += std::string(" ") + st.ops[static_cast<std::size_t>(report.op)].target;
     }
     child.reset();  // reaps it (and `st` with it)
     common::throw_errno("contain.spawn_failed", what, report.err);
+  };
+  auto gone = [&](const char* before) {
+    child.reset();
+    throw common::Error("contain.spawn_failed", std::string("the child exited before ") + before);
   };
 
   Spawned s;
@@ -645,12 +413,26 @@ Spawned finish_spawn(std::unique_ptr<Prespawned> child, Cgroup* cgroup) {
   GateHeader header{static_cast<std::uint32_t>(attach_files.size()),
                     static_cast<std::uint32_t>(gate.size())};
   gate.insert(0, reinterpret_cast<const char*>(&header), sizeof header);
-  if (!write_all(st.gate_w.get(), gate.data(), gate.size())) {
-    common::throw_errno("contain.spawn_failed", "write to the gate pipe", errno);
+  // A child that died before the gate (it never does on its own before reading it) must not
+  // take this process with it through SIGPIPE.
+  sigset_t pipe_only, old;
+  sigemptyset(&pipe_only);
+  sigaddset(&pipe_only, SIGPIPE);
+  ::pthread_sigmask(SIG_BLOCK, &pipe_only, &old);
+  bool written = write_all(st.gate_w.get(), gate.data(), gate.size());
+  int write_errno = errno;
+  if (!written && write_errno == EPIPE && !sigismember(&old, SIGPIPE)) {
+    struct timespec now {};
+    ::sigtimedwait(&pipe_only, nullptr, &now);  // consume ours, not a real one's
+  }
+  ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  if (!written) {
+    child.reset();
+    common::throw_errno("contain.spawn_failed", "write to the gate pipe", write_errno);
   }
   st.gate_w = UniqueFd();
 
-  // The child's network namespace, as it reported it, against ours.
+  // The child's namespaces, as it reported them, against ours.
   ChildReport report{};
   ssize_t n = read_report(report);
   if (n == static_cast<ssize_t>(sizeof report) && report.stage != kStageNamespaces) failed(report);
@@ -659,14 +441,39 @@ Spawned finish_spawn(std::unique_ptr<Prespawned> child, Cgroup* cgroup) {
   if (n != static_cast<ssize_t>(sizeof report) || !read_full(st.report_r.get(), &ns, sizeof ns) ||
       ns.net_dev_bytes > kNetDevMax ||
       !read_full(st.report_r.get(), net_dev.data(), ns.net_dev_bytes)) {
-    throw common::Error("contain.spawn_failed", "the child exited before reporting its namespaces");
+    gone("reporting its namespaces");
   }
   net_dev.resize(ns.net_dev_bytes);
-  struct stat mine {};
-  bool private_net = ::stat("/proc/self/ns/net", &mine) == 0 && ns.net_ino != 0 &&
-                     (ns.net_ino != mine.st_ino || ns.net_dev != mine.st_dev);
-  s.network = NetworkEvidence{private_net, interfaces_of(net_dev)};
+  s.network = NetworkEvidence{!same_namespace("/proc/self/ns/net", ns.net_dev, ns.net_ino),
+                              interfaces_of(net_dev)};
+  s.pid_namespace_private = !same_namespace("/proc/self/ns/pid", ns.pid_dev, ns.pid_ino);
   s.mounts = st.mounts;
+
+  // What the worker holds right before execve.
+  n = read_report(report);
+  if (n == static_cast<ssize_t>(sizeof report) && report.stage != kStagePrivileges) failed(report);
+  PrivilegesReport held{};
+  if (n != static_cast<ssize_t>(sizeof report) ||
+      !read_full(st.report_r.get(), &held, sizeof held)) {
+    gone("reporting its privileges");
+  }
+  std::string kept;
+  if (held.effective || held.permitted || held.inheritable || held.ambient) kept += " capabilities";
+  if (held.bounding && st.root_worker) kept += " bounding set " + hex(held.bounding);
+  if (held.no_new_privs != 1) kept += " no_new_privs " + std::to_string(held.no_new_privs);
+  if (held.seccomp != 2) kept += " seccomp mode " + std::to_string(held.seccomp);
+  if (held.uid[0] != held.uid[1] || held.uid[1] != held.uid[2] || held.gid[0] != held.gid[1] ||
+      held.gid[1] != held.gid[2]) {
+    kept += " mixed ids";
+  }
+  if (!kept.empty()) {
+    child.reset();
+    throw common::Error("contain.spawn_failed", "the worker kept privileges:" + kept);
+  }
+  s.uid = held.uid[0];
+  s.gid = held.gid[0];
+  s.capabilities =
+      Capabilities{held.inheritable, held.permitted, held.effective, held.bounding, held.ambient};
 
   n = read_report(report);
   if (n > 0) failed(report);  // else EOF: the exec closed the report pipe
@@ -674,8 +481,27 @@ Spawned finish_spawn(std::unique_ptr<Prespawned> child, Cgroup* cgroup) {
   s.pidfd = std::move(st.pidfd);
   s.stdout_read = std::move(st.out_r);
   s.stderr_read = std::move(st.err_r);
+  s.status_read = std::move(st.status_r);
   st.pid = -1;  // released: the caller awaits it through the pidfd
   return s;
+}
+
+std::optional<InitOutcome> read_init_report(int status_read) {
+  InitReport r{};
+  ssize_t n;
+  do {
+    n = ::read(status_read, &r, sizeof r);
+  } while (n < 0 && errno == EINTR);
+  if (n != static_cast<ssize_t>(sizeof r)) return std::nullopt;
+  InitOutcome out;
+  if (r.signal != 0) {
+    out.exit.signal = r.signal;
+    out.exit.core_dumped = r.core_dumped != 0;
+  } else {
+    out.exit.code = r.code;
+  }
+  out.leftover_killed = r.leftover;
+  return out;
 }
 
 }  // namespace assay::contain::detail

@@ -33,65 +33,10 @@ namespace {
 namespace fs = std::filesystem;
 using assay::common::Json;
 using namespace assay::contain;
-using assay::contain::test::check_schema;
-using assay::contain::test::slurp;
-using assay::contain::test::TempDir;
+using namespace assay::contain::test;
 
 constexpr const char* kPython = ASSAY_PYTHON3;
 constexpr std::uint64_t kMiB = 1024 * 1024;
-
-// Worker cgroups this process owns right now, in every hierarchy the runtime uses: v1 leaves
-// named <leaf_prefix><worker> in each hierarchy's base, v2 leaves in the workers directory.
-std::vector<fs::path> my_cgroups(const Runtime& rt) {
-  std::vector<fs::path> out;
-  Json d = rt.describe();
-  std::string prefix = d.value("leaf_prefix", "");
-  std::vector<fs::path> roots;
-  if (d.contains("hierarchies")) {
-    for (auto& [k, v] : d["hierarchies"].items()) roots.push_back(v.get<std::string>());
-  }
-  if (d.contains("workers_dir")) roots.push_back(d["workers_dir"].get<std::string>());
-  for (const auto& r : roots) {
-    std::error_code ec;
-    for (const auto& e : fs::directory_iterator(r, ec)) {
-      if (e.is_directory() && e.path().filename().string().starts_with(prefix)) {
-        out.push_back(e.path());
-      }
-    }
-  }
-  return out;
-}
-
-SpawnSpec make_spec(const std::string& name, std::vector<std::string> argv, const fs::path& dir) {
-  SpawnSpec s;
-  s.name = name + "-" + std::to_string(::getpid());
-  s.argv = std::move(argv);
-  s.workdir = dir;
-  s.env = {"PATH=/usr/bin:/bin", "LANG=C.UTF-8"};
-  s.stdout_path = dir / (name + ".out");
-  s.stderr_path = dir / (name + ".err");
-  s.limits.timeout = std::chrono::seconds(60);
-  return s;
-}
-
-// Default: below this process's own cgroup. ASSAY_TEST_BASE_CGROUP names another (cgroup v2
-// hosts, where the test's own cgroup holds processes and cannot enable controllers).
-RuntimeOptions test_options() {
-  RuntimeOptions o;
-  if (const char* base = std::getenv("ASSAY_TEST_BASE_CGROUP")) o.base_cgroup = base;
-  return o;
-}
-std::unique_ptr<Runtime> runtime() {
-  return Runtime::create(test_options());
-}
-
-bool process_gone(pid_t pid) {
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  if (!stat || !std::getline(stat, line)) return true;
-  auto close = line.rfind(')');
-  return close != std::string::npos && line.size() > close + 2 && line[close + 2] == 'Z';
-}
 
 }  // namespace
 
@@ -192,16 +137,20 @@ TEST_CASE("a normal run reports a peak within 20% of what it allocated") {
 }
 
 // A grandchild in a session of its own (gc.pid is written only after setsid), started before
-// the main process goes on: on a slow machine the timeout must not catch it half-way.
-constexpr const char* kGrandchild =
-    "setsid sh -c 'echo $$ > gc.tmp; mv gc.tmp gc.pid; exec sleep 60' & "
-    "while [ ! -e gc.pid ]; do sleep 0.01; done; ";
+// the main process goes on: on a slow machine the timeout must not catch it half-way. Its
+// sleep's argument is unique to this test process, so that the host can look for it.
+std::string grandchild() {
+  return "setsid sh -c 'echo $$ > gc.tmp; mv gc.tmp gc.pid; exec sleep 60." +
+         std::to_string(::getpid()) + "' & while [ ! -e gc.pid ]; do sleep 0.01; done; ";
+}
+std::string grandchild_marker() {
+  return "sleep 60." + std::to_string(::getpid());
+}
 
 TEST_CASE("a timeout kills the worker in about a second, its setsid grandchild too") {
   TempDir dir;
   auto rt = runtime();
-  auto spec =
-      make_spec("timeout", {"/bin/sh", "-c", std::string(kGrandchild) + "exec sleep 60"}, dir.path);
+  auto spec = make_spec("timeout", {"/bin/sh", "-c", grandchild() + "exec sleep 60"}, dir.path);
   spec.limits.timeout = std::chrono::seconds(1);
   spec.limits.kill_grace = std::chrono::milliseconds(500);
   auto t0 = std::chrono::steady_clock::now();
@@ -214,8 +163,8 @@ TEST_CASE("a timeout kills the worker in about a second, its setsid grandchild t
   CHECK(e.exit->signal == SIGTERM);
   CHECK(e.failure_reason() == "timed out and was killed");
   CHECK(e.leftover_processes_killed >= 1);
-  pid_t gc = std::stoi(slurp(dir.path / "gc.pid"));
-  CHECK(process_gone(gc));
+  CHECK(slurp(dir.path / "gc.pid") != "");
+  CHECK_FALSE(process_with(grandchild_marker()));
   CHECK(e.wall_usec.value_or(0) >= 1'000'000);
   CHECK(my_cgroups(*rt).empty());
 }
@@ -223,8 +172,7 @@ TEST_CASE("a timeout kills the worker in about a second, its setsid grandchild t
 TEST_CASE("a worker that ignores SIGTERM is killed with the whole cgroup after the grace period") {
   TempDir dir;
   auto rt = runtime();
-  auto spec = make_spec("stubborn",
-                        {"/bin/sh", "-c", std::string("trap '' TERM; ") + kGrandchild + "sleep 60"},
+  auto spec = make_spec("stubborn", {"/bin/sh", "-c", "trap '' TERM; " + grandchild() + "sleep 60"},
                         dir.path);
   spec.limits.timeout = std::chrono::milliseconds(500);
   spec.limits.kill_grace = std::chrono::milliseconds(500);
@@ -236,7 +184,8 @@ TEST_CASE("a worker that ignores SIGTERM is killed with the whole cgroup after t
   CHECK(e.cgroup_killed);
   REQUIRE(e.exit);
   CHECK(e.exit->signal == SIGKILL);
-  CHECK(process_gone(std::stoi(slurp(dir.path / "gc.pid"))));
+  CHECK(slurp(dir.path / "gc.pid") != "");
+  CHECK_FALSE(process_with(grandchild_marker()));
   CHECK(my_cgroups(*rt).empty());
 }
 
@@ -372,6 +321,7 @@ TEST_CASE("hidden paths are unreachable inside, the workdir below them stays usa
   std::ofstream(state / "secret.key") << "private";
   std::ofstream(state / "jobs" / "j1" / "oracle" / "input.json") << "{}";
   std::ofstream(dir.path / "token") << "t0ken";
+  fs::permissions(state / "jobs" / "j1" / "oracle", fs::perms::all);
   auto rt = runtime();
   auto spec = make_spec("hide",
                         {"/bin/sh", "-c",
@@ -688,7 +638,7 @@ TEST_CASE("worker cgroups left by a crashed supervisor are found, killed, read a
   }
   REQUIRE(mine != nullptr);
   CHECK(mine->orphan);
-  CHECK(mine->leftover_processes_killed == 1);
+  CHECK(mine->leftover_processes_killed == 2);  // the worker and its init
   CHECK(mine->cgroup_killed);
   REQUIRE(mine->cgroup);
   CHECK(mine->cgroup->removed);
@@ -730,38 +680,6 @@ TEST_CASE("v1 worker cgroups of the earlier layout (<owner>/<worker>) are still 
     CHECK_FALSE(fs::exists(leaf));
     CHECK_FALSE(fs::exists(leaf.parent_path()));
   }
-}
-
-// `assayd contain`, run in a child process as main() would dispatch it.
-struct CliResult {
-  int status;
-  std::string out, err;
-};
-CliResult run_cli(std::vector<std::string> args, const fs::path& stdout_to = {}) {
-  TempDir dir;
-  fs::path out = stdout_to.empty() ? dir.path / "out" : stdout_to, err = dir.path / "err";
-  std::fflush(nullptr);  // or the child flushes the test runner's buffered output too
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    int o = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    int e = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    ::dup2(o, 1);
-    ::dup2(e, 2);
-    if (const char* base = std::getenv("ASSAY_TEST_BASE_CGROUP")) {
-      args.insert(args.begin(), {"--base-cgroup", base});
-    }
-    args.insert(args.begin(), "contain");
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    int rc = assay::supervisor::contain_main(static_cast<int>(args.size()), argv.data());
-    std::fflush(stdout);
-    ::_exit(rc);
-  }
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status),
-          stdout_to.empty() ? slurp(out) : "", slurp(err)};
 }
 
 TEST_CASE("assayd contain prints the evidence and exits 0 whatever the command's outcome") {

@@ -24,13 +24,17 @@ Evidence full_evidence() {
                             {{"memory", "/sys/fs/cgroup/memory/assayd-1-2.job-7_oracle.1"},
                              {"pids", "/sys/fs/cgroup/pids/assayd-1-2.job-7_oracle.1"}},
                             true};
-  e.spawn = SpawnEvidence{"clone3-self-attach",
-                          {"/usr/lib/assay/assay-oracle", "next-token"},
-                          "/var/lib/assay/jobs/7/oracle",
-                          {"PATH", "LANG"},
-                          65534,
-                          65534,
-                          4096};
+  e.spawn = SpawnEvidence{
+      "clone3-self-attach",
+      {"/usr/lib/assay/assay-oracle", "next-token"},
+      "/var/lib/assay/jobs/7/oracle",
+      {"PATH", "LANG"},
+      65534,
+      65534,
+      4096,
+      2,
+      Capabilities{0, 0, 0, 0x1ffffffffffULL, 0},
+      SeccompEvidence{"sha256:" + std::string(64, 'a'), "x86_64", {"mount", "ptrace"}, {"clone3"}}};
   Limits limits;
   limits.memory_max = 8ULL << 30;
   limits.pids_max = 64;
@@ -38,6 +42,7 @@ Evidence full_evidence() {
   limits.kill_grace = std::chrono::milliseconds(0);
   e.limits = limits;
   e.network = NetworkEvidence{true, {"lo"}};
+  e.pid_namespace_private = true;
   e.mounts = MountsEvidence{{"/run/assayd", "/var/lib/assay"}, {"/missing"}};
   e.started_at = "2024-05-01T12:00:00.123Z";
   e.wall_usec = 1234567;
@@ -72,6 +77,15 @@ TEST_CASE("evidence read back from its JSON is the same evidence, and the JSON i
   CHECK(doc["spawn"]["rlimits"] == Json{{"core", 0}, {"nofile", 4096}});
   CHECK(doc["spawn"]["no_new_privs"] == true);
   CHECK(doc["network"] == Json{{"namespace", "private"}, {"interfaces", {"lo"}}});
+  CHECK(doc["pid_namespace"] == Json{{"namespace", "private"}});
+  CHECK(doc["mounts"]["proc"] == "pid-namespace");
+  CHECK(doc["mounts"]["sys"] == "network-namespace");
+  CHECK(doc["spawn"]["pass_fds"] == 2);
+  CHECK(doc["spawn"]["dumpable_before_exec"] == false);
+  CHECK(doc["spawn"]["capabilities"]["bounding"] == "000001ffffffffff");
+  CHECK(doc["spawn"]["capabilities"]["effective"] == "0000000000000000");
+  CHECK(doc["spawn"]["seccomp"]["enosys"] == Json{"clone3"});
+  CHECK(doc["spawn"]["seccomp"]["clone_namespace_flags"] == "EPERM");
   CHECK(doc["counters"]["memory.memsw.failcnt"].is_null());
   CHECK(doc["counters"]["pids.events"] == Json{{"max", nullptr}});
   CHECK(doc["counters"]["memory.max_usage_in_bytes"] == 123456789);
@@ -120,6 +134,23 @@ TEST_CASE("the evidence reader refuses a malformed document and names the field"
       {"started_at", [](Json& d) { d["started_at"] = "2024-05-01 12:00:00"; }, "\"started_at\""},
       {"network", [](Json& d) { d["network"]["namespace"] = "host"; }, "\"network.namespace\""},
       {"mounts", [](Json& d) { d["mounts"]["namespace"] = "shared"; }, "\"mounts.namespace\""},
+      {"proc", [](Json& d) { d["mounts"]["proc"] = "host"; }, "\"mounts.proc\""},
+      {"pid namespace", [](Json& d) { d["pid_namespace"]["namespace"] = "host"; },
+       "\"pid_namespace.namespace\""},
+      {"dumpable", [](Json& d) { d["spawn"]["dumpable_before_exec"] = true; },
+       "\"spawn.dumpable_before_exec\""},
+      {"pass_fds", [](Json& d) { d["spawn"]["pass_fds"] = -1; }, "\"spawn.pass_fds\""},
+      {"capability hex",
+       [](Json& d) { d["spawn"]["capabilities"]["effective"] = "0000000000000X00"; },
+       "\"spawn.capabilities.effective\""},
+      {"capability length", [](Json& d) { d["spawn"]["capabilities"]["bounding"] = "0"; },
+       "\"spawn.capabilities.bounding\""},
+      {"policy", [](Json& d) { d["spawn"]["seccomp"]["policy_sha256"] = "sha256:AB"; },
+       "\"spawn.seccomp.policy_sha256\""},
+      {"seccomp arch", [](Json& d) { d["spawn"]["seccomp"]["arch"] = "i386"; },
+       "\"spawn.seccomp.arch\""},
+      {"clone flags", [](Json& d) { d["spawn"]["seccomp"]["clone_namespace_flags"] = "ALLOW"; },
+       "\"spawn.seccomp.clone_namespace_flags\""},
       {"kill_scope", [](Json& d) { d["kill_scope"] = "host"; }, "\"kill_scope\""},
       {"leftover", [](Json& d) { d["leftover_processes_killed"] = -2; },
        "\"leftover_processes_killed\""},

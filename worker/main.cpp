@@ -193,7 +193,7 @@ int run_logits(const LogitsArgs& a) {
   options.dtype = parse_dtype(a.dtype, read_config(files));
   options.gdn_variant = a.gdn_variant;
   auto t0 = Clock::now();
-  LoadedModel loaded = load_model(files, options, static_cast<unsigned>(a.threads));
+  LoadedModel loaded = load_model(files, options, io_threads());
   double load_seconds = seconds_since(t0);
   Forward f = run_forward(a.model, ids, options, loaded);
   at::Tensor logits = a.all_positions ? f.logits : f.logits[-1].contiguous();
@@ -255,7 +255,7 @@ int run_next_token(const std::string& input_path, const std::string& workdir) {
 
   Tokenizer tokenizer = Tokenizer::load(files);
   auto t0 = Clock::now();
-  LoadedModel loaded = load_model(files, options, static_cast<unsigned>(in.execution.threads));
+  LoadedModel loaded = load_model(files, options, io_threads());
   double load_seconds = seconds_since(t0);
   check_candidates(in.candidates, tokenizer, loaded.model->vocab_size());
   Forward f = run_forward(in.model_dir, in.input_token_ids, options, loaded);
@@ -294,7 +294,7 @@ int run_capture(const std::string& input_path, const std::string& workdir) {
   ExecOptions options = prepare_execution(in.execution, files);
 
   auto t0 = Clock::now();
-  LoadedModel loaded = load_model(files, options, static_cast<unsigned>(in.execution.threads));
+  LoadedModel loaded = load_model(files, options, io_threads());
   double load_seconds = seconds_since(t0);
   const std::int64_t vocab = loaded.model->vocab_size();
   std::filesystem::path dir(workdir);

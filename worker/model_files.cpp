@@ -1,6 +1,7 @@
 #include "worker/model_files.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -21,8 +22,10 @@ namespace {
 using common::Error;
 using common::Json;
 
-// Each chunk is hashed right after the kernel copied it, while it is still in cache.
+// Small files hash each chunk right after the kernel copied it, while it is still in cache.
 constexpr std::size_t kChunk = 256 * 1024;
+// Background hashing checks for a stop request between chunks of this size.
+constexpr std::size_t kHashChunk = 4 << 20;
 
 struct Mapping {
   std::byte* data = nullptr;
@@ -34,8 +37,7 @@ struct Mapping {
 
 }  // namespace
 
-FileImage::FileImage(std::byte* data, std::size_t size, std::string sha256)
-    : data_(data), size_(size), sha256_(std::move(sha256)) {}
+FileImage::FileImage(std::byte* data, std::size_t size) : data_(data), size_(size) {}
 
 FileImage::~FileImage() {
   if (data_) ::munmap(data_, size_);
@@ -66,9 +68,9 @@ bool ModelFiles::has(const std::string& name) const {
 }
 
 // Opens (or takes the given descriptor of) `name`, then reads it whole into fresh anonymous
-// memory with pread, hashing each chunk as it arrives.
-std::shared_ptr<const FileImage> ModelFiles::fetch(const std::string& name,
-                                                   std::size_t max_bytes) const {
+// memory with pread; with hash_now each chunk is hashed as it arrives.
+std::shared_ptr<FileImage> ModelFiles::fetch(const std::string& name, std::size_t max_bytes,
+                                             bool hash_now) const {
   const std::string shown = (dir_ / name).string();
   common::UniqueFd owned;
   int fd = -1;
@@ -106,6 +108,8 @@ std::shared_ptr<const FileImage> ModelFiles::fetch(const std::string& name,
       common::throw_errno("fs.read", "allocate " + std::to_string(m.size) + " bytes for " + shown,
                           errno);
     m.data = static_cast<std::byte*>(p);
+    // Huge pages where the kernel offers them on request: far fewer faults while reading.
+    if (m.size >= (2u << 20)) ::madvise(p, m.size, MADV_HUGEPAGE);
   }
   common::Sha256 h;
   std::size_t got = 0;
@@ -119,7 +123,7 @@ std::shared_ptr<const FileImage> ModelFiles::fetch(const std::string& name,
     if (n == 0)
       throw Error("model.file_changed", shown + " ended after " + std::to_string(got) + " of " +
                                             std::to_string(m.size) + " bytes while it was read");
-    h.update(m.data + got, static_cast<std::size_t>(n));
+    if (hash_now) h.update(m.data + got, static_cast<std::size_t>(n));
     got += static_cast<std::size_t>(n);
   }
   char extra = 0;
@@ -131,21 +135,60 @@ std::shared_ptr<const FileImage> ModelFiles::fetch(const std::string& name,
     throw Error("model.file_changed",
                 shown + " grew past " + std::to_string(m.size) + " bytes while it was read");
   if (m.data) ::mprotect(m.data, m.size, PROT_READ);  // the image is never written again
-  auto image = std::make_shared<const FileImage>(m.data, m.size, common::identity(h.finish()));
+  auto image = std::make_shared<FileImage>(m.data, m.size);
   m.data = nullptr;
+  if (hash_now) {
+    std::promise<std::string> digest;
+    digest.set_value(common::identity(h.finish()));
+    image->digest_ = digest.get_future().share();
+  }
   return image;
-}
-
-void ModelFiles::record(const std::string& name, const FileImage& image) {
-  records_[name] = {image.bytes().size(), image.sha256()};
 }
 
 std::shared_ptr<const FileImage> ModelFiles::read(const std::string& name, std::size_t max_bytes) {
   if (auto it = cache_.find(name); it != cache_.end()) return it->second;
-  auto image = fetch(name, max_bytes);
-  record(name, *image);
+  auto image = fetch(name, max_bytes, /*hash_now=*/true);
+  records_[name] = {image->bytes().size(), image->digest_};
   cache_.emplace(name, image);
   return image;
+}
+
+// Largest first, each to the thread with the fewest bytes so far. A stop request (this object
+// going away, e.g. after an error) ends the hashing at the next chunk.
+void ModelFiles::hash_in_background(const std::vector<std::shared_ptr<FileImage>>& images,
+                                    unsigned threads) {
+  struct Job {
+    std::shared_ptr<const FileImage> image;  // keeps the bytes alive until hashed
+    std::promise<std::string> digest;
+  };
+  threads = std::clamp<unsigned>(threads, 1,
+                                 static_cast<unsigned>(std::max<std::size_t>(images.size(), 1)));
+  std::vector<std::vector<Job>> lists(threads);
+  std::vector<std::size_t> load(threads, 0);
+  std::vector<std::shared_ptr<FileImage>> order = images;
+  std::stable_sort(order.begin(), order.end(),
+                   [](const auto& a, const auto& b) { return a->size_ > b->size_; });
+  for (auto& image : order) {
+    auto t = static_cast<std::size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+    Job job{image, {}};
+    image->digest_ = job.digest.get_future().share();
+    load[t] += image->size_;
+    lists[t].push_back(std::move(job));
+  }
+  for (auto& list : lists) {
+    hashers_.emplace_back([jobs = std::move(list)](std::stop_token stop) mutable {
+      for (auto& job : jobs) {
+        common::Sha256 h;
+        auto bytes = job.image->bytes();
+        for (std::size_t at = 0; at < bytes.size(); at += kHashChunk) {
+          if (stop.stop_requested()) return;  // unset promises: their readers get broken_promise
+          h.update(bytes.data() + at, std::min(kHashChunk, bytes.size() - at));
+        }
+        job.digest.set_value(common::identity(h.finish()));
+        job.image.reset();
+      }
+    });
+  }
 }
 
 std::vector<std::shared_ptr<const FileImage>> ModelFiles::read_large(
@@ -153,7 +196,7 @@ std::vector<std::shared_ptr<const FileImage>> ModelFiles::read_large(
   for (const auto& n : names)
     if (records_.count(n))
       throw Error("oracle.internal", (dir_ / n).string() + " would be read a second time");
-  std::vector<std::shared_ptr<const FileImage>> out(names.size());
+  std::vector<std::shared_ptr<FileImage>> out(names.size());
   std::atomic<std::size_t> next{0};
   std::atomic<bool> failed{false};
   std::mutex error_mutex;
@@ -163,7 +206,7 @@ std::vector<std::shared_ptr<const FileImage>> ModelFiles::read_large(
       std::size_t i = next.fetch_add(1);
       if (i >= names.size() || failed.load()) return;
       try {
-        out[i] = fetch(names[i], SIZE_MAX);
+        out[i] = fetch(names[i], SIZE_MAX, /*hash_now=*/false);
       } catch (...) {
         std::lock_guard lock(error_mutex);
         if (!first_error) first_error = std::current_exception();
@@ -179,8 +222,17 @@ std::vector<std::shared_ptr<const FileImage>> ModelFiles::read_large(
     worker();
   }
   if (first_error) std::rethrow_exception(first_error);
-  for (std::size_t i = 0; i < names.size(); ++i) record(names[i], *out[i]);
-  return out;
+  hash_in_background(out, threads);
+  for (std::size_t i = 0; i < names.size(); ++i)
+    records_[names[i]] = {out[i]->bytes().size(), out[i]->digest_};
+  return {out.begin(), out.end()};
+}
+
+unsigned io_threads() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof(set), &set) != 0) return 1;
+  return static_cast<unsigned>(std::clamp(CPU_COUNT(&set), 1, 8));
 }
 
 Json bytes_used(const ModelFiles& files, const std::vector<std::string>& weight_files) {
@@ -196,13 +248,13 @@ Json bytes_used(const ModelFiles& files, const std::vector<std::string>& weight_
   Json weights = Json::array();
   for (const auto& name : sorted) {
     const FileRecord& r = recorded(name);
-    weights.push_back({{"path", name}, {"bytes", r.bytes}, {"sha256", r.sha256}});
+    weights.push_back({{"path", name}, {"bytes", r.bytes}, {"sha256", r.sha256()}});
   }
   auto tokenizer = records.find("tokenizer.json");
   return {{"weight_files", std::move(weights)},
-          {"config_hash", recorded("config.json").sha256},
+          {"config_hash", recorded("config.json").sha256()},
           {"tokenizer_hash",
-           tokenizer == records.end() ? Json(nullptr) : Json(tokenizer->second.sha256)}};
+           tokenizer == records.end() ? Json(nullptr) : Json(tokenizer->second.sha256())}};
 }
 
 }  // namespace assay::oracle

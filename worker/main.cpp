@@ -199,6 +199,9 @@ int run_logits(const LogitsArgs& a) {
   at::Tensor logits = a.all_positions ? f.logits : f.logits[-1].contiguous();
   write_logits(a.out, ids, logits, logits_metadata(f, options));
   if (a.verbose) {
+    // Waits for the weight digests, as next-token and capture do before writing output.json.
+    std::cerr << "assay-oracle: bytes_used=" << bytes_used(files, loaded.weight_files).dump()
+              << "\n";
     std::cerr << "assay-oracle: load_seconds=" << load_seconds
               << " forward_seconds=" << f.forward_seconds
               << " total_seconds=" << seconds_since(kStart)

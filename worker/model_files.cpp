@@ -87,8 +87,9 @@ std::shared_ptr<FileImage> ModelFiles::fetch(const std::string& name, std::size_
       throw Error("model.bad_fd",
                   shown + " (fd " + std::to_string(fd) + ") is not open for reading");
   } else {
-    owned =
-        common::UniqueFd(::openat(dirfd_.get(), name.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+    // O_NONBLOCK: a FIFO under the name must not hang the open (fstat then refuses it).
+    owned = common::UniqueFd(
+        ::openat(dirfd_.get(), name.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK));
     if (!owned) common::throw_errno("fs.open", "open " + shown, errno);
     fd = owned.get();
   }

@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -60,6 +61,16 @@ TEST_CASE("a file is read whole once, its digest is of exactly those bytes, late
   CHECK(error_of([&] {
           ModelFiles::from_directory(d.path()).read("config.json", 1);
         }).starts_with("fs.too_large"));
+}
+
+TEST_CASE("a FIFO or a symlink under a model file's name is refused, not waited on or followed") {
+  TempDir d;
+  REQUIRE(::mkfifo((d / "config.json").c_str(), 0600) == 0);
+  write(d / "real.json", "{}");
+  fs::create_symlink(d / "real.json", d / "tokenizer.json");
+  ModelFiles files = ModelFiles::from_directory(d.path());
+  CHECK(error_of([&] { files.read("config.json", 100); }).starts_with("fs.not_regular"));
+  CHECK(error_of([&] { files.read("tokenizer.json", 100); }).starts_with("fs.open"));
 }
 
 TEST_CASE("the image is the process's own memory: writing the file in place does not change it") {

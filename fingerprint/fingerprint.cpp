@@ -101,6 +101,7 @@ struct FileRef {
   std::string shown;  // model_dir/rel, for error messages
   int dirfd = -1;     // borrowed from Run::dirs
   std::string leaf;
+  int given_fd = -1;  // the supervisor's descriptor (Options::model_fds); then dirfd is unused
   struct stat before {};
 };
 
@@ -149,8 +150,11 @@ struct Run {
     return raw;
   }
 
+  bool by_fds() const { return options.model_fds.has_value(); }
+
   // True if the top-level name exists in any form (a symlink too: probe() then refuses it).
   bool present(const std::string& name) {
+    if (by_fds()) return find_model_fd(*options.model_fds, name) >= 0;
     struct stat st {};
     if (::fstatat(root.get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) return true;
     if (errno != ENOENT)
@@ -164,14 +168,24 @@ struct Run {
     FileRef f;
     f.rel = rel;
     f.shown = model_dir + "/" + rel;
-    f.dirfd = dir_for(parts);
-    f.leaf = parts.back();
-    if (::fstatat(f.dirfd, f.leaf.c_str(), &f.before, AT_SYMLINK_NOFOLLOW) != 0) {
-      if (errno == ENOENT) {
+    if (by_fds()) {
+      f.given_fd = find_model_fd(*options.model_fds, rel);
+      if (f.given_fd < 0) {
         if (!required) return std::nullopt;
-        throw Error("fingerprint.missing", f.shown + " does not exist");
+        throw Error("fingerprint.missing_fd",
+                    f.shown + " is needed but is not among the model_fds the supervisor passed");
       }
-      common::throw_errno("fingerprint.stat", "stat " + f.shown, errno);
+      check_given_fd(f);
+    } else {
+      f.dirfd = dir_for(parts);
+      f.leaf = parts.back();
+      if (::fstatat(f.dirfd, f.leaf.c_str(), &f.before, AT_SYMLINK_NOFOLLOW) != 0) {
+        if (errno == ENOENT) {
+          if (!required) return std::nullopt;
+          throw Error("fingerprint.missing", f.shown + " does not exist");
+        }
+        common::throw_errno("fingerprint.stat", "stat " + f.shown, errno);
+      }
     }
     if (S_ISLNK(f.before.st_mode))
       throw Error("fingerprint.symlink", f.shown + " is a symbolic link; refusing to follow it");
@@ -186,7 +200,24 @@ struct Run {
     return f;
   }
 
+  // The descriptor is what the supervisor opened: readable, and fstat describes it.
+  void check_given_fd(FileRef& f) {
+    std::string which = f.shown + " (fd " + std::to_string(f.given_fd) + ")";
+    int flags = ::fcntl(f.given_fd, F_GETFL);
+    if (flags < 0) common::throw_errno("fingerprint.bad_fd", "fcntl " + which, errno);
+    if ((flags & O_PATH) == O_PATH || (flags & O_ACCMODE) == O_WRONLY)
+      throw Error("fingerprint.bad_fd", which + " is not open for reading");
+    if (::fstat(f.given_fd, &f.before) != 0)
+      common::throw_errno("fingerprint.bad_fd", "fstat " + which, errno);
+  }
+
   UniqueFd open_checked(const FileRef& f) {
+    if (by_fds()) {
+      // A second descriptor of the same open file: closing it leaves the supervisor's intact.
+      UniqueFd out(::fcntl(f.given_fd, F_DUPFD_CLOEXEC, 3));
+      if (!out) common::throw_errno("fingerprint.bad_fd", "dup fd of " + f.shown, errno);
+      return out;
+    }
     int fd = ::openat(f.dirfd, f.leaf.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {
       if (errno == ELOOP)
@@ -212,6 +243,8 @@ struct Run {
                       std::to_string(f.before.st_size) + " bytes at stat, " + std::to_string(got) +
                       " read)");
     // A new file renamed over the name leaves our descriptor intact: look at the name too.
+    // With model_fds the descriptor is the file; there is no name to look at.
+    if (by_fds()) return;
     struct stat by_name {};
     if (::fstatat(f.dirfd, f.leaf.c_str(), &by_name, AT_SYMLINK_NOFOLLOW) != 0 ||
         !same_file_state(f.before, by_name))
@@ -228,7 +261,8 @@ struct Run {
       if (cancelled.load(std::memory_order_relaxed))
         throw Error("fingerprint.cancelled", "cancelled after another file failed");
       limiter.acquire(buf.size());
-      ssize_t n = ::read(fd.get(), buf.data(), buf.size());
+      // pread: a given descriptor's file offset may be shared with the supervisor.
+      ssize_t n = ::pread(fd.get(), buf.data(), buf.size(), static_cast<off_t>(got));
       if (n < 0) {
         if (errno == EINTR) continue;
         common::throw_errno("fingerprint.read", "read " + f.shown, errno);
@@ -289,6 +323,21 @@ std::vector<std::string> shards_from_index(const std::string& text, const std::s
   return shards;
 }
 
+bool is_safetensors_name(std::string_view name) {
+  constexpr std::string_view kSuffix = ".safetensors";
+  return name.size() > kSuffix.size() && name.ends_with(kSuffix);
+}
+
+// The directory listing's counterpart with model_fds: the listed top-level *.safetensors.
+std::vector<std::string> list_safetensors(const std::vector<ModelFd>& fds) {
+  std::vector<std::string> names;
+  for (const auto& f : fds)
+    if (f.name.find('/') == std::string::npos && is_safetensors_name(f.name))
+      names.push_back(f.name);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
 std::vector<std::string> list_safetensors(int dirfd, const std::string& shown) {
   int fd = ::dup(dirfd);
   if (fd < 0) common::throw_errno("fingerprint.open", "dup directory " + shown, errno);
@@ -300,11 +349,10 @@ std::vector<std::string> list_safetensors(int dirfd, const std::string& shown) {
   }
   ::rewinddir(dir);
   std::vector<std::string> names;
-  constexpr std::string_view kSuffix = ".safetensors";
   errno = 0;
   while (struct dirent* e = ::readdir(dir)) {
     std::string_view name = e->d_name;
-    if (name.size() > kSuffix.size() && name.ends_with(kSuffix)) names.emplace_back(name);
+    if (is_safetensors_name(name)) names.emplace_back(name);
   }
   int err = errno;
   ::closedir(dir);
@@ -347,7 +395,7 @@ Fingerprint fingerprint_model(const std::filesystem::path& model_dir, std::strin
   std::filesystem::path abs = std::filesystem::absolute(model_dir).lexically_normal();
   run.model_dir = abs.string();
   if (run.model_dir.size() > 1 && run.model_dir.back() == '/') run.model_dir.pop_back();
-  {
+  if (!run.by_fds()) {
     std::vector<std::string> parts;
     for (const auto& p : abs.relative_path()) {
       if (!p.empty()) parts.push_back(p.string());
@@ -377,7 +425,8 @@ Fingerprint fingerprint_model(const std::filesystem::path& model_dir, std::strin
   } else if (run.present("model.safetensors")) {
     out.shard_order = {"model.safetensors"};
   } else {
-    out.shard_order = list_safetensors(run.root.get(), run.model_dir);
+    out.shard_order = run.by_fds() ? list_safetensors(*options.model_fds)
+                                   : list_safetensors(run.root.get(), run.model_dir);
     if (out.shard_order.empty())
       throw Error("fingerprint.no_shards", run.model_dir + " has no " + std::string(kIndexName) +
                                                ", no model.safetensors and no *.safetensors file");

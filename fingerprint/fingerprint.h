@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/json.h"
+#include "fingerprint/model_fds.h"
 
 namespace assay::fingerprint {
 
@@ -39,6 +40,11 @@ struct Options {
   // Called with a file's relative path after its bytes were read and before its identity is
   // checked again. Lets tests change a file at the worst moment.
   std::function<void(const std::string& path)> after_read;
+  // Files the supervisor opened: when set, every file is read through its descriptor (pread,
+  // never reopened) and no path below model_dir is opened; a required file that is not listed
+  // is Error("fingerprint.missing_fd"), an optional one counts as absent, and the shard listing
+  // (no index, no model.safetensors) is the listed top-level *.safetensors names.
+  std::optional<std::vector<ModelFd>> model_fds;
 };
 
 struct Stats {

@@ -72,7 +72,7 @@ Request parse_input(const std::filesystem::path& input) {
   std::string where = input.string();
   if (!j.is_object()) throw Error("fingerprint.bad_input", where + " is not a JSON object");
   assay::common::reject_unknown_fields(
-      j, {"schema", "model_dir", "id", "threads", "max_read_mib_per_second"}, where);
+      j, {"schema", "model_dir", "id", "threads", "max_read_mib_per_second", "model_fds"}, where);
   std::string schema = assay::common::require_string(j, "schema", where);
   if (schema != protocol::kFingerprintInput)
     throw Error("fingerprint.bad_input", where + ": schema '" + schema + "' is not '" +
@@ -97,6 +97,8 @@ Request parse_input(const std::filesystem::path& input) {
                   where + ": max_read_mib_per_second " + v.dump() + " is not a positive number");
     r.options.max_read_mib_per_second = v.get<double>();
   }
+  if (j.contains("model_fds"))
+    r.options.model_fds = fp::parse_model_fds(j["model_fds"], where, "fingerprint.bad_input");
   return r;
 }
 

@@ -11,9 +11,8 @@ using common::Json;
 CaptureInput parse_capture_input(const Json& doc) {
   const std::string where = "input.json";
   if (!doc.is_object()) throw Error("input.invalid", where + ": not an object");
-  common::reject_unknown_fields(doc, {"schema", "model_dir", "contexts", "execution",
-                                      "block_positions"},
-                                where);
+  common::reject_unknown_fields(
+      doc, {"schema", "model_dir", "model_fds", "contexts", "execution", "block_positions"}, where);
   std::string schema = common::require_string(doc, "schema", where);
   if (schema != protocol::kOracleCaptureInput) {
     throw Error("input.invalid", where + ": schema \"" + schema + "\" is not \"" +
@@ -25,6 +24,7 @@ CaptureInput parse_capture_input(const Json& doc) {
     throw Error("input.invalid",
                 where + ": model_dir \"" + in.model_dir.string() + "\" must be an absolute path");
   }
+  in.model_fds = parse_optional_model_fds(doc, where);
   const Json& contexts = common::require(doc, "contexts", where);
   if (!contexts.is_array() || contexts.empty()) {
     throw Error("input.invalid", where + ": contexts must be a non-empty array");

@@ -22,6 +22,7 @@ struct CaptureContext {
 
 struct CaptureInput {
   std::filesystem::path model_dir;
+  ModelFds model_fds;
   std::vector<CaptureContext> contexts;
   Execution execution;
   std::int64_t block_positions = common::kDefaultBlockPositions;

@@ -9,6 +9,7 @@
 #include "common/error.h"
 #include "common/fs.h"
 #include "common/safetensors.h"
+#include "worker/model_files.h"
 
 namespace assay::oracle {
 namespace {
@@ -41,15 +42,22 @@ c10::ScalarType stored_scalar_type(const common::TensorView& t) {
   }
 }
 
-class MappedWeights final : public Weights {
+// One weight file: its image in this process's memory and the tensors parsed from it.
+struct Shard {
+  std::string name;
+  std::shared_ptr<const FileImage> image;
+  common::SafetensorsIndex index;
+};
+
+class ReadWeights final : public Weights {
  public:
-  MappedWeights(std::vector<common::SafetensorsFile> files, const ExecOptions& options)
-      : files_(std::move(files)), options_(options) {
-    for (const auto& f : files_) {
-      for (const auto& t : f.tensors()) {
-        if (!by_name_.emplace(t.name, &t).second) {
-          throw Error("model.bad_index", "tensor \"" + t.name + "\" is stored twice (again in " +
-                                             f.path().filename().string() + ")");
+  ReadWeights(std::vector<Shard> shards, const ExecOptions& options)
+      : shards_(std::move(shards)), options_(options) {
+    for (const auto& s : shards_) {
+      for (const auto& t : s.index.tensors) {
+        if (!by_name_.emplace(t.name, Entry{&t, s.image}).second) {
+          throw Error("model.bad_index",
+                      "tensor \"" + t.name + "\" is stored twice (again in " + s.name + ")");
         }
       }
     }
@@ -66,7 +74,10 @@ class MappedWeights final : public Weights {
       throw Error("model.missing_tensor", "tensor \"" + name + "\" (shape " + shape_string(shape) +
                                               ") is missing from the checkpoint");
     }
-    const common::TensorView& view = *it->second;
+    if (!it->second.image) {
+      throw Error("oracle.internal", "tensor \"" + name + "\" requested after loading finished");
+    }
+    const common::TensorView& view = *it->second.view;
     if (view.shape != shape) {
       throw Error("model.bad_shape", "tensor \"" + name + "\" has shape " +
                                          shape_string(view.shape) + ", expected " +
@@ -74,11 +85,13 @@ class MappedWeights final : public Weights {
     }
     auto stored = stored_scalar_type(view);
     used_.insert(name);
-    auto* data = const_cast<std::byte*>(view.data);  // PROT_READ mapping: never written
+    auto* data = const_cast<std::byte*>(view.data);  // read-only image: never written
     bool aligned = reinterpret_cast<std::uintptr_t>(data) % c10::elementSize(stored) == 0;
     at::Tensor t;
     if (aligned) {
-      t = at::from_blob(data, shape, at::TensorOptions().dtype(stored));
+      // The view holds its file's image: a model on CPU keeps exactly the images it uses.
+      t = at::from_blob(
+          data, shape, [image = it->second.image](void*) {}, at::TensorOptions().dtype(stored));
     } else {
       t = at::empty(shape, at::TensorOptions().dtype(stored));
       std::memcpy(t.data_ptr(), data, view.nbytes);
@@ -92,25 +105,46 @@ class MappedWeights final : public Weights {
 
   std::vector<std::string> unused() const override {
     std::vector<std::string> out;
-    for (const auto& [name, view] : by_name_) {
+    for (const auto& [name, entry] : by_name_) {
       if (!used_.count(name)) out.push_back(name);
     }
     return out;
   }
 
+  void release() override {
+    for (auto& [name, entry] : by_name_) entry = Entry{};
+    shards_.clear();
+  }
+
  private:
-  std::vector<common::SafetensorsFile> files_;
+  struct Entry {
+    const common::TensorView* view = nullptr;
+    std::shared_ptr<const FileImage> image;
+  };
+  std::vector<Shard> shards_;
   ExecOptions options_;
-  std::map<std::string, const common::TensorView*> by_name_;
+  std::map<std::string, Entry> by_name_;
   std::set<std::string> used_;
 };
 
-Json read_json(const std::filesystem::path& path) {
+Json read_json(ModelFiles& files, const std::string& name) {
+  auto image = files.read(name, kMaxConfigBytes);
   try {
-    return common::parse_strict(common::read_file(path, kMaxConfigBytes));
+    return common::parse_strict(std::string(image->text()));
   } catch (const Error& e) {
-    throw Error(e.code(), path.string() + ": " + e.what());
+    throw Error(e.code(), (files.dir() / name).string() + ": " + e.what());
   }
+}
+
+Shard parse_shard(const std::string& name, std::shared_ptr<const FileImage> image,
+                  const std::filesystem::path& dir) {
+  Shard s{name, std::move(image), {}};
+  try {
+    s.index = common::parse_safetensors(s.image->bytes());
+  } catch (const Error& e) {
+    throw Error(e.code(), (dir / name).string() + ": " + e.what());
+  }
+  return s;
 }
 
 }  // namespace
@@ -123,12 +157,17 @@ std::vector<ArchitectureEntry> architectures() {
   return all;
 }
 
-Json read_config(const std::filesystem::path& model_dir) {
-  Json config = read_json(model_dir / "config.json");
+Json read_config(ModelFiles& files) {
+  Json config = read_json(files, "config.json");
   if (!config.is_object()) {
-    throw Error("model.bad_config", (model_dir / "config.json").string() + ": not an object");
+    throw Error("model.bad_config", (files.dir() / "config.json").string() + ": not an object");
   }
   return config;
+}
+
+Json read_config(const std::filesystem::path& model_dir) {
+  ModelFiles files = ModelFiles::from_directory(model_dir);
+  return read_config(files);
 }
 
 std::string declared_dtype(const Json& config) {
@@ -142,55 +181,78 @@ std::string declared_dtype(const Json& config) {
   return "";
 }
 
-std::unique_ptr<Weights> open_weights(const std::filesystem::path& model_dir,
-                                      const ExecOptions& options) {
-  std::vector<common::SafetensorsFile> files;
-  auto index_path = model_dir / "model.safetensors.index.json";
-  if (std::filesystem::exists(index_path)) {
-    Json index = read_json(index_path);
-    const Json* map =
-        index.is_object() && index.contains("weight_map") ? &index["weight_map"] : nullptr;
-    if (!map || !map->is_object() || map->empty()) {
-      throw Error("model.bad_index", index_path.string() + ": no weight_map object");
+namespace {
+
+// The shard names: the index's files (each checked to hold the tensors the index puts there),
+// or model.safetensors.
+std::vector<Shard> read_shards(ModelFiles& files, unsigned threads) {
+  const std::string index_name = "model.safetensors.index.json";
+  const std::string index_path = (files.dir() / index_name).string();
+  if (!files.has(index_name)) {
+    if (!files.has("model.safetensors")) {
+      throw Error("model.no_weights", files.dir().string() +
+                                          " has neither model.safetensors nor "
+                                          "model.safetensors.index.json");
     }
-    std::map<std::string, std::vector<std::string>> by_file;
-    for (const auto& [name, file] : map->items()) {
-      if (!file.is_string()) {
-        throw Error("model.bad_index",
-                    index_path.string() + ": weight_map[\"" + name + "\"] is not a file name");
-      }
-      std::string f = file.get<std::string>();
-      if (f.empty() || f.find('/') != std::string::npos || f == "." || f == "..") {
-        throw Error("model.bad_index", index_path.string() + ": weight_map[\"" + name + "\"] = \"" +
-                                           f + "\" is not a plain file name");
-      }
-      by_file[f].push_back(name);
-    }
-    for (const auto& [file, names] : by_file) {
-      files.push_back(common::SafetensorsFile::open(model_dir / file));
-      for (const auto& name : names) {
-        if (!files.back().find(name)) {
-          throw Error("model.missing_tensor",
-                      "tensor \"" + name + "\" is not in " + file + " where the index puts it");
-        }
-      }
-    }
-  } else if (std::filesystem::exists(model_dir / "model.safetensors")) {
-    files.push_back(common::SafetensorsFile::open(model_dir / "model.safetensors"));
-  } else {
-    throw Error("model.no_weights", model_dir.string() +
-                                        " has neither model.safetensors nor "
-                                        "model.safetensors.index.json");
+    auto images = files.read_large({"model.safetensors"}, 1);
+    std::vector<Shard> out;
+    out.push_back(parse_shard("model.safetensors", std::move(images[0]), files.dir()));
+    return out;
   }
-  return std::make_unique<MappedWeights>(std::move(files), options);
+  Json index = read_json(files, index_name);
+  const Json* map =
+      index.is_object() && index.contains("weight_map") ? &index["weight_map"] : nullptr;
+  if (!map || !map->is_object() || map->empty()) {
+    throw Error("model.bad_index", index_path + ": no weight_map object");
+  }
+  std::map<std::string, std::vector<std::string>> by_file;
+  for (const auto& [name, file] : map->items()) {
+    if (!file.is_string()) {
+      throw Error("model.bad_index",
+                  index_path + ": weight_map[\"" + name + "\"] is not a file name");
+    }
+    std::string f = file.get<std::string>();
+    if (f.empty() || f.find('/') != std::string::npos || f == "." || f == "..") {
+      throw Error("model.bad_index", index_path + ": weight_map[\"" + name + "\"] = \"" + f +
+                                         "\" is not a plain file name");
+    }
+    by_file[f].push_back(name);
+  }
+  std::vector<std::string> names;
+  for (const auto& [file, tensors] : by_file) names.push_back(file);
+  auto images = files.read_large(names, threads);
+  std::vector<Shard> out;
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    out.push_back(parse_shard(names[i], std::move(images[i]), files.dir()));
+    for (const auto& name : by_file[names[i]]) {
+      if (!out.back().index.find(name)) {
+        throw Error("model.missing_tensor",
+                    "tensor \"" + name + "\" is not in " + names[i] + " where the index puts it");
+      }
+    }
+  }
+  return out;
 }
 
-LoadedModel load_model(const std::filesystem::path& model_dir, const ExecOptions& options) {
+}  // namespace
+
+std::unique_ptr<Weights> open_weights(ModelFiles& files, const ExecOptions& options,
+                                      unsigned read_threads) {
+  return std::make_unique<ReadWeights>(read_shards(files, read_threads), options);
+}
+
+std::unique_ptr<Weights> open_weights(const std::filesystem::path& model_dir,
+                                      const ExecOptions& options) {
+  ModelFiles files = ModelFiles::from_directory(model_dir);
+  return open_weights(files, options);
+}
+
+LoadedModel load_model(ModelFiles& files, const ExecOptions& options, unsigned read_threads) {
   LoadedModel loaded;
-  loaded.config = read_config(model_dir);
+  loaded.config = read_config(files);
   if (!loaded.config.contains("model_type") || !loaded.config["model_type"].is_string()) {
     throw Error("model.bad_config",
-                (model_dir / "config.json").string() + ": missing string \"model_type\"");
+                (files.dir() / "config.json").string() + ": missing string \"model_type\"");
   }
   loaded.model_type = loaded.config["model_type"].get<std::string>();
   const ArchitectureEntry* entry = nullptr;
@@ -206,7 +268,9 @@ LoadedModel load_model(const std::filesystem::path& model_dir, const ExecOptions
     throw Error("model.unsupported", "config.json: model_type \"" + loaded.model_type +
                                          "\" is not supported (supported: " + known + ")");
   }
-  loaded.weights = open_weights(model_dir, options);
+  std::vector<Shard> shards = read_shards(files, read_threads);
+  for (const auto& s : shards) loaded.weight_files.push_back(s.name);
+  loaded.weights = std::make_unique<ReadWeights>(std::move(shards), options);
   loaded.model = entry->make(loaded.config, *loaded.weights, options);
   std::vector<std::string> unexpected;
   for (const auto& name : loaded.weights->unused()) {
@@ -223,7 +287,15 @@ LoadedModel load_model(const std::filesystem::path& model_dir, const ExecOptions
                                                " tensor(s) of the checkpoint are not part of " +
                                                loaded.model_type + ": " + names);
   }
+  // From here the tensors alone hold the file images they view; copies (another dtype, a GPU)
+  // leave theirs to be freed.
+  loaded.weights->release();
   return loaded;
+}
+
+LoadedModel load_model(const std::filesystem::path& model_dir, const ExecOptions& options) {
+  ModelFiles files = ModelFiles::from_directory(model_dir);
+  return load_model(files, options);
 }
 
 }  // namespace assay::oracle

@@ -24,6 +24,7 @@
 #include "common/safetensors.h"
 #include "worker/capture.h"
 #include "worker/loader.h"
+#include "worker/model_files.h"
 #include "worker/next_token.h"
 #include "worker/tokenizer.h"
 
@@ -186,17 +187,21 @@ struct LogitsArgs {
 int run_logits(const LogitsArgs& a) {
   make_deterministic(a.threads);
   auto ids = parse_token_ids(a.token_ids);
+  ModelFiles files = ModelFiles::from_directory(a.model);
   ExecOptions options;
   options.device = parse_device(a.device);
-  options.dtype = parse_dtype(a.dtype, read_config(a.model));
+  options.dtype = parse_dtype(a.dtype, read_config(files));
   options.gdn_variant = a.gdn_variant;
   auto t0 = Clock::now();
-  LoadedModel loaded = load_model(a.model, options);
+  LoadedModel loaded = load_model(files, options, io_threads());
   double load_seconds = seconds_since(t0);
   Forward f = run_forward(a.model, ids, options, loaded);
   at::Tensor logits = a.all_positions ? f.logits : f.logits[-1].contiguous();
   write_logits(a.out, ids, logits, logits_metadata(f, options));
   if (a.verbose) {
+    // Waits for the weight digests, as next-token and capture do before writing output.json.
+    std::cerr << "assay-oracle: bytes_used=" << bytes_used(files, loaded.weight_files).dump()
+              << "\n";
     std::cerr << "assay-oracle: load_seconds=" << load_seconds
               << " forward_seconds=" << f.forward_seconds
               << " total_seconds=" << seconds_since(kStart)
@@ -226,9 +231,13 @@ void add_execution_report(Json& out, const ExecOptions& options, int threads,
   out["executable_sha256"] = executable_sha256();
 }
 
+ModelFiles open_model_files(const std::filesystem::path& dir, const ModelFds& fds) {
+  return fds ? ModelFiles::from_fds(dir, *fds) : ModelFiles::from_directory(dir);
+}
+
 // The worker-protocol "execution" object as options, after making ATen deterministic (which
 // must come before any ATen work).
-ExecOptions prepare_execution(const Execution& e, const std::filesystem::path& model_dir) {
+ExecOptions prepare_execution(const Execution& e, ModelFiles& files) {
   if (e.gdn_variant != "current" && e.gdn_variant != "legacy") {
     throw Error("input.invalid",
                 "execution.gdn_variant \"" + e.gdn_variant + "\" is not current or legacy");
@@ -236,7 +245,7 @@ ExecOptions prepare_execution(const Execution& e, const std::filesystem::path& m
   make_deterministic(e.threads);
   ExecOptions options;
   options.device = parse_device(e.device);
-  options.dtype = parse_dtype(e.dtype, read_config(model_dir));
+  options.dtype = parse_dtype(e.dtype, read_config(files));
   options.gdn_variant = e.gdn_variant;
   return options;
 }
@@ -244,11 +253,12 @@ ExecOptions prepare_execution(const Execution& e, const std::filesystem::path& m
 int run_next_token(const std::string& input_path, const std::string& workdir) {
   Json doc = common::parse_strict(common::read_file(input_path, 64u << 20));
   OracleInput in = parse_oracle_input(doc);
-  ExecOptions options = prepare_execution(in.execution, in.model_dir);
+  ModelFiles files = open_model_files(in.model_dir, in.model_fds);
+  ExecOptions options = prepare_execution(in.execution, files);
 
-  Tokenizer tokenizer = Tokenizer::load(in.model_dir);
+  Tokenizer tokenizer = Tokenizer::load(files);
   auto t0 = Clock::now();
-  LoadedModel loaded = load_model(in.model_dir, options);
+  LoadedModel loaded = load_model(files, options, io_threads());
   double load_seconds = seconds_since(t0);
   check_candidates(in.candidates, tokenizer, loaded.model->vocab_size());
   Forward f = run_forward(in.model_dir, in.input_token_ids, options, loaded);
@@ -266,6 +276,7 @@ int run_next_token(const std::string& input_path, const std::string& workdir) {
   out["logits_sha256"] = common::sha256_id(values.data(), values.size_bytes());
   out["input_token_count"] = in.input_token_ids.size();
   out["input_token_ids_sha256"] = common::sha256_canonical_id(Json(in.input_token_ids));
+  out["bytes_used"] = bytes_used(files, loaded.weight_files);
   add_execution_report(out, options, in.execution.threads, f.attention, f.linear_attention);
   out["load_seconds"] = load_seconds;
   out["forward_seconds"] = f.forward_seconds;
@@ -282,10 +293,11 @@ int run_next_token(const std::string& input_path, const std::string& workdir) {
 int run_capture(const std::string& input_path, const std::string& workdir) {
   Json doc = common::parse_strict(common::read_file(input_path, 256u << 20));
   CaptureInput in = parse_capture_input(doc);
-  ExecOptions options = prepare_execution(in.execution, in.model_dir);
+  ModelFiles files = open_model_files(in.model_dir, in.model_fds);
+  ExecOptions options = prepare_execution(in.execution, files);
 
   auto t0 = Clock::now();
-  LoadedModel loaded = load_model(in.model_dir, options);
+  LoadedModel loaded = load_model(files, options, io_threads());
   double load_seconds = seconds_since(t0);
   const std::int64_t vocab = loaded.model->vocab_size();
   std::filesystem::path dir(workdir);
@@ -334,21 +346,23 @@ int run_capture(const std::string& input_path, const std::string& workdir) {
                                              std::to_string(rows) + " rows");
         }
         at::Tensor block = logits[0].to(at::kFloat).to(at::kCPU).contiguous();
-        std::span<const std::byte> bytes(reinterpret_cast<const std::byte*>(block.data_ptr<float>()),
-                                         static_cast<std::size_t>(block.numel()) * sizeof(float));
+        std::span<const std::byte> bytes(
+            reinterpret_cast<const std::byte*>(block.data_ptr<float>()),
+            static_cast<std::size_t>(block.numel()) * sizeof(float));
         writer.write(bytes);
         digest.update(bytes.data(), bytes.size());
       }
     }
     writer.finish();
     head_seconds += seconds_since(t2);
-    captures.push_back(Json{{"id", ctx.id},
-                            {"file", file},
-                            {"token_count", t},
-                            {"input_token_ids_sha256", common::sha256_canonical_id(Json(ctx.token_ids))},
-                            {"positions", common::position_ranges_json(ctx.positions)},
-                            {"scored_positions", n},
-                            {"logits_sha256", common::identity(digest.finish())}});
+    captures.push_back(
+        Json{{"id", ctx.id},
+             {"file", file},
+             {"token_count", t},
+             {"input_token_ids_sha256", common::sha256_canonical_id(Json(ctx.token_ids))},
+             {"positions", common::position_ranges_json(ctx.positions)},
+             {"scored_positions", n},
+             {"logits_sha256", common::identity(digest.finish())}});
   }
 
   Json out{{"schema", protocol::kOracleCaptureOutput},
@@ -356,9 +370,9 @@ int run_capture(const std::string& input_path, const std::string& workdir) {
            {"model_type", loaded.model_type},
            {"vocab_size", vocab},
            {"block_positions", in.block_positions},
-           {"captures", captures}};
-  add_execution_report(out, options, in.execution.threads,
-                       loaded.model->attention_implementation(),
+           {"captures", captures},
+           {"bytes_used", bytes_used(files, loaded.weight_files)}};
+  add_execution_report(out, options, in.execution.threads, loaded.model->attention_implementation(),
                        loaded.model->linear_attention_implementation());
   out["load_seconds"] = load_seconds;
   out["forward_seconds"] = forward_seconds;

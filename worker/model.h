@@ -23,7 +23,7 @@ struct ExecOptions {
   std::string gdn_variant = "current";
 };
 
-// Tensors of a checkpoint, mmapped; each is handed out at most once and checked.
+// Tensors of a checkpoint, read into memory; each is handed out at most once and checked.
 class Weights {
  public:
   virtual ~Weights() = default;
@@ -37,6 +37,9 @@ class Weights {
   virtual bool has(const std::string& name) const = 0;
   // Names never fetched with get/get_as.
   virtual std::vector<std::string> unused() const = 0;
+  // Ends loading: drops this object's hold on the checkpoint's memory (tensors handed out keep
+  // what they view); get/get_as then throw, has/unused still answer.
+  virtual void release() = 0;
 };
 
 class Model {
@@ -52,16 +55,15 @@ class Model {
   // held whole.
   virtual at::Tensor lm_head(const at::Tensor& hidden) const = 0;
   virtual int64_t vocab_size() const = 0;
-  virtual std::string architecture() const = 0;             // e.g. "Qwen3ForCausalLM"
+  virtual std::string architecture() const = 0;              // e.g. "Qwen3ForCausalLM"
   virtual std::string attention_implementation() const = 0;  // e.g. "eager"
   virtual std::string linear_attention_implementation() const { return "none"; }
 };
 
 // One per architecture file. `config` is the parsed config.json. Throws
 // common::Error("model.unsupported", ...) naming the field and value it does not support.
-using ModelFactory = std::function<std::unique_ptr<Model>(const common::Json& config,
-                                                          Weights& weights,
-                                                          const ExecOptions& options)>;
+using ModelFactory = std::function<std::unique_ptr<Model>(
+    const common::Json& config, Weights& weights, const ExecOptions& options)>;
 
 struct ArchitectureEntry {
   std::vector<std::string> model_types;  // config.json "model_type" values it accepts

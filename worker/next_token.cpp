@@ -22,6 +22,11 @@ Json token_text(const Tokenizer& tokenizer, std::int64_t id) {
 
 }  // namespace
 
+ModelFds parse_optional_model_fds(const Json& doc, const std::string& where) {
+  if (!doc.contains("model_fds")) return std::nullopt;
+  return fingerprint::parse_model_fds(doc["model_fds"], where, "input.invalid");
+}
+
 Execution parse_execution(const Json& ex, const std::string& w) {
   Execution out;
   if (!ex.is_object()) throw Error("input.invalid", w + ": not an object");
@@ -42,7 +47,8 @@ OracleInput parse_oracle_input(const Json& doc) {
   const std::string where = "input.json";
   if (!doc.is_object()) throw Error("input.invalid", where + ": not an object");
   common::reject_unknown_fields(
-      doc, {"schema", "model_dir", "input_token_ids", "candidate_tokens", "execution"}, where);
+      doc, {"schema", "model_dir", "model_fds", "input_token_ids", "candidate_tokens", "execution"},
+      where);
   std::string schema = common::require_string(doc, "schema", where);
   if (schema != protocol::kOracleInput) {
     throw Error("input.invalid", where + ": schema \"" + schema + "\" is not \"" +
@@ -54,6 +60,7 @@ OracleInput parse_oracle_input(const Json& doc) {
     throw Error("input.invalid",
                 where + ": model_dir \"" + in.model_dir.string() + "\" must be an absolute path");
   }
+  in.model_fds = parse_optional_model_fds(doc, where);
   const Json& ids = common::require(doc, "input_token_ids", where);
   if (!ids.is_array() || ids.empty()) {
     throw Error("input.invalid", where + ": input_token_ids must be a non-empty array");

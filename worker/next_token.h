@@ -4,11 +4,13 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "common/json.h"
+#include "fingerprint/model_fds.h"
 #include "worker/tokenizer.h"
 
 namespace assay::oracle {
@@ -26,8 +28,14 @@ struct Execution {
   std::string gdn_variant = "current";
 };
 
+// The files the supervisor opened (input "model_fds"); when given, the model is read only
+// through them. Throws Error("input.invalid") naming the entry.
+using ModelFds = std::optional<std::vector<fingerprint::ModelFd>>;
+ModelFds parse_optional_model_fds(const common::Json& doc, const std::string& where);
+
 struct OracleInput {
   std::filesystem::path model_dir;
+  ModelFds model_fds;
   std::vector<std::int64_t> input_token_ids;
   std::vector<Candidate> candidates;
   Execution execution;

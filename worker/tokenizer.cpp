@@ -190,15 +190,17 @@ Tokenizer Tokenizer::from_json(const Json& doc, bool clean_up_spaces) {
   return t;
 }
 
-Tokenizer Tokenizer::load(const std::filesystem::path& model_dir) {
-  auto path = model_dir / "tokenizer.json";
+Tokenizer Tokenizer::load(ModelFiles& files) {
   common::ParseLimits limits;
   limits.max_bytes = kMaxTokenizerBytes;
-  Json doc = common::parse_strict(common::read_file(path, kMaxTokenizerBytes), limits);
+  auto parse = [&](const std::string& name) {
+    auto image = files.read(name, kMaxTokenizerBytes);
+    return common::parse_strict(std::string(image->text()), limits);
+  };
+  Json doc = parse("tokenizer.json");
   bool clean_up = false;
-  auto config_path = model_dir / "tokenizer_config.json";
-  if (std::filesystem::exists(config_path)) {
-    Json config = common::parse_strict(common::read_file(config_path, kMaxTokenizerBytes), limits);
+  if (files.has("tokenizer_config.json")) {
+    Json config = parse("tokenizer_config.json");
     if (config.is_object() && config.contains("clean_up_tokenization_spaces")) {
       const Json& v = config["clean_up_tokenization_spaces"];
       if (!v.is_boolean()) {
@@ -209,6 +211,11 @@ Tokenizer Tokenizer::load(const std::filesystem::path& model_dir) {
     }
   }
   return from_json(doc, clean_up);
+}
+
+Tokenizer Tokenizer::load(const std::filesystem::path& model_dir) {
+  ModelFiles files = ModelFiles::from_directory(model_dir);
+  return load(files);
 }
 
 bool Tokenizer::knows(std::int64_t id) const {

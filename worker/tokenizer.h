@@ -11,14 +11,16 @@
 #include <unordered_map>
 
 #include "common/json.h"
+#include "worker/model_files.h"
 
 namespace assay::oracle {
 
 class Tokenizer {
  public:
-  // Reads DIR/tokenizer.json (and DIR/tokenizer_config.json when present, for
+  // Reads tokenizer.json (and tokenizer_config.json when present, for
   // clean_up_tokenization_spaces). Throws common::Error("tokenizer.invalid" /
   // "tokenizer.unsupported") naming the field.
+  static Tokenizer load(ModelFiles& files);
   static Tokenizer load(const std::filesystem::path& model_dir);
   static Tokenizer from_json(const common::Json& tokenizer_json, bool clean_up_spaces = false);
 

@@ -4,7 +4,10 @@
 #include <doctest/doctest.h>
 
 #include <sys/wait.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -13,6 +16,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/fs.h"
@@ -57,15 +61,16 @@ fs::path scratch_root() {
   return root;
 }
 
-// A fixture directory per (arch, shards), made once per test process.
-fs::path fixture(const std::string& arch, int shards = 1) {
+// A fixture directory per (arch, shards, seed), made once per test process.
+fs::path fixture(const std::string& arch, int shards = 1, int seed = 7) {
   static std::map<std::string, fs::path> made;
-  std::string key = arch + "-" + std::to_string(shards);
+  std::string key =
+      arch + "-" + std::to_string(shards) + (seed == 7 ? "" : "-s" + std::to_string(seed));
   if (auto it = made.find(key); it != made.end()) return it->second;
   fs::path dir = scratch_root() / ("fixture-" + key);
   Result r = run(kPython + " " + (kSource / "tests/fixtures/make_fixture.py").string() +
-                     " --arch " + arch + " --size tiny --seed 7 --shards " +
-                     std::to_string(shards) + " --out " + dir.string(),
+                     " --arch " + arch + " --size tiny --seed " + std::to_string(seed) +
+                     " --shards " + std::to_string(shards) + " --out " + dir.string(),
                  scratch_root());
   REQUIRE_MESSAGE(r.status == 0, r.err);
   made[key] = dir;
@@ -472,4 +477,282 @@ TEST_CASE("next-token writes output.json and logits.safetensors that agree with 
   CHECK(out["tf32_allowed"] == false);
   CHECK(out["architecture"] == "Spark2_5ForCausalLM");
   CHECK(out["executable_sha256"] == assay::common::sha256_file_id(kOracle));
+}
+
+// bytes_used: the digests of exactly the bytes the forward computed with.
+namespace {
+
+const std::string kFingerprint = ASSAY_FINGERPRINT_BIN;
+const std::string kRunWithFds = ASSAY_RUN_WITH_FDS_BIN;
+
+// {file name: [bytes, "sha256:..."]} of every file in `dir`, by Python's hashlib.
+Json python_digests(const fs::path& dir) {
+  fs::path out = scratch_root() / "digests.json";
+  Result r = run(kPython +
+                     " -c 'import hashlib,json,os,sys; d=sys.argv[1]; "
+                     "print(json.dumps({n: [os.path.getsize(os.path.join(d, n)), \"sha256:\" + "
+                     "hashlib.sha256(open(os.path.join(d, n), \"rb\").read()).hexdigest()] "
+                     "for n in os.listdir(d)}))' " +
+                     dir.string() + " >" + out.string(),
+                 scratch_root());
+  REQUIRE_MESSAGE(r.status == 0, r.err);
+  return assay::common::parse_strict(assay::common::read_file(out, 1 << 20));
+}
+
+// bytes_used as the Python digests say it must be: every *.safetensors, sorted by name.
+Json expected_bytes_used(const fs::path& dir, bool tokenizer) {
+  Json d = python_digests(dir);
+  Json weights = Json::array();
+  for (const auto& [name, v] : d.items()) {  // nlohmann::json iterates keys sorted
+    if (name.ends_with(".safetensors"))
+      weights.push_back({{"path", name}, {"bytes", v[0]}, {"sha256", v[1]}});
+  }
+  return {{"weight_files", weights},
+          {"config_hash", d["config.json"][1]},
+          {"tokenizer_hash", tokenizer ? d["tokenizer.json"][1] : Json(nullptr)}};
+}
+
+Result validate_with_tool(const fs::path& document, const std::string& schema) {
+  return run(kPython + " " + (kSource / "tests/tools/validate_schema.py").string() + " " +
+                 (kSource / "schemas" / schema).string() + " " + document.string(),
+             scratch_root());
+}
+
+Json read_json(const fs::path& p) {
+  return assay::common::parse_strict(assay::common::read_file(p, 1 << 24));
+}
+
+Json two_candidates(const fs::path& model) {
+  auto tok = assay::oracle::Tokenizer::load(model);
+  return {{{"engine", "kiln"}, {"token_id", 5}, {"text", tok.decode_one(5)}},
+          {{"engine", "vllm"}, {"token_id", 6}, {"text", tok.decode_one(6)}}};
+}
+
+struct NextToken {
+  Json out;
+  std::string logits;  // raw F32 bytes of logits.safetensors' "logits"
+};
+
+// next-token on `model`, optionally through `prefix` (e.g. run_with_fds ... --); a fresh workdir.
+Result next_token_run(const fs::path& work, const Json& input, const std::string& prefix = "") {
+  fs::create_directories(work);
+  assay::common::atomic_write_file(work / "input.json", input.dump());
+  return run(prefix + kOracle + " next-token --input " + (work / "input.json").string() +
+                 " --workdir " + work.string(),
+             scratch_root());
+}
+
+Json next_token_input(const fs::path& model, const std::vector<std::int64_t>& ids) {
+  return {{"schema", "assay.oracle-input.v1"},
+          {"model_dir", model.string()},
+          {"input_token_ids", ids},
+          {"candidate_tokens", two_candidates(model)},
+          {"execution", {{"device", "cpu"}, {"dtype", "bfloat16"}, {"threads", 1}}}};
+}
+
+Json capture_input(const fs::path& model, const std::vector<std::int64_t>& ids) {
+  return {{"schema", "assay.oracle-capture-input.v1"},
+          {"model_dir", model.string()},
+          {"contexts", {{{"id", "c0"}, {"token_ids", ids}, {"positions", "all"}}}},
+          {"block_positions", 4},
+          {"execution", {{"device", "cpu"}, {"dtype", "bfloat16"}, {"threads", 1}}}};
+}
+
+NextToken next_token(const fs::path& model, const std::vector<std::int64_t>& ids,
+                     const std::string& name) {
+  fs::path work = scratch_root() / name;
+  fs::remove_all(work);
+  Result r = next_token_run(work, next_token_input(model, ids));
+  REQUIRE_MESSAGE(r.status == 0, r.err);
+  return {read_json(work / "output.json"), read_logits(work / "logits.safetensors").bytes};
+}
+
+}  // namespace
+
+TEST_CASE("bytes_used equals Python's sha256 of the files and assay-fingerprint's identity") {
+  for (int shards : {1, 3}) {
+    CAPTURE(shards);
+    fs::path model = fixture("llama", shards);
+    auto ids = token_ids(9, vocab_of(model), 21);
+    Json expected = expected_bytes_used(model, true);
+    REQUIRE(expected["weight_files"].size() == static_cast<std::size_t>(shards));
+
+    NextToken nt = next_token(model, ids, "bytes-next-token-" + std::to_string(shards));
+    CHECK(nt.out["bytes_used"] == expected);
+    fs::path work = scratch_root() / ("bytes-next-token-" + std::to_string(shards));
+    Result valid = validate_with_tool(work / "output.json", "oracle-output.schema.json");
+    CHECK_MESSAGE(valid.status == 0, valid.err);
+
+    Result fp = run(kFingerprint + " --model " + model.string() + " --id m --out " +
+                        (scratch_root() / "fp.json").string(),
+                    scratch_root());
+    REQUIRE_MESSAGE(fp.status == 0, fp.err);
+    Json identity = read_json(scratch_root() / "fp.json")["model_identity"];
+    for (const char* field : {"weight_files", "config_hash", "tokenizer_hash"}) {
+      CAPTURE(field);
+      CHECK(nt.out["bytes_used"][field] == identity[field]);
+    }
+
+    fs::path cap = scratch_root() / ("bytes-capture-" + std::to_string(shards));
+    fs::remove_all(cap);
+    fs::create_directories(cap);
+    assay::common::atomic_write_file(cap / "input.json", capture_input(model, ids).dump());
+    Result r = run(kOracle + " capture --input " + (cap / "input.json").string() + " --workdir " +
+                       cap.string(),
+                   scratch_root());
+    REQUIRE_MESSAGE(r.status == 0, r.err);
+    Json out = read_json(cap / "output.json");
+    CHECK(out["bytes_used"] == expected_bytes_used(model, false));  // capture reads no tokenizer
+    CHECK(out["bytes_used"]["weight_files"] == identity["weight_files"]);
+    valid = validate_with_tool(cap / "output.json", "oracle-capture-output.schema.json");
+    CHECK_MESSAGE(valid.status == 0, valid.err);
+  }
+}
+
+TEST_CASE("a model.safetensors swapped in between runs: digests and logits both follow the bytes") {
+  fs::path a = copy_fixture("llama", "swap-a");
+  fs::path b = fixture("llama", 1, 8);  // same architecture and config, other weights
+  auto ids = token_ids(11, vocab_of(a), 23);
+  NextToken on_a = next_token(a, ids, "swap-run-a");
+  NextToken on_b = next_token(b, ids, "swap-run-b");
+  REQUIRE(on_a.out["bytes_used"]["weight_files"] != on_b.out["bytes_used"]["weight_files"]);
+  REQUIRE(on_a.logits != on_b.logits);
+
+  fs::copy_file(b / "model.safetensors", a / "incoming.tmp");
+  fs::rename(a / "incoming.tmp", a / "model.safetensors");
+  NextToken swapped = next_token(a, ids, "swap-run-a-again");
+  CHECK(swapped.out["bytes_used"]["weight_files"] == on_b.out["bytes_used"]["weight_files"]);
+  CHECK(swapped.out["bytes_used"]["config_hash"] == on_a.out["bytes_used"]["config_hash"]);
+  CHECK(swapped.logits == on_b.logits);
+  CHECK(swapped.out["logits_sha256"] == on_b.out["logits_sha256"]);
+  CHECK(swapped.out["argmax"] == on_b.out["argmax"]);
+}
+
+TEST_CASE("renames racing the oracle never give one checkpoint's digest with another's logits") {
+  fs::path a = copy_fixture("llama", "race");
+  fs::path b = fixture("llama", 1, 8);
+  auto ids = token_ids(11, vocab_of(a), 23);
+  NextToken on_a = next_token(a, ids, "race-a");
+  NextToken on_b = next_token(b, ids, "race-b");
+  fs::path store = scratch_root() / "race-store";
+  fs::create_directories(store);
+  fs::copy_file(a / "model.safetensors", store / "a", fs::copy_options::overwrite_existing);
+  fs::copy_file(b / "model.safetensors", store / "b", fs::copy_options::overwrite_existing);
+
+  std::atomic<bool> stop{false};
+  std::thread swapper([&] {
+    for (int i = 0; !stop; ++i) {
+      fs::path tmp = a / "incoming.tmp";
+      fs::remove(tmp);
+      fs::create_hard_link(store / (i % 2 ? "a" : "b"), tmp);
+      fs::rename(tmp, a / "model.safetensors");
+    }
+  });
+  int as_a = 0, as_b = 0;
+  for (int run_index = 0; run_index < 4; ++run_index) {
+    NextToken r = next_token(a, ids, "race-run");
+    const Json& w = r.out["bytes_used"]["weight_files"];
+    if (w == on_a.out["bytes_used"]["weight_files"]) {
+      ++as_a;
+      CHECK(r.logits == on_a.logits);
+    } else {
+      ++as_b;
+      CHECK(w == on_b.out["bytes_used"]["weight_files"]);
+      CHECK(r.logits == on_b.logits);
+    }
+  }
+  stop = true;
+  swapper.join();
+  MESSAGE("racing runs: " << as_a << " computed with A, " << as_b << " with B");
+}
+
+namespace {
+
+// A root-only (0700) copy of a fixture inside a directory others may traverse, and a workdir
+// owned by uid 65534.
+struct RootOnlyModel {
+  fs::path top, model, work;
+  std::vector<std::string> names;  // every file of the model, the order the fds are placed in
+  explicit RootOnlyModel(const std::string& name, int shards) {
+    top = scratch_root().parent_path() /
+          ("assay-oracle-fds-" + std::to_string(::getpid()) + "-" + name);
+    fs::remove_all(top);
+    fs::create_directories(top);
+    fs::permissions(top, fs::perms::owner_all | fs::perms::group_exec | fs::perms::others_exec);
+    model = top / "model";
+    fs::copy(fixture("llama", shards), model);
+    fs::permissions(model, fs::perms::owner_all);
+    for (const auto& e : fs::directory_iterator(model)) names.push_back(e.path().filename());
+    std::sort(names.begin(), names.end());
+    work = top / "work";
+    fs::create_directories(work);
+    REQUIRE(::chown(work.c_str(), 65534, 65534) == 0);
+  }
+  ~RootOnlyModel() { fs::remove_all(top); }
+  Json model_fds(const std::string& except = "") const {
+    Json fds = Json::array();
+    int fd = 3;
+    for (const auto& n : names)
+      if (n != except) fds.push_back({{"name", n}, {"fd", fd++}});
+    return fds;
+  }
+  // run_with_fds as uid 65534 with the files of `model_fds` opened in its order.
+  std::string as_nobody(const Json& fds) const {
+    std::string cmd = kRunWithFds + " --uid 65534 --gid 65534";
+    for (const auto& f : fds) cmd += " --open " + (model / f["name"].get<std::string>()).string();
+    return cmd + " -- ";
+  }
+};
+
+}  // namespace
+
+TEST_CASE("the oracle reads a root-only model through passed fds as nobody, and fails by path") {
+  if (::geteuid() != 0) {
+    MESSAGE("skipped: needs root to make a root-only directory and to drop to uid 65534");
+    return;
+  }
+  RootOnlyModel m("next-token", 3);
+  auto ids = token_ids(9, vocab_of(m.model), 21);
+  NextToken by_root = next_token(m.model, ids, "fds-by-root");
+
+  Json input = next_token_input(m.model, ids);
+  input["model_fds"] = m.model_fds();
+  Result r = next_token_run(m.work, input, m.as_nobody(input["model_fds"]));
+  REQUIRE_MESSAGE(r.status == 0, r.err);
+  Json out = read_json(m.work / "output.json");
+  CHECK(out["bytes_used"] == by_root.out["bytes_used"]);
+  CHECK(read_logits(m.work / "logits.safetensors").bytes == by_root.logits);
+  Result valid = validate_with_tool(m.work / "input.json", "oracle-input.schema.json");
+  CHECK_MESSAGE(valid.status == 0, valid.err);
+
+  // Capture mode through the same kind of descriptors.
+  Json cap = capture_input(m.model, ids);
+  cap["model_fds"] = m.model_fds();
+  assay::common::atomic_write_file(m.work / "capture.json", cap.dump());
+  r = run(m.as_nobody(cap["model_fds"]) + kOracle + " capture --input " +
+              (m.work / "capture.json").string() + " --workdir " + m.work.string(),
+          scratch_root());
+  REQUIRE_MESSAGE(r.status == 0, r.err);
+  CHECK(read_json(m.work / "output.json")["bytes_used"]["weight_files"] ==
+        by_root.out["bytes_used"]["weight_files"]);
+  valid = validate_with_tool(m.work / "capture.json", "oracle-capture-input.schema.json");
+  CHECK_MESSAGE(valid.status == 0, valid.err);
+
+  // Without model_fds the oracle has to open the paths, which nobody cannot.
+  fs::remove(m.work / "output.json");
+  input.erase("model_fds");
+  r = next_token_run(m.work, input, m.as_nobody(Json::array()));
+  CHECK(r.status == 2);
+  CHECK_MESSAGE(r.err.find("[fs.open]: open directory " + m.model.string() +
+                           ": Permission denied") != std::string::npos,
+                r.err);
+  CHECK_FALSE(fs::exists(m.work / "output.json"));
+
+  // A needed file that was not passed is an error naming it.
+  input["model_fds"] = m.model_fds("model-00002-of-00003.safetensors");
+  r = next_token_run(m.work, input, m.as_nobody(input["model_fds"]));
+  CHECK(r.status == 2);
+  CHECK_MESSAGE(r.err.find("[model.missing_fd]") != std::string::npos, r.err);
+  CHECK_MESSAGE(r.err.find("model-00002-of-00003.safetensors") != std::string::npos, r.err);
+  CHECK_FALSE(fs::exists(m.work / "output.json"));
 }

@@ -76,6 +76,23 @@ TEST_CASE("oracle input rejects missing, unknown and out-of-range fields") {
   CHECK(error_code(doc) == "input.invalid");
 }
 
+TEST_CASE("oracle input takes the supervisor's model_fds and refuses malformed ones") {
+  Json doc = valid_input();
+  CHECK_FALSE(parse_oracle_input(doc).model_fds.has_value());
+  doc["model_fds"] =
+      Json::parse(R"([{"name":"config.json","fd":3},{"name":"model.safetensors","fd":4}])");
+  OracleInput in = parse_oracle_input(doc);
+  REQUIRE(in.model_fds.has_value());
+  CHECK(*in.model_fds ==
+        std::vector<assay::fingerprint::ModelFd>{{"config.json", 3}, {"model.safetensors", 4}});
+  doc["model_fds"] = Json::parse(R"([{"name":"../config.json","fd":3}])");
+  CHECK(error_code(doc) == "input.invalid");
+  doc["model_fds"] = Json::parse(R"([{"name":"config.json","fd":1}])");
+  CHECK(error_code(doc) == "input.invalid");
+  doc["model_fds"] = Json::parse(R"([{"name":"a","fd":3},{"name":"a","fd":4}])");
+  CHECK(error_code(doc) == "input.invalid");
+}
+
 TEST_CASE("ranking: argmax, margin, top tokens and candidate ranks") {
   std::vector<float> logits{0.5f, 2.0f, -1.0f, 1.25f, 2.0f, 1.0f};
   std::vector<Candidate> cands{{"kiln", 4, "e"}, {"vllm", 3, "d"}};

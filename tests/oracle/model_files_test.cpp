@@ -1,0 +1,150 @@
+// ModelFiles: each file read once into this process's own memory, hashed on the way, by name
+// below the directory or only through the supervisor's descriptors.
+#include <doctest/doctest.h>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <string>
+
+#include "common/error.h"
+#include "common/identity.h"
+#include "tests/support/process.h"
+#include "worker/model_files.h"
+
+namespace fs = std::filesystem;
+using assay::common::Error;
+using assay::common::Json;
+using assay::oracle::ModelFiles;
+using assay::test_support::TempDir;
+
+namespace {
+
+void write(const fs::path& p, const std::string& content) {
+  std::ofstream f(p, std::ios::binary | std::ios::trunc);
+  f << content;
+}
+
+std::string text_of(const std::shared_ptr<const assay::oracle::FileImage>& image) {
+  return std::string(image->text());
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.code() + ": " + e.what();
+  }
+  return "accepted";
+}
+
+}  // namespace
+
+TEST_CASE("a file is read whole once, its digest is of exactly those bytes, later reads reuse it") {
+  TempDir d;
+  std::string content(700000, 'x');  // several read chunks
+  for (std::size_t i = 0; i < content.size(); i += 4093) content[i] = static_cast<char>(i % 251);
+  write(d / "config.json", content);
+  ModelFiles files = ModelFiles::from_directory(d.path());
+  auto image = files.read("config.json", 1 << 20);
+  CHECK(text_of(image) == content);
+  CHECK(image->sha256() == assay::common::sha256_id(content));
+  CHECK(files.records().at("config.json").bytes == content.size());
+  CHECK(files.records().at("config.json").sha256() == assay::common::sha256_id(content));
+  write(d / "config.json", "{}");  // a later read gets the bytes already used, not the new file
+  CHECK(files.read("config.json", 1 << 20) == image);
+  CHECK(error_of([&] { files.read("tokenizer.json", 1 << 20); }).starts_with("fs.open"));
+  CHECK(error_of([&] {
+          ModelFiles::from_directory(d.path()).read("config.json", 1);
+        }).starts_with("fs.too_large"));
+}
+
+TEST_CASE("a FIFO or a symlink under a model file's name is refused, not waited on or followed") {
+  TempDir d;
+  REQUIRE(::mkfifo((d / "config.json").c_str(), 0600) == 0);
+  write(d / "real.json", "{}");
+  fs::create_symlink(d / "real.json", d / "tokenizer.json");
+  ModelFiles files = ModelFiles::from_directory(d.path());
+  CHECK(error_of([&] { files.read("config.json", 100); }).starts_with("fs.not_regular"));
+  CHECK(error_of([&] { files.read("tokenizer.json", 100); }).starts_with("fs.open"));
+}
+
+TEST_CASE("the image is the process's own memory: writing the file in place does not change it") {
+  // A MAP_PRIVATE file mapping would show these writes in pages not yet copied.
+  TempDir d;
+  std::string before(3 << 20, 'a');
+  write(d / "model.safetensors", before);
+  ModelFiles files = ModelFiles::from_directory(d.path());
+  auto images = files.read_large({"model.safetensors"}, 1);
+  int fd = ::open((d / "model.safetensors").c_str(), O_WRONLY | O_CLOEXEC);
+  REQUIRE(fd >= 0);
+  std::string after(before.size(), 'b');
+  REQUIRE(::pwrite(fd, after.data(), after.size(), 0) == static_cast<ssize_t>(after.size()));
+  ::close(fd);
+  CHECK(text_of(images[0]) == before);
+  CHECK(images[0]->sha256() == assay::common::sha256_id(before));
+}
+
+TEST_CASE("large files are read in parallel, recorded, and never read twice") {
+  TempDir d;
+  for (int i = 0; i < 5; ++i) write(d / ("s" + std::to_string(i)), std::string(1000 + i, 'a' + i));
+  ModelFiles files = ModelFiles::from_directory(d.path());
+  auto images = files.read_large({"s3", "s0", "s4", "s1", "s2"}, 3);
+  REQUIRE(images.size() == 5);
+  CHECK(text_of(images[0]) == std::string(1003, 'd'));
+  CHECK(files.records().size() == 5);
+  CHECK(files.records().at("s4").sha256() == assay::common::sha256_id(std::string(1004, 'e')));
+  CHECK(error_of([&] { files.read_large({"s1"}, 1); }).find("second time") != std::string::npos);
+  CHECK(error_of([&] { files.read_large({"s5", "s6"}, 2); }).starts_with("fs.open"));
+}
+
+TEST_CASE("bytes_used lists the weight files sorted by path, with config and tokenizer hashes") {
+  TempDir d;
+  write(d / "config.json", "{\"a\":1}");
+  write(d / "b.safetensors", "bbbb");
+  write(d / "a.safetensors", "aa");
+  write(d / "tokenizer.json", "{}");
+  ModelFiles files = ModelFiles::from_directory(d.path());
+  files.read("config.json", 100);
+  files.read_large({"b.safetensors", "a.safetensors"}, 2);
+  Json used = assay::oracle::bytes_used(files, {"b.safetensors", "a.safetensors"});
+  CHECK(used["weight_files"] == Json::parse(R"([
+    {"path":"a.safetensors","bytes":2,"sha256":")" +
+                                            assay::common::sha256_id("aa") + R"("},
+    {"path":"b.safetensors","bytes":4,"sha256":")" +
+                                            assay::common::sha256_id("bbbb") + R"("}])"));
+  CHECK(used["config_hash"] == assay::common::sha256_id("{\"a\":1}"));
+  CHECK(used["tokenizer_hash"].is_null());  // never read
+  files.read("tokenizer.json", 100);
+  CHECK(assay::oracle::bytes_used(files, {"a.safetensors"})["tokenizer_hash"] ==
+        assay::common::sha256_id("{}"));
+}
+
+TEST_CASE("through model_fds: only the given descriptors, pread, each checked") {
+  TempDir d;
+  write(d / "config.json", "{\"model_type\":\"llama\"}");
+  int config = ::open((d / "config.json").c_str(), O_RDONLY | O_CLOEXEC);
+  int dir = ::open(d.path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  int path_only = ::open((d / "config.json").c_str(), O_PATH | O_CLOEXEC);
+  REQUIRE((config >= 3 && dir >= 3 && path_only >= 3));
+  fs::path shown = "/models/m";  // never opened: only named in messages
+  ModelFiles files = ModelFiles::from_fds(
+      shown,
+      {{"config.json", config}, {"tokenizer.json", dir}, {"tokenizer_config.json", path_only}});
+  CHECK(files.has("config.json"));
+  CHECK_FALSE(files.has("model.safetensors"));
+  CHECK(text_of(files.read("config.json", 100)) == "{\"model_type\":\"llama\"}");
+  CHECK(::lseek(config, 0, SEEK_CUR) == 0);  // the shared offset is untouched
+  std::string missing = error_of([&] { files.read_large({"model.safetensors"}, 1); });
+  CHECK(missing.starts_with("model.missing_fd"));
+  CHECK(missing.find("/models/m/model.safetensors") != std::string::npos);
+  CHECK(error_of([&] { files.read("tokenizer.json", 100); }).starts_with("fs.not_regular"));
+  CHECK(error_of([&] { files.read("tokenizer_config.json", 100); }).starts_with("model.bad_fd"));
+  ::close(config);
+  ::close(dir);
+  ::close(path_only);
+}

@@ -1,0 +1,261 @@
+#include "worker/model_files.h"
+
+#include <fcntl.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <exception>
+#include <mutex>
+#include <thread>
+
+#include "common/error.h"
+#include "common/identity.h"
+
+namespace assay::oracle {
+namespace {
+
+using common::Error;
+using common::Json;
+
+// Small files hash each chunk right after the kernel copied it, while it is still in cache.
+constexpr std::size_t kChunk = 256 * 1024;
+// Background hashing checks for a stop request between chunks of this size.
+constexpr std::size_t kHashChunk = 4 << 20;
+
+struct Mapping {
+  std::byte* data = nullptr;
+  std::size_t size = 0;
+  ~Mapping() {
+    if (data) ::munmap(data, size);
+  }
+};
+
+}  // namespace
+
+FileImage::FileImage(std::byte* data, std::size_t size) : data_(data), size_(size) {}
+
+FileImage::~FileImage() {
+  if (data_) ::munmap(data_, size_);
+}
+
+ModelFiles ModelFiles::from_directory(const std::filesystem::path& dir) {
+  ModelFiles f;
+  f.dir_ = dir;
+  f.dirfd_ = common::UniqueFd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!f.dirfd_) common::throw_errno("fs.open", "open directory " + dir.string(), errno);
+  return f;
+}
+
+ModelFiles ModelFiles::from_fds(const std::filesystem::path& dir,
+                                std::vector<fingerprint::ModelFd> fds) {
+  ModelFiles f;
+  f.dir_ = dir;
+  f.fds_ = std::move(fds);
+  return f;
+}
+
+bool ModelFiles::has(const std::string& name) const {
+  if (fds_) return fingerprint::find_model_fd(*fds_, name) >= 0;
+  struct stat st {};
+  if (::fstatat(dirfd_.get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) return true;
+  if (errno != ENOENT) common::throw_errno("fs.stat", "stat " + (dir_ / name).string(), errno);
+  return false;
+}
+
+// Opens (or takes the given descriptor of) `name`, then reads it whole into fresh anonymous
+// memory with pread; with hash_now each chunk is hashed as it arrives.
+std::shared_ptr<FileImage> ModelFiles::fetch(const std::string& name, std::size_t max_bytes,
+                                             bool hash_now) const {
+  const std::string shown = (dir_ / name).string();
+  common::UniqueFd owned;
+  int fd = -1;
+  if (fds_) {
+    fd = fingerprint::find_model_fd(*fds_, name);
+    if (fd < 0)
+      throw Error("model.missing_fd",
+                  shown + " is needed but is not among the model_fds the supervisor passed");
+    int flags = ::fcntl(fd, F_GETFL);
+    if (flags < 0)
+      common::throw_errno("model.bad_fd", "fcntl " + shown + " (fd " + std::to_string(fd) + ")",
+                          errno);
+    if ((flags & O_PATH) == O_PATH || (flags & O_ACCMODE) == O_WRONLY)
+      throw Error("model.bad_fd",
+                  shown + " (fd " + std::to_string(fd) + ") is not open for reading");
+  } else {
+    // O_NONBLOCK: a FIFO under the name must not hang the open (fstat then refuses it).
+    owned = common::UniqueFd(
+        ::openat(dirfd_.get(), name.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK));
+    if (!owned) common::throw_errno("fs.open", "open " + shown, errno);
+    fd = owned.get();
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) common::throw_errno("fs.stat", "fstat " + shown, errno);
+  if (!S_ISREG(st.st_mode)) throw Error("fs.not_regular", shown + " is not a regular file");
+  auto size = static_cast<std::uint64_t>(st.st_size);
+  if (size > max_bytes)
+    throw Error("fs.too_large", shown + " has " + std::to_string(size) + " bytes, more than " +
+                                    std::to_string(max_bytes));
+
+  Mapping m;
+  m.size = static_cast<std::size_t>(size);
+  if (m.size > 0) {
+    void* p = ::mmap(nullptr, m.size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+      common::throw_errno("fs.read", "allocate " + std::to_string(m.size) + " bytes for " + shown,
+                          errno);
+    m.data = static_cast<std::byte*>(p);
+    // Huge pages where the kernel offers them on request: far fewer faults while reading.
+    if (m.size >= (2u << 20)) ::madvise(p, m.size, MADV_HUGEPAGE);
+  }
+  common::Sha256 h;
+  std::size_t got = 0;
+  while (got < m.size) {
+    // pread: a given descriptor's file offset may be shared with the supervisor.
+    ssize_t n = ::pread(fd, m.data + got, std::min(kChunk, m.size - got), static_cast<off_t>(got));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      common::throw_errno("fs.read", "read " + shown, errno);
+    }
+    if (n == 0)
+      throw Error("model.file_changed", shown + " ended after " + std::to_string(got) + " of " +
+                                            std::to_string(m.size) + " bytes while it was read");
+    if (hash_now) h.update(m.data + got, static_cast<std::size_t>(n));
+    got += static_cast<std::size_t>(n);
+  }
+  char extra = 0;
+  ssize_t more;
+  do {
+    more = ::pread(fd, &extra, 1, static_cast<off_t>(got));
+  } while (more < 0 && errno == EINTR);
+  if (more > 0)
+    throw Error("model.file_changed",
+                shown + " grew past " + std::to_string(m.size) + " bytes while it was read");
+  if (m.data) ::mprotect(m.data, m.size, PROT_READ);  // the image is never written again
+  auto image = std::make_shared<FileImage>(m.data, m.size);
+  m.data = nullptr;
+  if (hash_now) {
+    std::promise<std::string> digest;
+    digest.set_value(common::identity(h.finish()));
+    image->digest_ = digest.get_future().share();
+  }
+  return image;
+}
+
+std::shared_ptr<const FileImage> ModelFiles::read(const std::string& name, std::size_t max_bytes) {
+  if (auto it = cache_.find(name); it != cache_.end()) return it->second;
+  auto image = fetch(name, max_bytes, /*hash_now=*/true);
+  records_[name] = {image->bytes().size(), image->digest_};
+  cache_.emplace(name, image);
+  return image;
+}
+
+// Largest first, each to the thread with the fewest bytes so far. A stop request (this object
+// going away, e.g. after an error) ends the hashing at the next chunk.
+void ModelFiles::hash_in_background(const std::vector<std::shared_ptr<FileImage>>& images,
+                                    unsigned threads) {
+  struct Job {
+    std::shared_ptr<const FileImage> image;  // keeps the bytes alive until hashed
+    std::promise<std::string> digest;
+  };
+  threads = std::clamp<unsigned>(threads, 1,
+                                 static_cast<unsigned>(std::max<std::size_t>(images.size(), 1)));
+  std::vector<std::vector<Job>> lists(threads);
+  std::vector<std::size_t> load(threads, 0);
+  std::vector<std::shared_ptr<FileImage>> order = images;
+  std::stable_sort(order.begin(), order.end(),
+                   [](const auto& a, const auto& b) { return a->size_ > b->size_; });
+  for (auto& image : order) {
+    auto t = static_cast<std::size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+    Job job{image, {}};
+    image->digest_ = job.digest.get_future().share();
+    load[t] += image->size_;
+    lists[t].push_back(std::move(job));
+  }
+  for (auto& list : lists) {
+    hashers_.emplace_back([jobs = std::move(list)](std::stop_token stop) mutable {
+      for (auto& job : jobs) {
+        common::Sha256 h;
+        auto bytes = job.image->bytes();
+        for (std::size_t at = 0; at < bytes.size(); at += kHashChunk) {
+          if (stop.stop_requested()) return;  // unset promises: their readers get broken_promise
+          h.update(bytes.data() + at, std::min(kHashChunk, bytes.size() - at));
+        }
+        job.digest.set_value(common::identity(h.finish()));
+        job.image.reset();
+      }
+    });
+  }
+}
+
+std::vector<std::shared_ptr<const FileImage>> ModelFiles::read_large(
+    const std::vector<std::string>& names, unsigned threads) {
+  for (const auto& n : names)
+    if (records_.count(n))
+      throw Error("oracle.internal", (dir_ / n).string() + " would be read a second time");
+  std::vector<std::shared_ptr<FileImage>> out(names.size());
+  std::atomic<std::size_t> next{0};
+  std::atomic<bool> failed{false};
+  std::mutex error_mutex;
+  std::exception_ptr first_error;
+  auto worker = [&] {
+    for (;;) {
+      std::size_t i = next.fetch_add(1);
+      if (i >= names.size() || failed.load()) return;
+      try {
+        out[i] = fetch(names[i], SIZE_MAX, /*hash_now=*/false);
+      } catch (...) {
+        std::lock_guard lock(error_mutex);
+        if (!first_error) first_error = std::current_exception();
+        failed = true;
+        return;
+      }
+    }
+  };
+  threads = std::clamp<unsigned>(threads, 1, std::max<std::size_t>(names.size(), 1));
+  {
+    std::vector<std::jthread> pool;
+    for (unsigned t = 1; t < threads; ++t) pool.emplace_back(worker);
+    worker();
+  }
+  if (first_error) std::rethrow_exception(first_error);
+  hash_in_background(out, threads);
+  for (std::size_t i = 0; i < names.size(); ++i)
+    records_[names[i]] = {out[i]->bytes().size(), out[i]->digest_};
+  return {out.begin(), out.end()};
+}
+
+unsigned io_threads() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof(set), &set) != 0) return 1;
+  return static_cast<unsigned>(std::clamp(CPU_COUNT(&set), 1, 8));
+}
+
+Json bytes_used(const ModelFiles& files, const std::vector<std::string>& weight_files) {
+  const auto& records = files.records();
+  auto recorded = [&](const std::string& name) -> const FileRecord& {
+    auto it = records.find(name);
+    if (it == records.end())
+      throw Error("oracle.internal", (files.dir() / name).string() + " was never read");
+    return it->second;
+  };
+  std::vector<std::string> sorted = weight_files;
+  std::sort(sorted.begin(), sorted.end());  // std::string compares as unsigned bytes
+  Json weights = Json::array();
+  for (const auto& name : sorted) {
+    const FileRecord& r = recorded(name);
+    weights.push_back({{"path", name}, {"bytes", r.bytes}, {"sha256", r.sha256()}});
+  }
+  auto tokenizer = records.find("tokenizer.json");
+  return {{"weight_files", std::move(weights)},
+          {"config_hash", recorded("config.json").sha256()},
+          {"tokenizer_hash",
+           tokenizer == records.end() ? Json(nullptr) : Json(tokenizer->second.sha256())}};
+}
+
+}  // namespace assay::oracle

@@ -1,0 +1,99 @@
+// The model files the oracle computes with, each read once into memory this process owns and
+// hashed on the way, so that what it reports (bytes_used) is exactly what its tensors, config
+// and tokenizer were built from. Read by name below the model directory, or only through the
+// descriptors the supervisor opened (model_fds).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <future>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "common/fs.h"
+#include "common/json.h"
+#include "fingerprint/model_fds.h"
+
+namespace assay::oracle {
+
+// A whole file in anonymous, page-aligned memory of this process: never a file mapping, so no
+// other process can change it underneath. Read-only once read.
+class FileImage {
+ public:
+  FileImage(std::byte* data, std::size_t size);
+  ~FileImage();
+  FileImage(const FileImage&) = delete;
+  FileImage& operator=(const FileImage&) = delete;
+
+  std::span<const std::byte> bytes() const { return {data_, size_}; }
+  std::string_view text() const { return {reinterpret_cast<const char*>(data_), size_}; }
+  // "sha256:<hex>" of exactly bytes(); waits while a background hash is still running.
+  const std::string& sha256() const { return digest_.get(); }
+
+ private:
+  friend class ModelFiles;
+  std::byte* data_;
+  std::size_t size_;
+  std::shared_future<std::string> digest_;
+};
+
+struct FileRecord {
+  std::uint64_t bytes = 0;
+  std::shared_future<std::string> digest;
+  const std::string& sha256() const { return digest.get(); }
+};
+
+class ModelFiles {
+ public:
+  // Files opened by name below `dir` (the leaf never through a symlink).
+  static ModelFiles from_directory(const std::filesystem::path& dir);
+  // Files read only through the given descriptors (pread; never reopened, no path below `dir`
+  // opened). `dir` names the model in messages.
+  static ModelFiles from_fds(const std::filesystem::path& dir,
+                             std::vector<fingerprint::ModelFd> fds);
+
+  const std::filesystem::path& dir() const { return dir_; }
+  // Whether `name` exists (in any form) or, with model_fds, was passed.
+  bool has(const std::string& name) const;
+  // The file read whole and hashed the first time; the same image every later time. Throws
+  // Error("fs.too_large") past max_bytes, Error("model.missing_fd") for a name not passed.
+  std::shared_ptr<const FileImage> read(const std::string& name, std::size_t max_bytes);
+  // Large files (shards), read `threads` at a time; not kept here, so their memory goes with
+  // the last holder. Their digests are computed by up to `threads` background threads while
+  // the caller builds and runs the model on the bytes (which no one writes any more); a
+  // digest's reader waits for it. Each name may be read once.
+  std::vector<std::shared_ptr<const FileImage>> read_large(const std::vector<std::string>& names,
+                                                           unsigned threads);
+  // Size and digest of every file read so far, by name.
+  const std::map<std::string, FileRecord>& records() const { return records_; }
+
+ private:
+  ModelFiles() = default;
+  std::shared_ptr<FileImage> fetch(const std::string& name, std::size_t max_bytes,
+                                   bool hash_now) const;
+  void hash_in_background(const std::vector<std::shared_ptr<FileImage>>& images, unsigned threads);
+
+  std::filesystem::path dir_;
+  common::UniqueFd dirfd_;
+  std::optional<std::vector<fingerprint::ModelFd>> fds_;
+  std::map<std::string, std::shared_ptr<const FileImage>> cache_;
+  std::map<std::string, FileRecord> records_;
+  std::vector<std::jthread> hashers_;  // stopped and joined first when this object goes
+};
+
+// CPUs this process may run on (its affinity mask), at most 8: read and hash threads.
+unsigned io_threads();
+
+// output.json's "bytes_used": {"weight_files": [{path, bytes, sha256}] sorted by path bytes,
+// "config_hash", "tokenizer_hash" (null unless tokenizer.json was read)}, defined as the
+// fingerprint's model identity defines the same fields, from the bytes this process read.
+common::Json bytes_used(const ModelFiles& files, const std::vector<std::string>& weight_files);
+
+}  // namespace assay::oracle

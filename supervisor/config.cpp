@@ -86,6 +86,7 @@ void Config::load_file(const std::filesystem::path& path) {
                                  "base_cgroup",
                                  "delegated",
                                  "worker_user",
+                                 "allow_root_workers",
                                  "oracle_device",
                                  "device_slots",
                                  "max_queue",
@@ -124,6 +125,11 @@ void Config::load_file(const std::filesystem::path& path) {
     containment.delegated = it->get<bool>();
   }
   take_string(j, "worker_user", worker_user);
+  if (auto it = j.find("allow_root_workers"); it != j.end()) {
+    if (!it->is_boolean())
+      throw Error("config.invalid", "config.allow_root_workers must be a boolean");
+    allow_root_workers = it->get<bool>();
+  }
   take_string(j, "oracle_device", oracle_device);
   load_limits(j);
 }

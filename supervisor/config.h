@@ -24,7 +24,11 @@ struct Config {
   std::filesystem::path compare_worker;      // fidelity jobs' KL; default: found next to assayd
   contain::RuntimeOptions containment;
   std::string oracle_device = "cpu";  // cpu, cuda, cuda:N
-  std::string worker_user;  // when running as root, workers run as this user (empty: root)
+  // When assayd runs as root, workers run as this user; empty: the package's assay-worker, else
+  // a transient uid/gid (contain::default_worker_identity). Never root, unless
+  // allow_root_workers (development only; the worker still holds no capabilities).
+  std::string worker_user;
+  bool allow_root_workers = false;
 
   int device_slots = 1;
   std::size_t max_queue = 256;
@@ -39,7 +43,7 @@ struct Config {
   // request's memory_bytes a worker gets the preflight estimate times worker_memory_margin.
   std::optional<std::uint64_t> worker_memory_max;
   double worker_memory_margin = 2.0;
-  std::uint64_t worker_pids_max = 4096;
+  std::uint64_t worker_pids_max = 4097;  // the worker's processes plus its init (pid 1)
   // Transport limits that keep one client from starving the others (supervisor/api/).
   std::size_t max_connections_per_user = 64;      // per uid; admins (root, admin_group) are exempt
   std::size_t max_event_streams = 256;            // open /events streams, all users together

@@ -51,6 +51,10 @@ int serve_main(int argc, char** argv) {
   app.add_option("--compare-worker", compare_worker, "assay-compare executable (fidelity jobs)");
   app.add_option("--device-slots", slots, "jobs that run at once (default 1)");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
+  bool allow_root_workers = false;
+  app.add_flag("--allow-root-workers", allow_root_workers,
+               "development only: run workers as root when assayd is root (they still hold no "
+               "capabilities); by default they run as worker_user, assay-worker or a transient id");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -67,6 +71,7 @@ int serve_main(int argc, char** argv) {
     if (!oracle_worker.empty()) config.oracle_worker = oracle_worker;
     if (!compare_worker.empty()) config.compare_worker = compare_worker;
     if (slots) config.device_slots = slots;
+    if (allow_root_workers) config.allow_root_workers = true;
     config.finalize();
 
     boost::asio::io_context io;

@@ -49,15 +49,19 @@ common::SigningKey load_host_key(const fs::path& dir) {
   return key;
 }
 
-WorkerIdentity worker_identity(const Config& config) {
-  WorkerIdentity w;
-  if (config.worker_user.empty() || ::geteuid() != 0) return w;
-  struct passwd* pw = ::getpwnam(config.worker_user.c_str());
-  if (!pw)
-    throw Error("config.invalid", "worker_user \"" + config.worker_user + "\" does not exist");
-  w.uid = pw->pw_uid;
-  w.gid = pw->pw_gid;
-  return w;
+// Workers never run as root: as root, assayd runs them as worker_user, else the package's
+// assay-worker, else a transient id (contain::default_worker_identity); allow_root_workers
+// (development only) keeps them root, still without capabilities.
+std::optional<contain::WorkerIdentity> worker_identity(const Config& config) {
+  if (::geteuid() != 0 || config.allow_root_workers) return std::nullopt;
+  if (!config.worker_user.empty()) {
+    try {
+      return contain::worker_identity(config.worker_user);
+    } catch (const Error& e) {
+      throw Error("config.invalid", "worker_user: " + std::string(e.what()));
+    }
+  }
+  return contain::default_worker_identity();
 }
 
 }  // namespace
@@ -71,8 +75,15 @@ Service::Service(boost::asio::io_context& io, Config config)
       watchers_(config_.max_event_streams) {
   if (!config_.admin_group.empty() && !::getgrnam(config_.admin_group.c_str()))
     throw Error("config.invalid", "admin_group \"" + config_.admin_group + "\" does not exist");
-  engine_ = std::make_unique<Engine>(io_, config_, store_, *runtime_, key_, watchers_, metrics_,
-                                     worker_identity(config_));
+  auto worker = worker_identity(config_);
+  engine_worker_ =
+      worker ? Json{{"uid", worker->uid},
+                    {"gid", worker->gid},
+                    {"user", worker->user.empty() ? Json(nullptr) : Json(worker->user)},
+                    {"transient", worker->transient}}
+             : Json(config_.allow_root_workers ? "root (allow_root_workers)" : "assayd's own user");
+  engine_ =
+      std::make_unique<Engine>(io_, config_, store_, *runtime_, key_, watchers_, metrics_, worker);
 }
 
 Service::~Service() = default;
@@ -234,6 +245,7 @@ Json Service::info() const {
        {{"fingerprint", config_.fingerprint_worker.string()},
         {"oracle", config_.oracle_worker.string()},
         {"compare", config_.compare_worker.string()}}},
+      {"worker_identity", engine_worker_},
       {"limits",
        {{"max_body_bytes", config_.max_body_bytes},
         {"max_header_bytes", config_.max_header_bytes},

@@ -74,6 +74,7 @@ class Service {
   common::SigningKey key_;
   Metrics metrics_;
   Watchers watchers_;
+  common::Json engine_worker_;  // who workers run as, for /v1/info
   std::unique_ptr<Engine> engine_;
 };
 

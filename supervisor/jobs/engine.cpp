@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include <fcntl.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -52,12 +53,12 @@ void Engine::next_step(JobRun& run) {
   start_step(run, run.steps[run.next_step++]);
 }
 
-void Engine::prepare_workspace(const Step& step, const fs::path& ws) const {
+void Engine::prepare_workspace(const Step& step, const Json& input, const fs::path& ws) const {
   std::error_code ec;
   fs::remove_all(ws, ec);  // a previous attempt's leftovers
   if (::mkdir(ws.c_str(), 0700) != 0)
     common::throw_errno("worker.workspace", "mkdir " + ws.string(), errno);
-  common::replace_file_fast(ws / protocol::kInputFile, common::canonical(step.input()), 0600);
+  common::replace_file_fast(ws / protocol::kInputFile, common::canonical(input), 0600);
   std::vector<fs::path> handed{ws, ws / protocol::kInputFile};
   if (step.move_in) {
     for (const auto& [source, name] : step.move_in()) {
@@ -67,9 +68,9 @@ void Engine::prepare_workspace(const Step& step, const fs::path& ws) const {
       handed.push_back(ws / name);
     }
   }
-  if (worker_.uid)
+  if (worker_)
     for (const auto& p : handed)
-      if (::chown(p.c_str(), *worker_.uid, *worker_.gid) != 0)
+      if (::chown(p.c_str(), worker_->uid, worker_->gid) != 0)
         common::throw_errno("worker.workspace", "cannot hand " + p.string() + " to the worker user",
                             errno);
 }
@@ -78,8 +79,10 @@ contain::SpawnSpec Engine::worker_spec(const JobRun& run, const Step& step,
                                        const fs::path& ws) const {
   contain::SpawnSpec spec;
   spec.name = run.id + "-" + step.role;
-  spec.argv = {step.worker.string(), step.mode,  "--input", (ws / protocol::kInputFile).string(),
-               "--workdir",          ws.string()};
+  // Relative to the workspace, the worker's cwd: a worker that runs as another user reaches it
+  // although it may not search the directories above the state directory.
+  spec.argv = {step.worker.string(), step.mode, "--input", std::string(protocol::kInputFile),
+               "--workdir", "."};
   spec.workdir = ws;
   spec.env = {"PATH=/usr/bin:/bin", "LANG=C.UTF-8", "HOME=" + ws.string(),
               "OMP_NUM_THREADS=" + std::to_string(worker_threads())};
@@ -89,11 +92,43 @@ contain::SpawnSpec Engine::worker_spec(const JobRun& run, const Step& step,
   // the runtime bind-mounts its own workspace back.
   spec.hidden_paths = {config_.state_dir};
   if (!config_.socket.empty()) spec.hidden_paths.push_back(config_.socket);
-  spec.uid = worker_.uid;
-  spec.gid = worker_.gid;
+  if (worker_) {
+    spec.uid = worker_->uid;
+    spec.gid = worker_->gid;
+  }
+  spec.allow_root = config_.allow_root_workers;
   spec.limits = worker_limits(config_, run.pipeline->limits(), run.required_bytes,
                               runtime_.backend() == "cgroup-v2");
   return spec;
+}
+
+void Engine::open_model_files(JobRun& run, const std::string& model_dir, Json& input,
+                              contain::SpawnSpec& spec) const {
+  constexpr std::size_t kMaxModelFiles = 1024;
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(model_dir, ec)) names.push_back(e.path().filename());
+  if (ec) common::throw_errno("worker.model_files", "cannot list " + model_dir, ec.value());
+  std::sort(names.begin(), names.end());
+  run.model_fds.clear();
+  Json listed = Json::array();
+  for (const auto& name : names) {
+    // Following a symlink (a Hugging Face cache links its snapshot's files to blobs); admission
+    // checked that the submitter may read each target. Non-blocking: a FIFO is skipped, not
+    // waited on.
+    int fd = ::open((fs::path(model_dir) / name).c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) continue;
+    common::UniqueFd owned(fd);
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) continue;
+    if (run.model_fds.size() == kMaxModelFiles)
+      throw Error("worker.model_files",
+                  model_dir + " holds more than " + std::to_string(kMaxModelFiles) + " files");
+    listed.push_back(Json{{"name", name}, {"fd", 3 + static_cast<int>(run.model_fds.size())}});
+    spec.pass_fds.push_back(fd);
+    run.model_fds.push_back(std::move(owned));
+  }
+  input["model_fds"] = std::move(listed);
 }
 
 void Engine::start_step(JobRun& run, Step& step) {
@@ -104,8 +139,10 @@ void Engine::start_step(JobRun& run, Step& step) {
     if (::access(step.worker.c_str(), X_OK) != 0)
       throw Error("worker.missing",
                   "worker executable " + step.worker.string() + " is missing or not executable");
-    prepare_workspace(step, ws);
     contain::SpawnSpec spec = worker_spec(run, step, ws);
+    Json input = step.input();
+    if (!step.model_dir.empty()) open_model_files(run, step.model_dir, input, spec);
+    prepare_workspace(step, input, ws);
     set_phase(job, role, "running " + role + " worker");
     double t0 = common::now_unix();
     run.process = runtime_.start(io_, spec, [this, id, role, t0](contain::Evidence evidence) {
@@ -124,6 +161,7 @@ void Engine::step_done(const std::string& id, const std::string& role, contain::
   if (it == runs_.end()) return;
   JobRun& run = *it->second;
   run.process.reset();
+  run.model_fds.clear();
   fs::path ws = store_.job_dir(id) / role;
   try {
     common::replace_file_fast(ws / "evidence.json", common::canonical(evidence.to_json()), 0600);

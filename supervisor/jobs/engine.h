@@ -15,6 +15,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
 
+#include "common/fs.h"
 #include "common/sign.h"
 #include "supervisor/config.h"
 #include "supervisor/contain/contain.h"
@@ -24,12 +25,6 @@
 #include "supervisor/pipelines/pipeline.h"
 
 namespace assay::supervisor {
-
-// The user workers run as, when assayd runs as root.
-struct WorkerIdentity {
-  std::optional<uid_t> uid;
-  std::optional<gid_t> gid;
-};
 
 // One running job: everything the engine keeps while it runs, in one place.
 struct JobRun {
@@ -43,13 +38,14 @@ struct JobRun {
   std::uint64_t required_bytes = 0;
   common::Json host_memory;  // the preflight's record, for the result
   std::shared_ptr<contain::Running> process;
+  std::vector<common::UniqueFd> model_fds;  // the running step's model files, opened by assayd
 };
 
 class Engine {
  public:
   Engine(boost::asio::io_context& io, const Config& config, JobStore& store,
          contain::Runtime& runtime, const common::SigningKey& key, Watchers& watchers,
-         Metrics& metrics, WorkerIdentity worker);
+         Metrics& metrics, std::optional<contain::WorkerIdentity> worker);
 
   // Re-queues jobs cut off by a restart and starts scheduling.
   void recover();
@@ -78,7 +74,12 @@ class Engine {
   void complete(JobRun& run);
   contain::SpawnSpec worker_spec(const JobRun& run, const Step& step,
                                  const std::filesystem::path& ws) const;
-  void prepare_workspace(const Step& step, const std::filesystem::path& ws) const;
+  void prepare_workspace(const Step& step, const common::Json& input,
+                         const std::filesystem::path& ws) const;
+  // Opens every regular file at the top of `model_dir` for the worker (fds 3, 4, ... in its
+  // spawn) and lists them in the input's "model_fds".
+  void open_model_files(JobRun& run, const std::string& model_dir, common::Json& input,
+                        contain::SpawnSpec& spec) const;
   // Records a phase change and tells watchers; `durable` when a restart must see it.
   void set_phase(Job& job, const std::string& phase, const std::string& message,
                  bool durable = false);
@@ -95,7 +96,9 @@ class Engine {
   const common::SigningKey& key_;
   Watchers& watchers_;
   Metrics& metrics_;
-  WorkerIdentity worker_;
+  // Who workers run as: set whenever assayd is root (never root itself unless
+  // allow_root_workers); unset when assayd is not root and workers run as assayd's user.
+  std::optional<contain::WorkerIdentity> worker_;
 
   std::vector<std::string> queue_;                       // FIFO of queued job ids
   std::map<std::string, std::unique_ptr<JobRun>> runs_;  // running jobs

@@ -29,7 +29,7 @@ std::string fmt_bytes(std::uint64_t b) {
 
 Engine::Engine(boost::asio::io_context& io, const Config& config, JobStore& store,
                contain::Runtime& runtime, const common::SigningKey& key, Watchers& watchers,
-               Metrics& metrics, WorkerIdentity worker)
+               Metrics& metrics, std::optional<contain::WorkerIdentity> worker)
     : io_(io),
       config_(config),
       store_(store),
@@ -37,7 +37,7 @@ Engine::Engine(boost::asio::io_context& io, const Config& config, JobStore& stor
       key_(key),
       watchers_(watchers),
       metrics_(metrics),
-      worker_(worker),
+      worker_(std::move(worker)),
       retry_timer_(io) {}
 
 void Engine::recover() {

@@ -107,6 +107,18 @@ std::string check_model_dir(const std::string& raw, const Peer& peer) {
     throw Error("request.bad_model", what + " " + quote_path(dir) +
                                          " has a symlink in its path (resolves to " +
                                          quote_path(real.string()) + ")");
+  // Workers read every regular file at the top of the directory (engine.cpp hands them the
+  // descriptors): each must be readable by the submitter, a symlinked one at its target.
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    std::error_code fec;
+    if (!e.is_regular_file(fec)) continue;
+    fs::path target = e.is_symlink(fec) ? fs::canonical(e.path(), fec) : e.path();
+    if (fec) continue;
+    walk(target.string(), peer, "request.bad_model", "model file");
+  }
+  if (ec)
+    common::throw_errno("request.bad_model", "cannot list model directory " + quote_path(dir),
+                        ec.value());
   return dir;
 }
 

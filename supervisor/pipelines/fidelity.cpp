@@ -252,10 +252,14 @@ class FidelityPipeline final : public Pipeline {
     return Step{"capture-" + side,
                 config_.oracle_worker,
                 "capture",
+                model_dir,
                 [this, model_dir] { return capture_input(model_dir, r_, config_.oracle_device); },
                 {},
                 [this, side](Json output, const contain::Evidence& evidence) {
                   check_capture_output(output, r_, vocab_, side);
+                  check_bytes_used(
+                      output, fingerprints_.at(side == "candidate" ? "candidate" : "reference"),
+                      "capture-" + side);
                   captures_[side] = CaptureRun{std::move(output), evidence};
                 }};
   }
@@ -294,6 +298,7 @@ class FidelityPipeline final : public Pipeline {
     return Step{kCompareRole,
                 config_.compare_worker,
                 "run",
+                "",
                 [this] { return compare_input(nullptr); },
                 [this] {
                   std::vector<std::pair<fs::path, std::string>> move_in;

@@ -44,6 +44,7 @@ class NextTokenPipeline final : public Pipeline {
     Step oracle{"oracle",
                 config_.oracle_worker,
                 "next-token",
+                model_dir_,
                 [this] {
                   Json candidates = Json::array();
                   for (const auto& c : request_.candidates)
@@ -54,6 +55,7 @@ class NextTokenPipeline final : public Pipeline {
                 },
                 {},
                 [this](Json output, const contain::Evidence& evidence) {
+                  check_bytes_used(output, fingerprint_, "oracle");
                   oracle_ = std::move(output);
                   oracle_evidence_ = evidence;
                 }};

@@ -1,6 +1,7 @@
 #include "supervisor/pipelines/steps.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <thread>
 
 #include <sys/stat.h>
@@ -37,6 +38,7 @@ Step fingerprint_step(const Config& config, const std::string& role, const std::
       role,
       config.fingerprint_worker,
       "run",
+      model_dir,
       [input] { return input; },
       {},
       [&out, expected, role](Json output, const contain::Evidence& evidence) {
@@ -54,6 +56,33 @@ Step fingerprint_step(const Config& config, const std::string& role, const std::
         out.output = std::move(output);
         out.evidence = evidence;
       }};
+}
+
+void check_bytes_used(const Json& output, const FingerprintRun& fingerprint,
+                      const std::string& role) {
+  const Json& used = output.value("bytes_used", Json());
+  if (!used.is_object())
+    throw Error("worker." + role + "_output", role + " output.json has no bytes_used");
+  const Json& id = fingerprint.identity();
+  auto differ = [&](const std::string& what, const Json& got, const Json& want) {
+    throw Error("job.bytes_mismatch",
+                "the " + role + " worker computed with " + what + " " + got.dump() +
+                    " but the fingerprint worker hashed " + want.dump() +
+                    ": the model directory changed during the job; no result is signed");
+  };
+  const Json& got = used.value("weight_files", Json::array());
+  const Json& want = id.value("weight_files", Json::array());
+  for (std::size_t i = 0; i < std::max(got.size(), want.size()); ++i) {
+    Json g = i < got.size() ? got[i] : Json(nullptr), w = i < want.size() ? want[i] : Json(nullptr);
+    if (g != w)
+      differ("weight file " + (w.is_object() ? w.value("path", std::string("?")) : g.dump()), g, w);
+  }
+  if (used.value("config_hash", Json()) != id.value("config_hash", Json()))
+    differ("config_hash", used.value("config_hash", Json()), id.value("config_hash", Json()));
+  // A capture reads no tokenizer and reports null; a next-token run decodes with it.
+  if (!used.value("tokenizer_hash", Json()).is_null() &&
+      used["tokenizer_hash"] != id.value("tokenizer_hash", Json()))
+    differ("tokenizer_hash", used["tokenizer_hash"], id.value("tokenizer_hash", Json()));
 }
 
 fs::path take_artifact(const fs::path& from, const fs::path& to) {

@@ -29,6 +29,13 @@ Step fingerprint_step(const Config& config, const std::string& role, const std::
                       const std::string& name, const std::optional<common::Json>& expected,
                       FingerprintRun& out);
 
+// The oracle's report of the bytes it computed with (output "bytes_used") must equal what the
+// fingerprint worker hashed: every weight file (path, bytes, sha256), config_hash and
+// tokenizer_hash. Throws Error("job.bytes_mismatch") naming the first difference, so that no
+// result names one model and carries another's logits.
+void check_bytes_used(const common::Json& oracle_output, const FingerprintRun& fingerprint,
+                      const std::string& role);
+
 // Renames a worker's artifact to `to` (0600); its data and the rename become durable with the
 // job's terminal commit. Throws Error("job.artifact").
 std::filesystem::path take_artifact(const std::filesystem::path& from,

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <set>
 
 #include "common/error.h"
@@ -186,6 +187,133 @@ Json finalize_gates(Json gates) {
   gates["status"] = !failed.empty() ? "failed" : pending ? "incomplete" : any ? "passed" : "none";
   gates["failed"] = failed;
   return gates;
+}
+
+namespace {
+
+std::string printf_text(const char* format, double a, double b = 0) {
+  char buf[128];
+  std::snprintf(buf, sizeof buf, format, a, b);
+  return buf;
+}
+
+double num_or_nan(const Json& v) {
+  return v.is_number() ? v.get<double>() : std::nan("");
+}
+
+// "%10.6lf ± %10.6lf" with n/a for a null standard error.
+std::string pm(const Json& value, const Json& se, const char* vf, const char* sf,
+               const char* suffix = "") {
+  std::string out = printf_text(vf, num_or_nan(value));
+  out += " ± ";
+  out += se.is_number() ? printf_text(sf, se.get<double>()) : std::string("n/a");
+  return out + suffix;
+}
+
+}  // namespace
+
+std::string llama_cpp_block(const Json& s) {
+  std::string o;
+  const Json& ppl = s.value("perplexity", Json());
+  if (ppl.is_object()) {
+    const Json &q = ppl["candidate"], &b = ppl["reference"];
+    o += "====== Perplexity statistics ======\n";
+    o += "Mean PPL(Q)                   : " +
+         pm(q["ppl"], q["ppl_standard_error"], "%10.6lf", "%10.6lf") + "\n";
+    o += "Mean PPL(base)                : " +
+         pm(b["ppl"], b["ppl_standard_error"], "%10.6lf", "%10.6lf") + "\n";
+    o += "Cor(ln(PPL(Q)), ln(PPL(base))): " +
+         (ppl["ln_ppl_correlation"].is_number()
+              ? printf_text("%6.2f%%", 100.0 * ppl["ln_ppl_correlation"].get<double>())
+              : std::string("   n/a")) +
+         "\n";
+    for (auto [label, key] : {std::pair{"Mean ln(PPL(Q)/PPL(base))     : ", "ln_ratio"},
+                              std::pair{"Mean PPL(Q)/PPL(base)         : ", "ratio"},
+                              std::pair{"Mean PPL(Q)-PPL(base)         : ", "difference"}})
+      o += std::string(label) +
+           pm(ppl[key]["value"], ppl[key]["standard_error"], "%10.6lf", "%10.6lf") + "\n";
+    o += "(" + std::to_string(ppl["tokens"].get<std::int64_t>()) +
+         " scored positions with a known next token)\n\n";
+  }
+  const Json& kl = s.value("kl", Json::object());
+  o += "====== KL divergence statistics ======\n";
+  o += "Mean    KLD: " +
+       pm(kl.value("mean", Json()), kl.value("standard_error", Json()), "%10.6lf", "%10.6lf") +
+       "\n";
+  for (auto [label, key] : {std::pair{"Maximum KLD: ", "max"}, std::pair{"99.9%   KLD: ", "p99_9"},
+                            std::pair{"99.0%   KLD: ", "p99"}, std::pair{"95.0%   KLD: ", "p95"},
+                            std::pair{"90.0%   KLD: ", "p90"}, std::pair{"Median  KLD: ", "median"},
+                            std::pair{"10.0%   KLD: ", "p10"}, std::pair{" 5.0%   KLD: ", "p5"},
+                            std::pair{" 1.0%   KLD: ", "p1"}, std::pair{" 0.1%   KLD: ", "p0_1"},
+                            std::pair{"Minimum KLD: ", "min"}})
+    o += std::string(label) + printf_text("%10.6lf", num_or_nan(kl.value(key, Json()))) + "\n";
+
+  const bool next = s.value("delta_p_next", Json()).is_object();
+  const Json& dp = next ? s["delta_p_next"] : s.value("delta_p_top", Json::object());
+  o += "\n====== Token probability statistics ======\n";
+  if (!next) o += "(Δp of the reference's top token: no next tokens known)\n";
+  if (dp.is_object()) {
+    auto pct = [](const Json& v) { return v.is_number() ? Json(100.0 * v.get<double>()) : v; };
+    o += "Mean    Δp: " + pm(pct(dp["mean"]), pct(dp["standard_error"]), "%6.3lf", "%5.3lf", " %") +
+         "\n";
+    for (auto [label, key] : {std::pair{"Maximum Δp: ", "max"}, std::pair{"99.9%   Δp: ", "p99_9"},
+                              std::pair{"99.0%   Δp: ", "p99"}, std::pair{"95.0%   Δp: ", "p95"},
+                              std::pair{"90.0%   Δp: ", "p90"}, std::pair{"75.0%   Δp: ", "p75"},
+                              std::pair{"Median  Δp: ", "median"}, std::pair{"25.0%   Δp: ", "p25"},
+                              std::pair{"10.0%   Δp: ", "p10"}, std::pair{" 5.0%   Δp: ", "p5"},
+                              std::pair{" 1.0%   Δp: ", "p1"}, std::pair{" 0.1%   Δp: ", "p0_1"},
+                              std::pair{"Minimum Δp: ", "min"}})
+      o += std::string(label) + printf_text("%6.3lf%%", 100.0 * num_or_nan(dp[key])) + "\n";
+    o += "RMS Δp    : " +
+         pm(pct(dp["rms"]), pct(dp["rms_standard_error"]), "%6.3lf", "%5.3lf", " %") + "\n";
+  }
+  const Json& top = s.value("same_top", Json::object());
+  auto pct = [](const Json& v) { return v.is_number() ? Json(100.0 * v.get<double>()) : v; };
+  o += "Same top p: " +
+       pm(pct(top.value("fraction", Json())), pct(top.value("standard_error", Json())), "%6.3lf",
+          "%5.3lf", " %") +
+       "\n";
+  if (next) {
+    const Json& t = s["delta_p_top"];
+    o += "(Δp of the reference's top token: mean " +
+         printf_text("%.3lf%%", 100.0 * num_or_nan(t["mean"])) + ", RMS " +
+         printf_text("%.3lf%%", 100.0 * num_or_nan(t["rms"])) + ")\n";
+  }
+  return o;
+}
+
+std::string gates_text(const Json& g) {
+  std::string o = "====== Gates ======\nstatus: " + g.value("status", std::string("?"));
+  if (g.contains("failed") && !g["failed"].empty()) {
+    o += " (failed:";
+    for (const Json& f : g["failed"]) o += " " + f.get<std::string>();
+    o += ")";
+  }
+  o += "\n";
+  if (g.contains("reproduction") && g["reproduction"].is_object())
+    for (auto it = g["reproduction"].begin(); it != g["reproduction"].end(); ++it) {
+      std::string name = it.key();
+      name.resize(std::max<std::size_t>(name.size(), 30), ' ');
+      o += "  " + name + " " +
+           (it->is_null()     ? "undecided"
+            : it->get<bool>() ? "passed"
+                              : "FAILED") +
+           "\n";
+    }
+  if (g.contains("thresholds"))
+    for (const Json& t : g["thresholds"]) {
+      std::string name = t["name"].get<std::string>();
+      name.resize(std::max<std::size_t>(name.size(), 30), ' ');
+      char line[256];
+      std::snprintf(line, sizeof line, "%s %s %s %.6g, observed %s", name.c_str(),
+                    t["statistic"].get<std::string>().c_str(),
+                    t["comparison"].get<std::string>().c_str(), t["bound"].get<double>(),
+                    t["observed"].is_number()
+                        ? printf_text("%.6g", t["observed"].get<double>()).c_str()
+                        : "not measured");
+      o += "  " + std::string(line) + "  " + (t["passed"].get<bool>() ? "passed" : "FAILED") + "\n";
+    }
+  return o;
 }
 
 PositionRanges parse_position_ranges(const Json& value, std::int64_t length, std::string_view where,

@@ -78,6 +78,15 @@ Json evaluate_thresholds(const std::vector<Threshold>& thresholds, const Json& s
 // null), else "passed" (at least one gate), else "none". Returns the updated object.
 Json finalize_gates(Json gates);
 
+// The statistics object (assay.compare-output "statistics") as llama.cpp's
+// `llama-perplexity --kl-divergence` prints its summary, line for line and with its format
+// strings, so numbers can be compared with a llama.cpp run; Δp is of the actual next token where
+// known (llama.cpp's), and of the reference's top token otherwise (said so). Standard errors that
+// are undefined (n < 2) print as n/a.
+std::string llama_cpp_block(const Json& statistics);
+// The gates object as text: the status, then one line per gate.
+std::string gates_text(const Json& gates);
+
 struct FidelityRequest {
   std::string schema;  // protocol::kFidelityRequest
   std::string id;

@@ -145,7 +145,10 @@ lines = [
     "(`logp = (x - max) - log(sum exp(x - max))`, `p = exp(x - max) / sum`, `KL = sum p (logp_r - logp_c)` as `np.dot`, argmaxes; in-place operations), "
     "reading the same files through `np.memmap`.",
     f"Agreement on these files: max relative difference of the token-wise KL {agreement}, argmaxes equal.",
-    "Goal (issue 8): >= 2x numpy in positions per second.",
+    "Goal (issue 8): >= 2x numpy in positions per second; issue 16: >= 3x (--no-digests) with the new statistics included: "
+    "assay-compare's runs also compute the llama.cpp --kl-divergence statistics (KL standard error and 9 percentiles, "
+    "same-top p, Δp of the reference's top token with RMS and 11 percentiles; `kl` gives no token ids, so no next-token "
+    "Δp or perplexities), while the numpy baseline computes only the token-wise KL and argmaxes.",
     "",
     "Wall = the whole process (numpy: interpreter start and `import numpy` included, about 0.1 s); "
     "compute = the tool's own timer (numpy: from opening the files to the last row; assay: the document's `seconds`, "

@@ -1,8 +1,8 @@
 #include "client/cli.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cctype>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <ostream>
@@ -12,11 +12,12 @@
 
 #include "client/api.h"
 #include "client/format.h"
+#include "client/report.h"
 #include "client/verify.h"
 #include "common/error.h"
+#include "common/fidelity.h"
 #include "common/fs.h"
 #include "common/json.h"
-#include "common/fidelity.h"
 #include "common/protocol.h"
 #include "common/request.h"
 
@@ -81,6 +82,7 @@ class Cli {
   int health();
   int info();
   int request_check();
+  int report();
 
  private:
   void print_json(const Json& j) { out_ << j.dump(o_.json ? -1 : 2) << "\n"; }
@@ -159,8 +161,9 @@ int Cli::submit(bool fidelity_only) {
                                           std::string(protocol::kFidelityRequest) +
                                           " request; submit it with `assay submit`"};
   if (fidelity && !o_.model.empty())
-    throw ExitWith{kExitUsage, "--model does not apply to a fidelity request: it names its "
-                               "reference and candidate itself"};
+    throw ExitWith{kExitUsage,
+                   "--model does not apply to a fidelity request: it names its "
+                   "reference and candidate itself"};
   std::string target = "/v1/jobs";
   if (!o_.model.empty()) {
     std::error_code ec;
@@ -430,6 +433,26 @@ int Cli::request_check() {
   return kExitOk;
 }
 
+int Cli::report() {
+  Json result;
+  try {
+    result = common::parse_strict(read_local(o_.file, 64 << 20, "the result"));
+  } catch (const common::Error& e) {
+    if (e.code().rfind("json.", 0) != 0) throw;
+    throw ExitWith{kExitInvalidInput, o_.file + " is not JSON: " + e.what()};
+  }
+  std::string html;
+  try {
+    html = render_report(result, fs::absolute(o_.file).parent_path());
+  } catch (const common::Error& e) {
+    if (e.code() != "client.report") throw;
+    throw ExitWith{kExitInvalidInput, o_.file + ": " + e.what()};
+  }
+  save(o_.output, html);
+  out_ << "wrote " << o_.output << " (" << html.size() << " bytes)\n";
+  return kExitOk;
+}
+
 int Cli::fidelity_show() {
   Json job = api_.get_json(job_path(o_.id));
   if (job.value("request_schema", "") != protocol::kFidelityRequest)
@@ -465,9 +488,10 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   Options o;
   o.socket = env.socket.empty() ? kDefaultSocket : env.socket;
 
-  CLI::App app{"assay: submit next-token oracle and fidelity jobs to assayd and verify their "
-               "signed results",
-               "assay"};
+  CLI::App app{
+      "assay: submit next-token oracle and fidelity jobs to assayd and verify their "
+      "signed results",
+      "assay"};
   app.footer(kExitCodesHelp);
   app.require_subcommand(1);
   app.fallthrough();
@@ -480,9 +504,10 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
       ->check(CLI::PositiveNumber);
 
   auto* submit = app.add_subcommand("submit", "submit a request file as a job");
-  submit->add_option("FILE", o.file,
-                     "assay.next-token-request.v1, kiln.hf-next-token-request.v1 or "
-                     "assay.fidelity-request.v1")
+  submit
+      ->add_option("FILE", o.file,
+                   "assay.next-token-request.v1, kiln.hf-next-token-request.v1 or "
+                   "assay.fidelity-request.v1")
       ->required();
   submit->add_option("--model", o.model,
                      "model directory (required for Kiln requests; overrides an assay request's)");
@@ -501,6 +526,15 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   auto* fshow = fidelity->add_subcommand(
       "show", "a fidelity job's metrics, per-context table and KL histogram (--json: the receipt)");
   fshow->add_option("ID", o.id, "job id")->required();
+
+  auto* report = app.add_subcommand(
+      "report",
+      "write one self-contained HTML report (inline SVG and CSS, no script, no network) "
+      "of a result file; its artifact is read from beside it when there");
+  report->add_option("RESULT", o.file, "result.json (next-token or fidelity)")
+      ->required()
+      ->check(CLI::ExistingFile);
+  report->add_option("-o,--output", o.output, "the HTML file to write")->required();
 
   auto* wait = app.add_subcommand("wait", "follow a job until it ends (live progress on a TTY)");
   wait->add_option("ID", o.id, "job id")->required();
@@ -593,6 +627,7 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
     if (*health) return cli.health();
     if (*info) return cli.info();
     if (*check) return cli.request_check();
+    if (*report) return cli.report();
     err << "assay: no command\n";
     return kExitUsage;
   } catch (const ExitWith& e) {

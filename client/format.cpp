@@ -1,5 +1,7 @@
 #include "client/format.h"
 
+#include "common/fidelity.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -239,9 +241,8 @@ std::string model_line(const Json& side) {
 // Bins outside the first and last non-empty one are left out; the longest bar is 40 characters
 // and any non-empty bin shows at least one.
 std::string histogram_text(const Json& h) {
-  if (!h.is_object() || !h.contains("counts") || !h["counts"].is_array() ||
-      !h.contains("edges") || !h["edges"].is_array() ||
-      h["counts"].size() != h["edges"].size() + 1)
+  if (!h.is_object() || !h.contains("counts") || !h["counts"].is_array() || !h.contains("edges") ||
+      !h["edges"].is_array() || h["counts"].size() != h["edges"].size() + 1)
     return "";
   const Json& counts = h["counts"];
   const Json& edges = h["edges"];
@@ -257,7 +258,7 @@ std::string histogram_text(const Json& h) {
       last = i;
     }
   for (std::size_t i = first; i <= last && i < counts.size(); ++i) {
-    std::string label = i == 0                ? "(0, " + number(edges[0], "%.0e") + ")"
+    std::string label = i == 0              ? "(0, " + number(edges[0], "%.0e") + ")"
                         : i == edges.size() ? ">= " + number(edges[i - 1], "%.0e")
                                             : "[" + number(edges[i - 1], "%.0e") + ", " +
                                                   number(edges[i], "%.0e") + ")";
@@ -299,33 +300,42 @@ std::string fidelity_report(const Json& r) {
     rows.push_back({"  " + label, value});
   }
   rows.push_back({"  top-1 agreement", number(metrics.value("top1_agreement", Json())) + "  (" +
-                                            field(metrics, {"top1_agree_count"}) + " of " +
-                                            field(panel, {"scored_positions"}) + ")"});
+                                           field(metrics, {"top1_agree_count"}) + " of " +
+                                           field(panel, {"scored_positions"}) + ")"});
   o << render_table(rows);
 
   const Json rep = r.value("reproduction", Json());
   if (rep.is_object()) {
     bool confirmed = rep.value("confirmed", false);
     o << "reproduction: " << (confirmed ? "confirmed" : "NOT CONFIRMED")
-      << " (second reference capture: digests " << (rep.value("digests_equal", false) ? "equal" : "differ")
-      << ", max KL " << number(rep.value("kl", Json::object()).value("max", Json()))
-      << ", top-1 agreement " << number(rep.value("top1_agreement", Json())) << ")\n";
+      << " (second reference capture: digests "
+      << (rep.value("digests_equal", false) ? "equal" : "differ") << ", max KL "
+      << number(rep.value("kl", Json::object()).value("max", Json())) << ", top-1 agreement "
+      << number(rep.value("top1_agreement", Json())) << ")\n";
   } else {
     o << "reproduction: not requested\n";
   }
 
   if (cmp.contains("contexts") && cmp["contexts"].is_array()) {
-    std::vector<std::vector<std::string>> ctx{{"  context", "positions", "mean KL", "max KL", "p99 KL", "top-1"}};
+    std::vector<std::vector<std::string>> ctx{
+        {"  context", "positions", "mean KL", "max KL", "p99 KL", "top-1"}};
     for (const Json& c : cmp["contexts"]) {
       const Json ckl = c.value("kl", Json::object());
-      ctx.push_back({"  " + field(c, {"id"}), field(c, {"positions"}), number(ckl.value("mean", Json())),
-                     number(ckl.value("max", Json())), number(ckl.value("p99", Json())),
-                     number(c.value("top1_agreement", Json()))});
+      ctx.push_back({"  " + field(c, {"id"}), field(c, {"positions"}),
+                     number(ckl.value("mean", Json())), number(ckl.value("max", Json())),
+                     number(ckl.value("p99", Json())), number(c.value("top1_agreement", Json()))});
     }
     o << "\nper context\n" << render_table(ctx);
   }
   std::string hist = histogram_text(cmp.value("histogram", Json()));
   if (!hist.empty()) o << "\ntoken-wise KL histogram\n" << hist;
+  if (cmp.contains("statistics") && cmp["statistics"].is_object())
+    o << "\n" << common::llama_cpp_block(cmp["statistics"]);
+  if (r.contains("comparator") && r["comparator"].is_object())
+    o << "\nestimator: " << field(r["comparator"], {"estimator"}) << " "
+      << field(r["comparator"], {"estimator_sha256"}) << " (fp64, "
+      << field(r["comparator"], {"kernel"}) << " kernel)\n";
+  if (r.contains("gates") && r["gates"].is_object()) o << "\n" << common::gates_text(r["gates"]);
   o << "\nresult_sha256 " << field(r, {"result_sha256"}) << "\n";
   return o.str();
 }

@@ -1,5 +1,8 @@
 #include "common/fidelity.h"
 
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <set>
 
 #include "common/error.h"
@@ -71,7 +74,247 @@ std::vector<PanelContext> parse_panel(const Json& panel) {
   return out;
 }
 
+struct ThresholdKind {
+  std::string_view name;
+  std::string_view statistic;  // "group.field" in the statistics object
+  bool upper;                  // max_*: observed <= bound
+  bool absolute;               // compare |observed|
+};
+
+constexpr ThresholdKind kThresholdKinds[] = {
+    {"max_abs_mean_delta_p", "delta_p_next.mean", true, true},
+    {"max_kl_max", "kl.max", true, false},
+    {"max_kl_p99", "kl.p99", true, false},
+    {"max_kl_p99_9", "kl.p99_9", true, false},
+    {"max_mean_kl", "kl.mean", true, false},
+    {"max_ppl_ratio", "perplexity.ratio.value", true, false},
+    {"max_rms_delta_p", "delta_p_next.rms", true, false},
+    {"min_ln_ppl_correlation", "perplexity.ln_ppl_correlation", false, false},
+    {"min_top1_agreement", "same_top.fraction", false, false},
+};
+
+const ThresholdKind* threshold_kind(std::string_view name) {
+  for (const auto& k : kThresholdKinds)
+    if (k.name == name) return &k;
+  return nullptr;
+}
+
+// The value at a dotted path, or null when any step is missing or null.
+Json lookup(const Json& root, std::string_view path) {
+  const Json* at = &root;
+  while (!path.empty()) {
+    auto dot = path.find('.');
+    std::string key(path.substr(0, dot));
+    if (!at->is_object() || !at->contains(key)) return nullptr;
+    at = &(*at)[key];
+    path = dot == std::string_view::npos ? std::string_view() : path.substr(dot + 1);
+  }
+  return *at;
+}
+
 }  // namespace
+
+std::vector<Threshold> parse_thresholds(const Json& value, std::string_view where,
+                                        std::string_view code) {
+  std::string w(where);
+  if (!value.is_object())
+    throw Error(std::string(code),
+                w + " must be an object of bounds, got " + value.dump().substr(0, 80));
+  std::vector<Threshold> out;
+  for (auto it = value.begin(); it != value.end(); ++it) {
+    if (!threshold_kind(it.key())) {
+      std::string names;
+      for (const auto& k : kThresholdKinds)
+        names += (names.empty() ? "" : ", ") + std::string(k.name);
+      throw Error(std::string(code),
+                  w + "." + it.key() + " is not a known threshold (known: " + names + ")");
+    }
+    if (!it->is_number() || !std::isfinite(it->get<double>()) || it->get<double>() < 0)
+      throw Error(std::string(code), w + "." + it.key() + " must be a finite number >= 0, got " +
+                                         it->dump().substr(0, 80));
+    out.push_back({it.key(), it->get<double>()});
+  }
+  std::sort(out.begin(), out.end(),
+            [](const Threshold& a, const Threshold& b) { return a.name < b.name; });
+  return out;
+}
+
+Json thresholds_json(const std::vector<Threshold>& thresholds) {
+  Json out = Json::object();
+  for (const auto& t : thresholds) out[t.name] = t.bound;
+  return out;
+}
+
+Json evaluate_thresholds(const std::vector<Threshold>& thresholds, const Json& statistics) {
+  Json out = Json::array();
+  for (const auto& t : thresholds) {
+    const ThresholdKind& k = *threshold_kind(t.name);
+    Json observed = lookup(statistics, k.statistic);
+    bool passed = false;
+    if (observed.is_number()) {
+      double v = observed.get<double>();
+      if (k.absolute) v = std::fabs(v);
+      passed = k.upper ? v <= t.bound : v >= t.bound;
+    } else {
+      observed = nullptr;
+    }
+    out.push_back(Json{{"name", t.name},
+                       {"statistic", std::string(k.statistic)},
+                       {"comparison", k.upper ? (k.absolute ? "abs<=" : "<=") : ">="},
+                       {"bound", t.bound},
+                       {"observed", observed},
+                       {"passed", passed}});
+  }
+  return out;
+}
+
+Json finalize_gates(Json gates) {
+  Json failed = Json::array();
+  bool pending = false, any = false;
+  if (gates.contains("reproduction") && gates["reproduction"].is_object())
+    for (auto it = gates["reproduction"].begin(); it != gates["reproduction"].end(); ++it) {
+      any = true;
+      if (it->is_null())
+        pending = true;
+      else if (!it->get<bool>())
+        failed.push_back(it.key());
+    }
+  if (gates.contains("thresholds"))
+    for (const Json& g : gates["thresholds"]) {
+      any = true;
+      if (!g["passed"].get<bool>()) failed.push_back(g["name"]);
+    }
+  gates["status"] = !failed.empty() ? "failed" : pending ? "incomplete" : any ? "passed" : "none";
+  gates["failed"] = failed;
+  return gates;
+}
+
+namespace {
+
+std::string printf_text(const char* format, double a, double b = 0) {
+  char buf[128];
+  std::snprintf(buf, sizeof buf, format, a, b);
+  return buf;
+}
+
+double num_or_nan(const Json& v) {
+  return v.is_number() ? v.get<double>() : std::nan("");
+}
+
+// "%10.6lf ± %10.6lf" with n/a for a null standard error.
+std::string pm(const Json& value, const Json& se, const char* vf, const char* sf,
+               const char* suffix = "") {
+  std::string out = printf_text(vf, num_or_nan(value));
+  out += " ± ";
+  out += se.is_number() ? printf_text(sf, se.get<double>()) : std::string("n/a");
+  return out + suffix;
+}
+
+}  // namespace
+
+std::string llama_cpp_block(const Json& s) {
+  std::string o;
+  const Json& ppl = s.value("perplexity", Json());
+  if (ppl.is_object()) {
+    const Json &q = ppl["candidate"], &b = ppl["reference"];
+    o += "====== Perplexity statistics ======\n";
+    o += "Mean PPL(Q)                   : " +
+         pm(q["ppl"], q["ppl_standard_error"], "%10.6lf", "%10.6lf") + "\n";
+    o += "Mean PPL(base)                : " +
+         pm(b["ppl"], b["ppl_standard_error"], "%10.6lf", "%10.6lf") + "\n";
+    o += "Cor(ln(PPL(Q)), ln(PPL(base))): " +
+         (ppl["ln_ppl_correlation"].is_number()
+              ? printf_text("%6.2f%%", 100.0 * ppl["ln_ppl_correlation"].get<double>())
+              : std::string("   n/a")) +
+         "\n";
+    for (auto [label, key] : {std::pair{"Mean ln(PPL(Q)/PPL(base))     : ", "ln_ratio"},
+                              std::pair{"Mean PPL(Q)/PPL(base)         : ", "ratio"},
+                              std::pair{"Mean PPL(Q)-PPL(base)         : ", "difference"}})
+      o += std::string(label) +
+           pm(ppl[key]["value"], ppl[key]["standard_error"], "%10.6lf", "%10.6lf") + "\n";
+    o += "(" + std::to_string(ppl["tokens"].get<std::int64_t>()) +
+         " scored positions with a known next token)\n\n";
+  }
+  const Json& kl = s.value("kl", Json::object());
+  o += "====== KL divergence statistics ======\n";
+  o += "Mean    KLD: " +
+       pm(kl.value("mean", Json()), kl.value("standard_error", Json()), "%10.6lf", "%10.6lf") +
+       "\n";
+  for (auto [label, key] : {std::pair{"Maximum KLD: ", "max"}, std::pair{"99.9%   KLD: ", "p99_9"},
+                            std::pair{"99.0%   KLD: ", "p99"}, std::pair{"95.0%   KLD: ", "p95"},
+                            std::pair{"90.0%   KLD: ", "p90"}, std::pair{"Median  KLD: ", "median"},
+                            std::pair{"10.0%   KLD: ", "p10"}, std::pair{" 5.0%   KLD: ", "p5"},
+                            std::pair{" 1.0%   KLD: ", "p1"}, std::pair{" 0.1%   KLD: ", "p0_1"},
+                            std::pair{"Minimum KLD: ", "min"}})
+    o += std::string(label) + printf_text("%10.6lf", num_or_nan(kl.value(key, Json()))) + "\n";
+
+  const bool next = s.value("delta_p_next", Json()).is_object();
+  const Json& dp = next ? s["delta_p_next"] : s.value("delta_p_top", Json::object());
+  o += "\n====== Token probability statistics ======\n";
+  if (!next) o += "(Δp of the reference's top token: no next tokens known)\n";
+  if (dp.is_object()) {
+    auto pct = [](const Json& v) { return v.is_number() ? Json(100.0 * v.get<double>()) : v; };
+    o += "Mean    Δp: " + pm(pct(dp["mean"]), pct(dp["standard_error"]), "%6.3lf", "%5.3lf", " %") +
+         "\n";
+    for (auto [label, key] : {std::pair{"Maximum Δp: ", "max"}, std::pair{"99.9%   Δp: ", "p99_9"},
+                              std::pair{"99.0%   Δp: ", "p99"}, std::pair{"95.0%   Δp: ", "p95"},
+                              std::pair{"90.0%   Δp: ", "p90"}, std::pair{"75.0%   Δp: ", "p75"},
+                              std::pair{"Median  Δp: ", "median"}, std::pair{"25.0%   Δp: ", "p25"},
+                              std::pair{"10.0%   Δp: ", "p10"}, std::pair{" 5.0%   Δp: ", "p5"},
+                              std::pair{" 1.0%   Δp: ", "p1"}, std::pair{" 0.1%   Δp: ", "p0_1"},
+                              std::pair{"Minimum Δp: ", "min"}})
+      o += std::string(label) + printf_text("%6.3lf%%", 100.0 * num_or_nan(dp[key])) + "\n";
+    o += "RMS Δp    : " +
+         pm(pct(dp["rms"]), pct(dp["rms_standard_error"]), "%6.3lf", "%5.3lf", " %") + "\n";
+  }
+  const Json& top = s.value("same_top", Json::object());
+  auto pct = [](const Json& v) { return v.is_number() ? Json(100.0 * v.get<double>()) : v; };
+  o += "Same top p: " +
+       pm(pct(top.value("fraction", Json())), pct(top.value("standard_error", Json())), "%6.3lf",
+          "%5.3lf", " %") +
+       "\n";
+  if (next) {
+    const Json& t = s["delta_p_top"];
+    o += "(Δp of the reference's top token: mean " +
+         printf_text("%.3lf%%", 100.0 * num_or_nan(t["mean"])) + ", RMS " +
+         printf_text("%.3lf%%", 100.0 * num_or_nan(t["rms"])) + ")\n";
+  }
+  return o;
+}
+
+std::string gates_text(const Json& g) {
+  std::string o = "====== Gates ======\nstatus: " + g.value("status", std::string("?"));
+  if (g.contains("failed") && !g["failed"].empty()) {
+    o += " (failed:";
+    for (const Json& f : g["failed"]) o += " " + f.get<std::string>();
+    o += ")";
+  }
+  o += "\n";
+  if (g.contains("reproduction") && g["reproduction"].is_object())
+    for (auto it = g["reproduction"].begin(); it != g["reproduction"].end(); ++it) {
+      std::string name = it.key();
+      name.resize(std::max<std::size_t>(name.size(), 30), ' ');
+      o += "  " + name + " " +
+           (it->is_null()     ? "undecided"
+            : it->get<bool>() ? "passed"
+                              : "FAILED") +
+           "\n";
+    }
+  if (g.contains("thresholds"))
+    for (const Json& t : g["thresholds"]) {
+      std::string name = t["name"].get<std::string>();
+      name.resize(std::max<std::size_t>(name.size(), 30), ' ');
+      char line[256];
+      std::snprintf(line, sizeof line, "%s %s %s %.6g, observed %s", name.c_str(),
+                    t["statistic"].get<std::string>().c_str(),
+                    t["comparison"].get<std::string>().c_str(), t["bound"].get<double>(),
+                    t["observed"].is_number()
+                        ? printf_text("%.6g", t["observed"].get<double>()).c_str()
+                        : "not measured");
+      o += "  " + std::string(line) + "  " + (t["passed"].get<bool>() ? "passed" : "FAILED") + "\n";
+    }
+  return o;
+}
 
 PositionRanges parse_position_ranges(const Json& value, std::int64_t length, std::string_view where,
                                      std::string_view code) {
@@ -92,10 +335,11 @@ PositionRanges parse_position_ranges(const Json& value, std::int64_t length, std
       bad(ri + " must be a [begin, end) pair of integers, got " + r.dump().substr(0, 80));
     std::int64_t b = r[0].get<std::int64_t>(), e = r[1].get<std::int64_t>();
     if (b < 0 || e > length || b >= e)
-      bad(ri + " = " + r.dump() + " is not a non-empty range inside [0, " +
-          std::to_string(length) + ")");
+      bad(ri + " = " + r.dump() + " is not a non-empty range inside [0, " + std::to_string(length) +
+          ")");
     if (!out.empty() && b < out.back().second)
-      bad(ri + " = " + r.dump() + " overlaps or precedes the range before it; ranges must be "
+      bad(ri + " = " + r.dump() +
+          " overlaps or precedes the range before it; ranges must be "
           "sorted and disjoint");
     out.emplace_back(b, e);
   }
@@ -133,11 +377,10 @@ void FidelityRequest::check_vocab(std::int64_t vocab_size) const {
 void FidelityRequest::check_context_length(std::int64_t max_positions) const {
   for (std::size_t i = 0; i < panel.size(); ++i)
     if (static_cast<std::int64_t>(panel[i].token_ids.size()) > max_positions)
-      throw Error("request.too_long", "request.panel.contexts[" + std::to_string(i) + "] (\"" +
-                                          panel[i].id + "\") has " +
-                                          std::to_string(panel[i].token_ids.size()) +
-                                          " tokens, more than the model's context of " +
-                                          std::to_string(max_positions));
+      throw Error("request.too_long",
+                  "request.panel.contexts[" + std::to_string(i) + "] (\"" + panel[i].id +
+                      "\") has " + std::to_string(panel[i].token_ids.size()) +
+                      " tokens, more than the model's context of " + std::to_string(max_positions));
 }
 
 FidelityRequest parse_fidelity_request(std::string_view text) {
@@ -154,9 +397,9 @@ FidelityRequest validate_fidelity_request(const Json& doc) {
                                               " is not \"" +
                                               std::string(protocol::kFidelityRequest) + "\"");
   object_fields(doc,
-              {"schema", "id", "reference", "candidate", "panel", "reproduction_confirmation",
-               "block_positions", "limits"},
-              "request");
+                {"schema", "id", "reference", "candidate", "panel", "reproduction_confirmation",
+                 "block_positions", "limits", "thresholds"},
+                "request");
   FidelityRequest r;
   r.schema = protocol::kFidelityRequest;
   r.id = string_field(doc, "id", "request", 256);
@@ -166,14 +409,16 @@ FidelityRequest validate_fidelity_request(const Json& doc) {
   if (!cand.is_object()) invalid("request.candidate must be an object");
   bool has_dir = cand.contains("model_dir"), has_logits = cand.contains("logits");
   if (has_dir == has_logits)
-    invalid("request.candidate must have exactly one of model_dir (a checkpoint to capture) and "
-            "logits (files you supply)");
+    invalid(
+        "request.candidate must have exactly one of model_dir (a checkpoint to capture) and "
+        "logits (files you supply)");
   if (has_dir) {
     r.candidate_model = model_side(cand, "request.candidate", true);
   } else {
     object_fields(cand, {"logits", "label"}, "request.candidate");
   }
-  if (cand.contains("label")) r.candidate_label = string_field(cand, "label", "request.candidate", 128);
+  if (cand.contains("label"))
+    r.candidate_label = string_field(cand, "label", "request.candidate", 128);
 
   r.panel = parse_panel(field(doc, "panel", "request"));
 
@@ -192,8 +437,7 @@ FidelityRequest validate_fidelity_request(const Json& doc) {
       f.sha256 = string_field(files[i], "sha256", where, 71);
       if (!is_identity(f.sha256))
         invalid(where + ".sha256 \"" + f.sha256 + "\" is not sha256:<64 lowercase hex>");
-      if (!paths.insert(f.path).second)
-        invalid(where + ".path \"" + f.path + "\" is named twice");
+      if (!paths.insert(f.path).second) invalid(where + ".path \"" + f.path + "\" is named twice");
       r.candidate_logits.push_back(std::move(f));
     }
   }
@@ -210,6 +454,8 @@ FidelityRequest validate_fidelity_request(const Json& doc) {
               std::to_string(kMaxBlockPositions) + "], got " + it->dump());
     r.block_positions = it->get<std::int64_t>();
   }
+  if (auto it = doc.find("thresholds"); it != doc.end())
+    r.thresholds = parse_thresholds(*it, "request.thresholds");
   r.limits = parse_request_limits(doc);
   r.request_sha256 = sha256_canonical_id(doc);
   r.panel_sha256 = sha256_canonical_id(doc["panel"]);

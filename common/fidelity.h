@@ -45,20 +45,59 @@ struct CandidateLogitsFile {
 };
 
 struct ModelSide {
-  std::string model_dir;            // absolute
+  std::string model_dir;               // absolute
   std::optional<Json> model_identity;  // expected identity, content_sha256 re-checked
 };
+
+// A caller-supplied bound on one statistic of the comparison; it becomes a gate of the receipt.
+// Names and the statistic each bounds (paths into assay.compare-output's "statistics"):
+//   max_mean_kl kl.mean, max_kl_p99 kl.p99, max_kl_p99_9 kl.p99_9, max_kl_max kl.max,
+//   min_top1_agreement same_top.fraction, max_rms_delta_p delta_p_next.rms,
+//   max_abs_mean_delta_p delta_p_next.mean (absolute value), max_ppl_ratio perplexity.ratio.value,
+//   min_ln_ppl_correlation perplexity.ln_ppl_correlation.
+// max_* pass when observed <= bound, min_* when observed >= bound; a statistic that was not
+// measured (null) fails its gate.
+struct Threshold {
+  std::string name;
+  double bound = 0;
+};
+// `value`: an object {name: finite number >= 0}; unknown names are refused with Error(code)
+// naming `where` and the key. Sorted by name.
+std::vector<Threshold> parse_thresholds(const Json& value, std::string_view where,
+                                        std::string_view code = "request.invalid");
+Json thresholds_json(const std::vector<Threshold>& thresholds);
+
+// Gates of a fidelity receipt (schemas/fidelity-result.schema.json#/properties/gates):
+// {"status", "failed", "reproduction", "thresholds"}. The reproduction gates are booleans or
+// null (not decided yet: assay-compare cannot know capture_content_digest_equal or
+// weights_identity_equal, the supervisor fills them).
+// The threshold gates, evaluated against an assay.compare-output "statistics" object.
+Json evaluate_thresholds(const std::vector<Threshold>& thresholds, const Json& statistics);
+// Recomputes "status" and "failed" from the gates: "failed" (some gate false; "failed" lists
+// them, reproduction gates first by name, then thresholds), else "incomplete" (some gate still
+// null), else "passed" (at least one gate), else "none". Returns the updated object.
+Json finalize_gates(Json gates);
+
+// The statistics object (assay.compare-output "statistics") as llama.cpp's
+// `llama-perplexity --kl-divergence` prints its summary, line for line and with its format
+// strings, so numbers can be compared with a llama.cpp run; Δp is of the actual next token where
+// known (llama.cpp's), and of the reference's top token otherwise (said so). Standard errors that
+// are undefined (n < 2) print as n/a.
+std::string llama_cpp_block(const Json& statistics);
+// The gates object as text: the status, then one line per gate.
+std::string gates_text(const Json& gates);
 
 struct FidelityRequest {
   std::string schema;  // protocol::kFidelityRequest
   std::string id;
   ModelSide reference;
-  std::string candidate_label;           // free text shown in the receipt ("" when absent)
+  std::string candidate_label;               // free text shown in the receipt ("" when absent)
   std::optional<ModelSide> candidate_model;  // exactly one of candidate_model and
   std::vector<CandidateLogitsFile> candidate_logits;  // candidate_logits (one per context)
   std::vector<PanelContext> panel;
   bool reproduction_confirmation = false;
   std::int64_t block_positions = kDefaultBlockPositions;
+  std::vector<Threshold> thresholds;  // from "thresholds" (absent: none)
   RequestLimits limits;
   std::string request_sha256;  // canonical form of the whole document
   std::string panel_sha256;    // canonical form of the "panel" member

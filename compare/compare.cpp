@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <set>
 
@@ -17,6 +18,7 @@
 #include "common/protocol.h"
 #include "common/safetensors.h"
 #include "compare/kernel.h"
+#include "compare/statistics.h"
 
 namespace assay::compare {
 namespace {
@@ -108,9 +110,10 @@ struct Logits {
         std::string names;
         for (const auto& v : file.tensors())
           names += (names.empty() ? "\"" : ", \"") + v.name + "\"";
-        throw Error("compare.missing_tensor",
-                    what + " has no tensor \"logits\" and " + std::to_string(file.tensors().size()) +
-                        " tensors (" + (names.empty() ? "none" : names) + "), not exactly one");
+        throw Error("compare.missing_tensor", what + " has no tensor \"logits\" and " +
+                                                  std::to_string(file.tensors().size()) +
+                                                  " tensors (" + (names.empty() ? "none" : names) +
+                                                  "), not exactly one");
       }
       t = &file.tensors().front();
     }
@@ -181,6 +184,22 @@ struct Logits {
     return {tensor.data + i * vocab * esize, element};
   }
 
+  // The element at (row, column), widened exactly to double.
+  double at(std::size_t row, std::size_t vocab, std::int64_t column) const {
+    const std::byte* p = tensor.data + (row * vocab + static_cast<std::size_t>(column)) *
+                                           (element == Element::kF32 ? 4 : 2);
+    float f;
+    if (element == Element::kF32) {
+      std::memcpy(&f, p, sizeof f);
+    } else {
+      std::uint16_t h;
+      std::memcpy(&h, p, sizeof h);
+      std::uint32_t w = static_cast<std::uint32_t>(h) << 16;
+      std::memcpy(&f, &w, sizeof f);
+    }
+    return f;
+  }
+
   std::string value_text(std::size_t row, std::size_t vocab, std::int64_t column) const {
     float f;
     const std::byte* p = tensor.data + (row * vocab + static_cast<std::size_t>(column)) *
@@ -240,7 +259,29 @@ double neumaier_sum(std::span<const double> v) {
   return sum + c;
 }
 
+Json input_dtypes(const std::vector<OpenedContext>& opened) {
+  std::set<std::string> dtypes;
+  for (const OpenedContext& o : opened)
+    for (const Logits* l : {o.reference.get(), o.candidate.get(), o.reproduction.get()})
+      if (l) dtypes.insert(dtype_text(l->element));
+  return Json(std::vector<std::string>(dtypes.begin(), dtypes.end()));
+}
+
 }  // namespace
+
+const std::string& executable_sha256() {
+  // The link itself, not its target's path: that is the file this process runs.
+  static const std::string id = [] {
+    std::ifstream in("/proc/self/exe", std::ios::binary);
+    if (!in) throw Error("compare.internal", "cannot open /proc/self/exe to hash the estimator");
+    common::Sha256 h;
+    std::vector<char> buf(1 << 20);
+    while (in.read(buf.data(), static_cast<std::streamsize>(buf.size())) || in.gcount() > 0)
+      h.update(buf.data(), static_cast<std::size_t>(in.gcount()));
+    return common::identity(h.finish());
+  }();
+  return id;
+}
 
 std::int64_t ContextSpec::rows() const {
   std::int64_t n = 0;
@@ -249,7 +290,7 @@ std::int64_t ContextSpec::rows() const {
 }
 
 CompareInput parse_input(const Json& doc, const std::string& where) {
-  check_object(doc, {"schema", "vocab_size", "kl_file", "contexts"},
+  check_object(doc, {"schema", "vocab_size", "kl_file", "contexts", "thresholds"},
                {"schema", "vocab_size", "kl_file", "contexts"}, where);
   std::string schema = string_field(doc, "schema", where);
   if (schema != protocol::kCompareInput)
@@ -278,7 +319,7 @@ CompareInput parse_input(const Json& doc, const std::string& where) {
   for (std::size_t i = 0; i < contexts.size(); ++i) {
     const std::string w = where + ".contexts[" + std::to_string(i) + "]";
     const Json& c = contexts[i];
-    check_object(c, {"id", "positions", "reference", "candidate", "reproduction"},
+    check_object(c, {"id", "positions", "reference", "candidate", "reproduction", "token_ids"},
                  {"id", "positions", "reference", "candidate"}, w);
     ContextSpec ctx;
     ctx.id = string_field(c, "id", w);
@@ -308,8 +349,31 @@ CompareInput parse_input(const Json& doc, const std::string& where) {
     ctx.candidate = parse_file_ref(c.at("candidate"), w + ".candidate");
     if (c.contains("reproduction") && !c.at("reproduction").is_null())
       ctx.reproduction = parse_file_ref(c.at("reproduction"), w + ".reproduction");
+    if (c.contains("token_ids") && !c.at("token_ids").is_null()) {
+      const Json& ids = c.at("token_ids");
+      if (!ids.is_array() || ids.empty())
+        invalid(w + ".token_ids", "must be a non-empty array of token ids, got " + shown(ids));
+      std::vector<std::int64_t> tokens;
+      tokens.reserve(ids.size());
+      for (std::size_t k = 0; k < ids.size(); ++k) {
+        if (!ids[k].is_number_integer() || ids[k].get<std::int64_t>() < 0 ||
+            ids[k].get<std::int64_t>() >= in.vocab_size)
+          invalid(
+              w + ".token_ids[" + std::to_string(k) + "]",
+              shown(ids[k]) + " is not a token id in [0, " + std::to_string(in.vocab_size) + ")");
+        tokens.push_back(ids[k].get<std::int64_t>());
+      }
+      if (previous_end > static_cast<std::int64_t>(tokens.size()))
+        invalid(w + ".positions", "scores position " + std::to_string(previous_end - 1) +
+                                      " but token_ids holds " + std::to_string(tokens.size()) +
+                                      " tokens");
+      ctx.token_ids = std::move(tokens);
+    }
     in.contexts.push_back(std::move(ctx));
   }
+  if (doc.contains("thresholds") && !doc.at("thresholds").is_null())
+    in.thresholds =
+        common::parse_thresholds(doc.at("thresholds"), where + ".thresholds", "input.invalid");
   bool some = false, all = true;
   for (const auto& c : in.contexts) {
     some |= c.reproduction.has_value();
@@ -440,6 +504,7 @@ Comparison compare(const CompareInput& input, const Options& options) {
   ref_argmax.reserve(kl.capacity());
   cand_argmax.reserve(kl.capacity());
   std::vector<double> scratch(scratch_size(vocab));
+  Series series;
 
   auto check_finite = [&](const RowResult& r, const Logits& a, const Logits& b, std::size_t row,
                           std::int64_t pos) {
@@ -466,6 +531,33 @@ Comparison compare(const CompareInput& input, const Options& options) {
                              scratch.data());
         check_finite(r, *o.reference, *o.candidate, row, pos);
         kl.push_back(r.kl);
+        series.same_top.push_back(r.reference_argmax == r.candidate_argmax);
+        {
+          // Log-probabilities exactly as the kernel's log-softmax; p = exp(log p) by the
+          // kernel's exp, so equal rows give exactly equal probabilities.
+          auto logp_r = [&](std::int64_t t) {
+            return (o.reference->at(row, vocab, t) - r.reference_max) - r.reference_log_sum;
+          };
+          auto logp_c = [&](std::int64_t t) {
+            return (o.candidate->at(row, vocab, t) - r.candidate_max) - r.candidate_log_sum;
+          };
+          double lp[4] = {logp_r(r.reference_argmax), logp_c(r.reference_argmax), 0, 0};
+          const auto& ids = o.spec->token_ids;
+          const bool next = ids && pos + 1 < static_cast<std::int64_t>(ids->size());
+          if (next) {
+            const std::int64_t t = (*ids)[static_cast<std::size_t>(pos + 1)];
+            lp[2] = logp_r(t);
+            lp[3] = logp_c(t);
+          }
+          double pr[4];
+          exp_nonpositive(lp, pr, 4);
+          series.delta_p_top.push_back(pr[1] - pr[0]);
+          if (next) {
+            series.delta_p_next.push_back(pr[3] - pr[2]);
+            series.nll_reference.push_back(-lp[2]);
+            series.nll_candidate.push_back(-lp[3]);
+          }
+        }
         context_index.push_back(static_cast<std::int64_t>(ci));
         position.push_back(pos);
         ref_argmax.push_back(r.reference_argmax);
@@ -521,10 +613,13 @@ Comparison compare(const CompareInput& input, const Options& options) {
                         {"reproduction", reproduction}});
   }
 
+  series.kl = kl;
+  const Json statistics = statistics_json(series);
   const Stats all = summarize(kl);
   const std::size_t at =
       static_cast<std::size_t>(std::find(kl.begin(), kl.end(), all.max) - kl.begin());
   Json reproduction = nullptr;
+  Json reproduction_gates = nullptr;
   if (with_reproduction) {
     Stats s = summarize(repro_kl);
     std::int64_t agree = 0;
@@ -535,7 +630,38 @@ Comparison compare(const CompareInput& input, const Options& options) {
                     {"top1_agree_count", agree},
                     {"digests_equal", digests_equal},
                     {"confirmed", digests_equal && s.max == 0.0 && s.min == 0.0 && top1 == 1.0}};
+    // What this comparison can decide; the supervisor decides the other two from the capture
+    // runs and the fingerprints (common::finalize_gates then recomputes the status).
+    reproduction_gates = {{"asserted_exact_zero", s.max == 0.0 && s.min == 0.0 && top1 == 1.0},
+                          {"head_digest_equal", digests_equal},
+                          {"capture_content_digest_equal", nullptr},
+                          {"weights_identity_equal", nullptr}};
   }
+  Json gates = common::finalize_gates(
+      {{"reproduction", reproduction_gates},
+       {"thresholds", common::evaluate_thresholds(input.thresholds, statistics)}});
+
+  Json positions_per_context = Json::array();
+  bool all_positions = true, ids_known = true;
+  std::int64_t next_known = 0;
+  for (const ContextSpec& spec : input.contexts) {
+    positions_per_context.push_back(spec.rows());
+    if (!spec.token_ids) {
+      ids_known = false;
+      continue;
+    }
+    const auto len = static_cast<std::int64_t>(spec.token_ids->size());
+    all_positions &=
+        spec.positions.size() == 1 && spec.positions[0].begin == 0 && spec.positions[0].end == len;
+    for (const Range& range : spec.positions)
+      next_known += std::max<std::int64_t>(0, std::min(range.end, len - 1) - range.begin);
+  }
+  Json scope{{"contexts", input.contexts.size()},
+             {"positions_per_context", positions_per_context},
+             {"scored_positions", total},
+             {"next_token_positions", ids_known ? Json(next_known) : Json(nullptr)},
+             {"position_filter", ids_known && all_positions ? "all" : "request_ranges"},
+             {"covers_full_panel", true}};
 
   std::vector<common::TensorToWrite> tensors = {
       {"kl", common::Dtype::kF64, {total}, raw(kl)},
@@ -572,6 +698,29 @@ Comparison compare(const CompareInput& input, const Options& options) {
       {"kl_file", input.kl_file},
       {"kl_file_sha256", common::sha256_id(out.kl_artifact)},
       {"kernel", active_clone()},
+      {"comparison_kind", with_reproduction ? "reproduction_confirmation" : "candidate_comparison"},
+      {"metric",
+       {{"name", "mean_tokenwise_kld"},
+        {"direction", "reference_to_candidate"},
+        {"units", "nats"},
+        {"higher_is_better", false},
+        {"value", all.mean}}},
+      {"scope", scope},
+      {"comparator",
+       {{"estimator", "assay-compare"},
+        {"estimator_sha256", executable_sha256()},
+        {"accumulation_dtype", "float64"},
+        {"logprob_dtype", "float64"},
+        {"input_dtypes", input_dtypes(opened)},
+        {"kernel", active_clone()},
+        {"fp_contract", "off"},
+        {"exp_log", "own"},
+        {"deterministic_algorithms", true},
+        {"tf32", false},
+        {"device", "cpu"},
+        {"blas", "none"}}},
+      {"statistics", statistics},
+      {"gates", gates},
       {"seconds", seconds}};
   return out;
 }

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "common/fidelity.h"
 #include "common/json.h"
 
 namespace assay::compare {
@@ -30,6 +31,9 @@ struct ContextSpec {
   LogitsFileRef reference;
   LogitsFileRef candidate;
   std::optional<LogitsFileRef> reproduction;  // a second capture of the reference
+  // The context's token ids, when known: then position p's next token is token_ids[p + 1]
+  // (p + 1 < size), which gives Δp of the actual next token and the perplexities.
+  std::optional<std::vector<std::int64_t>> token_ids;
   std::int64_t rows() const;
 };
 
@@ -37,6 +41,7 @@ struct CompareInput {
   std::int64_t vocab_size = 0;
   std::string kl_file;  // a plain file name in the workdir
   std::vector<ContextSpec> contexts;
+  std::vector<common::Threshold> thresholds;  // caller-supplied bounds, gates of the output
 };
 
 // Validates an assay.compare-input.v1 document (strict: unknown fields are refused).
@@ -74,6 +79,9 @@ struct Comparison {
   common::Json document;    // assay.compare-output.v1
   std::string kl_artifact;  // the kl.safetensors image whose sha256 the document holds
 };
+
+// sha256 of /proc/self/exe, "sha256:<hex>": the estimator identity in "comparator".
+const std::string& executable_sha256();
 
 // Opens and validates every file (structure first, then digests), compares every row, and
 // builds the output document with "kl_file" = input.kl_file. Throws Error with codes

@@ -24,6 +24,10 @@ struct RowResult {
   double kl = 0;  // nats; exactly 0.0 when the rows are equal element for element
   std::int64_t reference_argmax = 0;  // lowest index on ties
   std::int64_t candidate_argmax = 0;
+  // Each row's log-softmax as the kernel computes it: log p(v) = (x[v] - max) - log_sum, with
+  // log_sum = log(sum_v exp(x[v] - max)); so any token's log-probability can be read afterwards.
+  double reference_max = 0, reference_log_sum = 0;
+  double candidate_max = 0, candidate_log_sum = 0;
   // -1: both rows finite. 0: the reference, 1: the candidate holds a NaN or an infinity, first
   // at non_finite_column; kl and the argmaxes are then meaningless.
   int non_finite = -1;

@@ -8,6 +8,7 @@
 #include <CLI/CLI.hpp>
 
 #include "common/error.h"
+#include "common/fidelity.h"
 #include "common/fs.h"
 #include "common/json.h"
 #include "compare/compare.h"
@@ -63,6 +64,8 @@ void print_summary(const Json& d) {
     std::string hi = i < edges.size() ? fmt(edges[i].get<double>()) : "inf";
     std::cout << "  [" << lo << ", " << hi << ") " << counts[i].get<std::int64_t>() << "\n";
   }
+  std::cout << "\n" << assay::common::llama_cpp_block(d["statistics"]);
+  if (d["gates"]["status"] != "none") std::cout << "\n" << assay::common::gates_text(d["gates"]);
   if (!d["reproduction"].is_null())
     std::cout << "reproduction confirmed: "
               << (d["reproduction"]["confirmed"].get<bool>() ? "yes" : "no") << "\n";

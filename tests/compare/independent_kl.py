@@ -8,7 +8,13 @@ Writes random logits files (F32 and BF16, several contexts, vocab 151,936 and 1,
 writer, runs `assay-compare run`, and checks with numpy in fp64 (x - max, exp, sum, log; no
 scipy, no code shared with assay): every token-wise KL in the artifact to 1e-12 relative, both
 argmaxes exactly, the statistics (np.mean, np.percentile), top-1 agreement, max_at, histogram,
-every digest (hashlib), and both documents against their JSON Schemas. Exit 0 when all hold.
+every digest (hashlib), and both documents against their JSON Schemas. Then the llama.cpp-style
+statistics (issue 16): KL mean and standard error and percentiles, same-top fraction and its
+standard error, Δp of the reference's top token and of the actual next token (mean, standard
+error, RMS and its standard error, percentiles), the perplexities of both sides over the
+positions whose next token is known, their ln ratio, ratio and difference with standard errors,
+the correlation of the per-token ln PPL, and the threshold gates, all to 1e-10 relative (plus
+1e-14 absolute for values near 0). Exit 0 when all hold.
 """
 import hashlib
 import json
@@ -101,13 +107,97 @@ def close(a, b):
     return abs(a - b) <= REL * abs(b)
 
 
+def near(a, b, rel=1e-10, tiny=1e-14):
+    if a is None or b is None:
+        return a is None and b is None
+    return abs(a - b) <= rel * abs(b) + tiny
+
+
+def se(v):
+    return float(np.sqrt(np.var(v) / (len(v) - 1))) if len(v) >= 2 else None
+
+
+def numpy_statistics(kl, same, dtop, dnext, nll_r, nll_c):
+    """The statistics object as an independent numpy computation."""
+    kl_p = {"p99_9": 99.9, "p99": 99, "p95": 95, "p90": 90, "median": 50, "p10": 10, "p5": 5, "p1": 1, "p0_1": 0.1}
+    dp_p = {"p99_9": 99.9, "p99": 99, "p95": 95, "p90": 90, "p75": 75, "median": 50, "p25": 25, "p10": 10,
+            "p5": 5, "p1": 1, "p0_1": 0.1}
+
+    def dist(v, pcts):
+        d = {"n": len(v), "mean": float(np.mean(v)), "standard_error": se(v), "max": float(v.max()), "min": float(v.min())}
+        for k, q in pcts.items():
+            d[k] = float(np.percentile(v, q))
+        return d
+
+    def delta(v):
+        if len(v) == 0:
+            return None
+        d = dist(v, dp_p)
+        rms = float(np.sqrt(np.mean(v * v)))
+        d["rms"] = rms
+        s2 = se(v * v)
+        d["rms_standard_error"] = 0.5 / rms * s2 if s2 is not None and rms > 0 else None
+        return d
+
+    n = len(kl)
+    p = float(np.mean(same))
+    out = {"kl": dist(kl, kl_p),
+           "same_top": {"n": n, "count": int(np.sum(same)), "fraction": p,
+                        "standard_error": float(np.sqrt(p * (1 - p) / (n - 1))) if n >= 2 else None},
+           "delta_p_top": delta(dtop), "delta_p_next": delta(dnext), "perplexity": None}
+    if len(nll_r):
+        m = len(nll_r)
+
+        def side(v):
+            mv, sv = float(np.mean(v)), se(v)
+            ppl = float(np.exp(mv))
+            return {"ppl": ppl, "ppl_standard_error": ppl * sv if sv is not None else None,
+                    "mean_nll": mv, "mean_nll_standard_error": sv}
+        r, c = side(nll_r), side(nll_c)
+        ln = c["mean_nll"] - r["mean_nll"]
+        ln_se = se(nll_c - nll_r)
+        ratio = float(np.exp(ln))
+        diff_se = None
+        if m >= 2:
+            cov = np.cov(nll_c, nll_r, bias=True)[0, 1] / (m - 1)
+            diff_se = float(np.sqrt(max(0.0, c["ppl_standard_error"] ** 2 + r["ppl_standard_error"] ** 2
+                                        - 2 * c["ppl"] * r["ppl"] * cov)))
+        out["perplexity"] = {
+            "tokens": m, "reference": r, "candidate": c,
+            "ln_ppl_correlation": float(np.corrcoef(nll_c, nll_r)[0, 1]) if m >= 2 else None,
+            "ln_ratio": {"value": ln, "standard_error": ln_se},
+            "ratio": {"value": ratio, "standard_error": ratio * ln_se if ln_se is not None else None},
+            "difference": {"value": c["ppl"] - r["ppl"], "standard_error": diff_se}}
+    return out
+
+
+def compare_tree(got, want, path, worst):
+    """Every number of `want` near the same one of `got`; returns the worst relative difference."""
+    if isinstance(want, dict):
+        check(isinstance(got, dict) and set(got) == set(want), f"{path}: keys {sorted(got) if isinstance(got, dict) else got} vs {sorted(want)}")
+        for k in want:
+            if isinstance(got, dict) and k in got:
+                worst = compare_tree(got[k], want[k], f"{path}.{k}", worst)
+        return worst
+    if want is None or got is None:
+        check(got is None and want is None, f"{path} = {got!r}, numpy {want!r}")
+        return worst
+    if isinstance(want, int) and not isinstance(want, bool):
+        check(got == want, f"{path} = {got!r}, numpy {want!r}")
+        return worst
+    check(near(got, want), f"{path} = {got!r}, numpy {want!r}")
+    if want != 0:
+        worst = max(worst, abs(got - want) / abs(want))
+    return worst
+
+
 def stats(v):
     p = np.percentile(v, [50, 95, 99, 99.9])
     return {"mean": v.mean(), "median": p[0], "p95": p[1], "p99": p[2], "p99_9": p[3],
             "max": v.max(), "min": v.min()}
 
 
-def run_case(binary, work, vocab, contexts, seed, reproduction):
+def run_case(binary, work, vocab, contexts, seed, reproduction, thresholds):
     """contexts: list of (id, ranges, reference dtype, candidate dtype)."""
     rng = np.random.default_rng(seed)
     files = pathlib.Path(work) / "files"
@@ -117,6 +207,9 @@ def run_case(binary, work, vocab, contexts, seed, reproduction):
     spec, truth = [], []
     for k, (cid, ranges, rdt, cdt) in enumerate(contexts):
         rows = sum(b - a for a, b in ranges)
+        # Token ids for every other context (the rest: no next tokens known). The last range
+        # ends at the last token, so that position's next token is unknown.
+        tokens = [int(t) for t in rng.integers(0, vocab, ranges[-1][1])] if k % 2 == 0 else None
         ref = rng.normal(0, 3, (rows, vocab)).astype(np.float32)
         cand = (ref + rng.normal(0, 0.5, (rows, vocab))).astype(np.float32)
         rp, cp = files / f"ref{k}.safetensors", files / f"cand{k}.safetensors"
@@ -125,15 +218,16 @@ def run_case(binary, work, vocab, contexts, seed, reproduction):
         entry = {"id": cid, "positions": [list(r) for r in ranges],
                  "reference": {"path": str(rp), "sha256": None},
                  # every other candidate carries its sha256, as a user-supplied one does
-                 "candidate": {"path": str(cp), "sha256": sha(cp.read_bytes()) if k % 2 == 0 else None}}
+                 "candidate": {"path": str(cp), "sha256": sha(cp.read_bytes()) if k % 2 == 0 else None},
+                 "token_ids": tokens}
         if reproduction:
             pp = files / f"again{k}.safetensors"
             write_logits(pp, ref, rdt)
             entry["reproduction"] = {"path": str(pp), "sha256": None}
         spec.append(entry)
-        truth.append((cid, ranges, rp, cp, rdt, cdt, ref_raw, cand_raw))
+        truth.append((cid, ranges, rp, cp, rdt, cdt, ref_raw, cand_raw, tokens))
     doc = {"schema": "assay.compare-input.v1", "vocab_size": vocab, "kl_file": "kl.safetensors",
-           "contexts": spec}
+           "contexts": spec, "thresholds": thresholds}
     (wd / "input.json").write_text(json.dumps(doc, indent=1))
     r = subprocess.run([binary, "run", "--input", "input.json", "--workdir", "."], cwd=wd,
                        capture_output=True, text=True)
@@ -152,7 +246,8 @@ def run_case(binary, work, vocab, contexts, seed, reproduction):
 
     kl_np, ra_np, ca_np, pos_np, ctx_np = [], [], [], [], []
     worst, worst_i = 0.0, 0
-    for k, (cid, ranges, rp, cp, rdt, cdt, ref_raw, cand_raw) in enumerate(truth):
+    same, dtop, dnext, nll_r, nll_c = [], [], [], [], []
+    for k, (cid, ranges, rp, cp, rdt, cdt, ref_raw, cand_raw, tokens) in enumerate(truth):
         R = as_f64(read_safetensors(rp)[0]["logits"], rdt)
         C = as_f64(read_safetensors(cp)[0]["logits"], cdt)
         positions = [p for a, b in ranges for p in range(a, b)]
@@ -160,6 +255,14 @@ def run_case(binary, work, vocab, contexts, seed, reproduction):
             lr, pr = log_softmax(R[i])
             lc, _ = log_softmax(C[i])
             kl_np.append(np.sum(pr * (lr - lc)))
+            t = int(np.argmax(R[i]))
+            same.append(int(t == int(np.argmax(C[i]))))
+            dtop.append(np.exp(lc[t]) - np.exp(lr[t]))
+            if tokens is not None and p + 1 < len(tokens):
+                nxt = tokens[p + 1]
+                dnext.append(np.exp(lc[nxt]) - np.exp(lr[nxt]))
+                nll_r.append(-lr[nxt])
+                nll_c.append(-lc[nxt])
             ra_np.append(int(np.argmax(R[i])))
             ca_np.append(int(np.argmax(C[i])))
             pos_np.append(p)
@@ -218,6 +321,27 @@ def run_case(binary, work, vocab, contexts, seed, reproduction):
         check(np.all(art["reproduction_kl"] == 0.0), "reproduction KL exactly 0")
     else:
         check(out["reproduction"] is None, "no reproduction")
+    want_stats = numpy_statistics(kl_np, np.array(same), np.array(dtop), np.array(dnext),
+                                  np.array(nll_r), np.array(nll_c))
+    worst_stat = compare_tree(out["statistics"], want_stats, "statistics", 0.0)
+    check(out["metric"]["value"] == m["kl"]["mean"], "metric.value = metrics.kl.mean")
+    check(out["scope"]["next_token_positions"] == (len(nll_r) if all(t[8] is not None for t in truth) else None),
+          "scope.next_token_positions")
+    gates = {g["name"]: g for g in out["gates"]["thresholds"]}
+    check(set(gates) == set(thresholds), f"threshold gates {sorted(gates)}")
+    for name, bound in thresholds.items():
+        stat = {"max_mean_kl": ("kl", "mean"), "min_top1_agreement": ("same_top", "fraction"),
+                "max_kl_p99": ("kl", "p99"), "max_rms_delta_p": ("delta_p_next", "rms"),
+                "max_ppl_ratio": ("perplexity", "ratio", "value")}[name]
+        v = want_stats
+        for part in stat:
+            v = v[part]
+        want_pass = v >= bound if name.startswith("min_") else v <= bound
+        check(gates[name]["passed"] == want_pass and near(gates[name]["observed"], v),
+              f"gate {name}: {gates[name]}, numpy {v!r}")
+    failed = sorted(n for n, g in gates.items() if not g["passed"])
+    check(sorted(out["gates"]["failed"]) == failed, f"gates.failed {out['gates']['failed']} vs {failed}")
+    print(f"vocab {vocab}: statistics agree with numpy, worst relative difference {worst_stat:.3e}")
     print(f"vocab {vocab}: {len(kl_np)} positions, KL mean {kl_np.mean():.6f}, "
           f"worst relative difference {worst:.3e} (KL {kl_np[worst_i]:.3e}), top-1 {agree}/{len(kl_np)}")
 
@@ -232,12 +356,14 @@ def main(argv):
         run_case(binary, pathlib.Path(work) / "a", 151936,
                  [("c0", [(0, 5), (10, 13)], "F32", "F32"),
                   ("c1", [(2, 6)], "F32", "BF16"),
-                  ("long context/7", [(100, 103)], "BF16", "BF16")], seed=1, reproduction=False)
+                  ("long context/7", [(100, 103)], "BF16", "BF16")], seed=1, reproduction=False,
+                 thresholds={"max_mean_kl": 1e-3, "min_top1_agreement": 0.5})
         (pathlib.Path(work) / "b").mkdir()
         run_case(binary, pathlib.Path(work) / "b", 1001,
                  [("a", [(0, 120)], "F32", "F32"),
                   ("b", [(3, 40), (41, 100)], "BF16", "F32"),
-                  ("c", [(7, 8)], "F32", "BF16")], seed=2, reproduction=True)
+                  ("c", [(7, 8)], "F32", "BF16")], seed=2, reproduction=True,
+                 thresholds={"max_mean_kl": 10.0, "max_kl_p99": 1e-6, "max_rms_delta_p": 1.0, "max_ppl_ratio": 2.0})
     if failures:
         print(f"{len(failures)} check(s) failed")
         return 1

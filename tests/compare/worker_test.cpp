@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "common/fidelity.h"
 #include "common/fs.h"
 #include "common/identity.h"
 #include "common/json.h"
@@ -535,6 +536,107 @@ TEST_CASE("--help works everywhere and a usage error exits 2") {
   }
   CHECK(run_command(kBin + " run --input x.json 2>&1").status == 2);  // no --workdir
   CHECK(run_command(kBin + " 2>&1").status == 2);
+}
+
+TEST_CASE(
+    "a self-comparison with a reproduction: every statistic exact, gates decided by compare hold") {
+  TempDir d;
+  fs::create_directory(d / "work");
+  auto a = random_logits(12, kVocab, 7);
+  write_logits(d / "ref.safetensors", a, 12, kVocab);
+  write_logits(d / "cand.safetensors", a, 12, kVocab);
+  write_logits(d / "again.safetensors", a, 12, kVocab);
+  Json c = context("c0", Json::parse("[[0, 12]]"), d / "ref.safetensors", d / "cand.safetensors",
+                   d / "again.safetensors");
+  std::vector<std::int64_t> tokens;
+  for (std::int64_t i = 0; i < 12; ++i) tokens.push_back((i * 97) % 1001);
+  c["token_ids"] = tokens;
+  Json input = input_doc(kVocab, {c});
+  input["thresholds"] = {{"max_mean_kl", 0.0}, {"min_top1_agreement", 1.0}, {"max_ppl_ratio", 1.0}};
+  auto r = run_worker(d / "work", input);
+  INFO(r.out);
+  REQUIRE(r.status == 0);
+  check_schemas(d / "work");
+  Json out = read_json(d / "work" / "output.json");
+  CHECK(out["comparison_kind"] == "reproduction_confirmation");
+  CHECK(out["metric"]["name"] == "mean_tokenwise_kld");
+  CHECK(out["metric"]["value"] == 0.0);
+  CHECK(out["scope"]["next_token_positions"] == 11);  // the last position's next token is unknown
+  CHECK(out["scope"]["position_filter"] == "all");
+  CHECK(out["comparator"]["estimator_sha256"] == common::sha256_file_id(ASSAY_COMPARE_BIN));
+  const Json& s = out["statistics"];
+  for (const char* k : {"mean", "standard_error", "max", "p99_9", "median", "p0_1", "min"})
+    CHECK(s["kl"][k] == 0.0);
+  CHECK(s["same_top"] ==
+        Json{{"n", 12}, {"count", 12}, {"fraction", 1.0}, {"standard_error", 0.0}});
+  for (const char* side : {"delta_p_top", "delta_p_next"}) {
+    CHECK(s[side]["mean"] == 0.0);
+    CHECK(s[side]["rms"] == 0.0);
+    CHECK(s[side]["rms_standard_error"].is_null());  // undefined at rms 0
+    CHECK(s[side]["max"] == 0.0);
+    CHECK(s[side]["min"] == 0.0);
+  }
+  CHECK(s["delta_p_next"]["n"] == 11);
+  const Json& ppl = s["perplexity"];
+  CHECK(ppl["tokens"] == 11);
+  CHECK(ppl["reference"] == ppl["candidate"]);
+  CHECK(ppl["ln_ratio"] == Json{{"value", 0.0}, {"standard_error", 0.0}});
+  CHECK(ppl["ratio"] == Json{{"value", 1.0}, {"standard_error", 0.0}});
+  CHECK(ppl["difference"]["value"] == 0.0);
+  CHECK(ppl["ln_ppl_correlation"] == 1.0);
+  const Json& g = out["gates"];
+  CHECK(g["reproduction"]["asserted_exact_zero"] == true);
+  CHECK(g["reproduction"]["head_digest_equal"] == true);
+  CHECK(g["reproduction"]["capture_content_digest_equal"].is_null());
+  CHECK(g["status"] == "incomplete");  // until the supervisor decides the other two gates
+  CHECK(g["failed"] == Json::array());
+  for (const Json& t : g["thresholds"]) CHECK(t["passed"] == true);
+
+  // The supervisor's part: filled in, the status is passed; one false gate fails by name.
+  Json filled = g;
+  filled["reproduction"]["capture_content_digest_equal"] = true;
+  filled["reproduction"]["weights_identity_equal"] = true;
+  CHECK(common::finalize_gates(filled)["status"] == "passed");
+  filled["reproduction"]["weights_identity_equal"] = false;
+  Json failed = common::finalize_gates(filled);
+  CHECK(failed["status"] == "failed");
+  CHECK(failed["failed"] == Json::array({"weights_identity_equal"}));
+}
+
+TEST_CASE("a perturbed candidate fails a threshold gate by name; unknown thresholds are refused") {
+  TempDir d;
+  fs::create_directory(d / "work");
+  auto a = random_logits(6, kVocab, 8);
+  auto b = a;
+  for (std::size_t i = 0; i < b.size(); i += 3) b[i] += 0.5f;
+  write_logits(d / "ref.safetensors", a, 6, kVocab);
+  write_logits(d / "cand.safetensors", b, 6, kVocab);
+  Json input = input_doc(kVocab, {context("c0", Json::parse("[[0, 6]]"), d / "ref.safetensors",
+                                          d / "cand.safetensors")});
+  input["thresholds"] = {{"max_mean_kl", 1e-6}, {"max_kl_max", 100.0}, {"max_rms_delta_p", 0.1}};
+  auto r = run_worker(d / "work", input);
+  INFO(r.out);
+  REQUIRE(r.status == 0);
+  check_schemas(d / "work");
+  Json out = read_json(d / "work" / "output.json");
+  CHECK(out["comparison_kind"] == "candidate_comparison");
+  CHECK(out["statistics"]["perplexity"].is_null());  // no token ids: no next tokens
+  CHECK(out["scope"]["next_token_positions"].is_null());
+  const Json& g = out["gates"];
+  CHECK(g["status"] == "failed");
+  // max_rms_delta_p bounds the next-token Δp, which was not measured: that fails too.
+  CHECK(g["failed"] == Json::array({"max_mean_kl", "max_rms_delta_p"}));
+  CHECK(g["reproduction"].is_null());
+  CHECK(g["thresholds"][0]["name"] == "max_kl_max");
+  CHECK(g["thresholds"][0]["passed"] == true);
+  CHECK(g["thresholds"][1]["observed"] == out["statistics"]["kl"]["mean"]);
+  CHECK(g["thresholds"][2]["observed"].is_null());
+
+  input["thresholds"] = {{"max_mean_kld", 0.1}};
+  r = run_worker(d / "work", input);
+  CHECK(r.status == 2);
+  CHECK(contains(r.out, "input.invalid"));
+  CHECK(contains(r.out, "max_mean_kld is not a known threshold"));
 }
 
 }  // namespace

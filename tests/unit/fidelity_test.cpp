@@ -18,8 +18,10 @@ Json valid() {
     "id": "q4",
     "reference": {"model_dir": "/models/ref/"},
     "candidate": {"logits": [
-      {"path": "/data/a.safetensors", "sha256": "sha256:)" + std::string(64, 'a') + R"("},
-      {"path": "/data/b.safetensors", "sha256": "sha256:)" + std::string(64, 'b') + R"("}]},
+      {"path": "/data/a.safetensors", "sha256": "sha256:)" +
+                     std::string(64, 'a') + R"("},
+      {"path": "/data/b.safetensors", "sha256": "sha256:)" +
+                     std::string(64, 'b') + R"("}]},
     "panel": {"contexts": [
       {"id": "a", "token_ids": [1, 2, 3, 4]},
       {"token_ids": [5, 6, 7, 8, 9], "positions": [[0, 2], [3, 5]]}]}
@@ -46,7 +48,7 @@ TEST_CASE("a fidelity request parses into its panel, candidate and identities") 
   REQUIRE(r.candidate_logits.size() == 2);
   REQUIRE(r.panel.size() == 2);
   CHECK(r.panel[0].positions == PositionRanges{{0, 4}});  // "all" by default
-  CHECK(r.panel[1].id == "c1");                            // default id
+  CHECK(r.panel[1].id == "c1");                           // default id
   CHECK(r.panel[1].scored == 4);
   CHECK(r.scored_positions() == 8);
   CHECK(r.block_positions == kDefaultBlockPositions);
@@ -117,14 +119,19 @@ TEST_CASE("bad fidelity requests are refused with a code naming the value") {
        "request.invalid", "must not be empty"},
       {"negative token", [](Json& j) { j["panel"]["contexts"][0]["token_ids"][2] = -1; },
        "request.invalid_token_id", "token_ids[2]"},
-      {"range outside", [](Json& j) { j["panel"]["contexts"][1]["positions"] = {{0, 6}}; },
+      {"range outside",
+       [](Json& j) {
+         j["panel"]["contexts"][1]["positions"] = {{0, 6}};
+       },
        "request.invalid", "[0,6]"},
-      {"block too large", [](Json& j) { j["block_positions"] = 5000; }, "request.invalid",
-       "5000"},
+      {"block too large", [](Json& j) { j["block_positions"] = 5000; }, "request.invalid", "5000"},
       {"reproduction not bool", [](Json& j) { j["reproduction_confirmation"] = "yes"; },
        "request.invalid", "\"yes\""},
-      {"bad limits", [](Json& j) { j["limits"] = {{"timeout_seconds", -1}}; }, "request.invalid",
-       "timeout_seconds"},
+      {"bad limits",
+       [](Json& j) {
+         j["limits"] = {{"timeout_seconds", -1}};
+       },
+       "request.invalid", "timeout_seconds"},
   };
   for (const auto& c : cases) {
     CAPTURE(c.what);
@@ -136,4 +143,51 @@ TEST_CASE("bad fidelity requests are refused with a code naming the value") {
   }
   CHECK_THROWS_AS(parse_fidelity_request("{\"schema\": 1, \"schema\": 2}"), Error);
   CHECK_THROWS_AS(parse_fidelity_request("[1, 2"), Error);
+}
+
+TEST_CASE("thresholds parse sorted by name; unknown names, negatives and non-numbers are refused") {
+  Json doc = valid();
+  doc["thresholds"] = {{"min_top1_agreement", 0.95}, {"max_mean_kl", 0.01}};
+  FidelityRequest r = validate_fidelity_request(doc);
+  REQUIRE(r.thresholds.size() == 2);
+  CHECK(r.thresholds[0].name == "max_mean_kl");
+  CHECK(r.thresholds[0].bound == 0.01);
+  CHECK(r.thresholds[1].name == "min_top1_agreement");
+  CHECK(thresholds_json(r.thresholds) == doc["thresholds"]);
+  CHECK(validate_fidelity_request(valid()).thresholds.empty());
+
+  doc["thresholds"] = {{"max_mean_kld", 0.01}};
+  CHECK(refusal(doc, "request.thresholds.max_mean_kld is not a known threshold") ==
+        std::pair<std::string, bool>{"request.invalid", true});
+  doc["thresholds"] = {{"max_mean_kl", -1}};
+  CHECK(refusal(doc, "max_mean_kl must be a finite number >= 0, got -1") ==
+        std::pair<std::string, bool>{"request.invalid", true});
+  doc["thresholds"] = {{"max_mean_kl", "0.1"}};
+  CHECK(refusal(doc, "got \"0.1\"").second);
+  doc["thresholds"] = Json::array();
+  CHECK(refusal(doc, "request.thresholds must be an object").second);
+}
+
+TEST_CASE("threshold gates: max bounds pass at or below, min at or above, unmeasured fails") {
+  Json stats = Json::parse(R"({"kl": {"mean": 0.02, "p99": 0.5}, "same_top": {"fraction": 0.9},
+                               "delta_p_next": null, "perplexity": {"ratio": {"value": 1.01}}})");
+  std::vector<Threshold> t = {{"max_mean_kl", 0.02},
+                              {"max_kl_p99", 0.4},
+                              {"min_top1_agreement", 0.9},
+                              {"max_rms_delta_p", 1.0},
+                              {"max_ppl_ratio", 1.02}};
+  Json gates = evaluate_thresholds(t, stats);
+  CHECK(gates[0]["passed"] == true);  // equal to the bound
+  CHECK(gates[1]["passed"] == false);
+  CHECK(gates[1]["observed"] == 0.5);
+  CHECK(gates[2]["passed"] == true);
+  CHECK(gates[2]["comparison"] == ">=");
+  CHECK(gates[3]["observed"].is_null());
+  CHECK(gates[3]["passed"] == false);
+  CHECK(gates[4]["statistic"] == "perplexity.ratio.value");
+  Json all = finalize_gates({{"reproduction", nullptr}, {"thresholds", gates}});
+  CHECK(all["status"] == "failed");
+  CHECK(all["failed"] == Json::array({"max_kl_p99", "max_rms_delta_p"}));
+  CHECK(finalize_gates({{"reproduction", nullptr}, {"thresholds", Json::array()}})["status"] ==
+        "none");
 }

@@ -281,27 +281,32 @@ struct SlurmExecutor::Impl : std::enable_shared_from_this<Impl> {
   }
 
   void poll() {
+    // Only the jobs asked about now: one submitted while squeue runs is in the next poll.
+    std::set<std::string> asked;
     std::string ids;
-    for (const auto& [id, t] : active)
-      if (!t->concluding) ids += (ids.empty() ? "" : ",") + id;
+    for (const auto& [id, t] : active) {
+      if (t->concluding) continue;
+      asked.insert(id);
+      ids += (ids.empty() ? "" : ",") + id;
+    }
     if (ids.empty()) return;
     poll_running = true;
     run_command(io, {"squeue", "-h", "-t", "all", "-j", ids, "-O", kSqueueFormat},
-                [w = weak_from_this()](CommandResult r) {
+                [w = weak_from_this(), asked](CommandResult r) {
                   auto self = w.lock();
                   if (!self) return;
                   self->poll_running = false;
-                  self->polled(r);
+                  self->polled(r, asked);
                   if (!self->active.empty()) self->schedule_poll(self->options.poll);
                 });
   }
 
-  void polled(const CommandResult& r) {
+  void polled(const CommandResult& r, const std::set<std::string>& asked) {
     bool all_absent = r.status != 0 && r.err.find("Invalid job id") != std::string::npos;
     if (r.status != 0 && !all_absent) {
       // slurmctld unreachable or busy: nothing is decided, the next poll asks again.
       for (auto& [id, t] : active) {
-        if (t->concluding) continue;
+        if (t->concluding || !asked.contains(id)) continue;
         std::string reason = "squeue failed: " + r.describe();
         if (t->step.reason != reason) {
           t->step.reason = reason;
@@ -322,7 +327,7 @@ struct SlurmExecutor::Impl : std::enable_shared_from_this<Impl> {
     }
     std::vector<std::shared_ptr<Tracked>> ended;
     for (auto& [id, t] : active) {
-      if (t->concluding) continue;
+      if (t->concluding || !asked.contains(id)) continue;
       auto it = rows.find(id);
       if (it == rows.end()) {
         // Slurm forgot the job (MinJobAge passed, or it never existed here).

@@ -203,10 +203,13 @@ TEST_CASE("cancel is scancel: the job ends CANCELLED and the node still measured
   boost::asio::io_context io;
   SlurmExecutor ex(io, options());
   Collected c;
-  auto running = ex.start(spec("exec sleep 120"), c.callbacks());
+  auto s = spec("touch started; exec sleep 120");
+  auto running = ex.start(s, c.callbacks());
+  // RUNNING is Slurm's allocation; the worker itself runs once the node launched the script.
   REQUIRE(run_until(
-      io, [&] { return !c.progress.empty() && c.progress.back().state == "RUNNING"; },
-      std::chrono::seconds(30)));
+      io, [&] { return fs::exists(s.workdir / "started"); }, std::chrono::seconds(30)));
+  REQUIRE(!c.progress.empty());
+  CHECK(c.progress.back().state == "RUNNING");
   CHECK(c.progress.back().node == "assay-node");
   auto t0 = Clock::now();
   running->kill();
@@ -218,11 +221,13 @@ TEST_CASE("cancel is scancel: the job ends CANCELLED and the node still measured
   CHECK(r.error_message.find("cancelled by assay") != std::string::npos);
   CHECK(r.step.state == "CANCELLED");
   CHECK(squeue_state(r.step.slurm_job_id) == "CANCELLED");
-  if (r.evidence) {
-    // assayd contain got Slurm's SIGTERM before its KILL and measured the worker's end.
-    CHECK(!r.evidence->succeeded());
-    CHECK(r.evidence_sha256.starts_with("sha256:"));
-  }
+  // Slurm's SIGTERM reached the worker (proctrack signals every process of the job) and
+  // `assayd contain`, which outlived it (KillWait) and measured the worker's end.
+  REQUIRE(r.evidence);
+  REQUIRE(r.evidence->exit);
+  CHECK(r.evidence->exit->signal_name == "SIGTERM");
+  CHECK(!r.evidence->succeeded());
+  CHECK(r.evidence_sha256.starts_with("sha256:"));
 }
 
 TEST_CASE("a node where assayd contain cannot contain refuses the step and runs nothing") {
@@ -320,10 +325,10 @@ TEST_CASE("a step that outlives its Slurm --time ends TIMEOUT, with the node's e
   o.sbatch_args = {"--time=1"};  // one minute, Slurm's smallest, below the step's own timeout
   SlurmExecutor ex(io, o);
   Collected c;
-  auto running = ex.start(spec("exec sleep 600", std::chrono::seconds(600)), c.callbacks());
+  auto s = spec("touch started; exec sleep 600", std::chrono::seconds(600));
+  auto running = ex.start(s, c.callbacks());
   REQUIRE(run_until(
-      io, [&] { return !c.progress.empty() && c.progress.back().state == "RUNNING"; },
-      std::chrono::seconds(30)));
+      io, [&] { return fs::exists(s.workdir / "started"); }, std::chrono::seconds(30)));
   // Slurm keeps limits in minutes; the test moves the limit to now rather than wait one.
   command_out({"scontrol", "update", "JobId=" + c.submitted->slurm_job_id, "TimeLimit=0"});
   REQUIRE(run_until(
@@ -332,7 +337,10 @@ TEST_CASE("a step that outlives its Slurm --time ends TIMEOUT, with the node's e
   INFO(r.error_code, ": ", r.error_message);
   CHECK(r.error_code == "slurm.timeout");
   CHECK(r.step.state == "TIMEOUT");
-  if (r.evidence) CHECK(!r.evidence->succeeded());
+  REQUIRE(r.evidence);
+  CHECK(!r.evidence->timed_out);  // assay's own timeout (600 s) was not the one that hit
+  REQUIRE(r.evidence->exit);
+  CHECK(r.evidence->exit->signal_name == "SIGTERM");
 }
 
 // bench/slurm.sh: per-step overhead against `assayd contain` run here, and a queue of steps.

@@ -93,7 +93,9 @@ common::Json SlurmResult::executor_json() const {
       {"state", step.state},
       {"restarts", step.restarts},
       {"evidence_sha256",
-       evidence_sha256.empty() ? common::Json(nullptr) : common::Json(evidence_sha256)}};
+       evidence_sha256.empty() ? common::Json(nullptr) : common::Json(evidence_sha256)},
+      {"memory_limit_hit",
+       memory_limit_hit.empty() ? common::Json(nullptr) : common::Json(memory_limit_hit)}};
 }
 
 struct SlurmExecutor::Impl : std::enable_shared_from_this<Impl> {

@@ -80,7 +80,8 @@ struct SlurmResult {
   std::string memory_limit_hit;
   bool ok() const { return error_code.empty(); }
   // The evidence's `executor` object (schemas/process-containment.schema.json):
-  // {kind:"slurm", slurm_job_id, node, partition, state, restarts, evidence_sha256}.
+  // {kind:"slurm", slurm_job_id, node, partition, state, restarts, evidence_sha256,
+  // memory_limit_hit}, nulls for empty strings.
   common::Json executor_json() const;
 };
 

@@ -48,4 +48,5 @@ done
 [ "$(field "$dir/oom.json" 'd["oom_killed"]')" = True ] || fail "sbatch: no OOM kill reported"
 echo "ok: sbatch assayd contain --memory-max 64M reports oom_killed"
 
-ASSAY_TEST_ASSAYD=$assayd ASSAY_TEST_SHARED=$dir/shared "$tests" "$@"
+ASSAY_TEST_ASSAYD=$assayd ASSAY_TEST_SHARED=$dir/shared ASSAY_TEST_SCHEMAS=$here/../../schemas \
+  "$tests" "$@"

@@ -162,6 +162,19 @@ TEST_CASE("a step runs on the node inside assayd contain and its evidence comes 
   CHECK(e["node"] == "assay-node");
   CHECK(e["partition"] == "assay");
   CHECK(e["evidence_sha256"] == r.evidence_sha256);
+  CHECK(e["memory_limit_hit"].is_null());
+  // The head's evidence document (the node's plus `executor`) is valid by the schema.
+  auto doc = r.evidence->to_json();
+  doc["executor"] = e;
+  fs::path doc_file = s.workdir / "head-evidence.json";
+  common::atomic_write_file(doc_file, doc.dump());
+  std::string verdict = command_out(
+      {"python3", "-c",
+       "import json,sys,jsonschema; jsonschema.validate(json.load(open(sys.argv[1])), "
+       "json.load(open(sys.argv[2]))); print('valid')",
+       doc_file.string(),
+       std::string(std::getenv("ASSAY_TEST_SCHEMAS")) + "/process-containment.schema.json"});
+  CHECK(verdict == "valid\n");
   CHECK(running->pid() == 0);
 }
 
@@ -196,6 +209,7 @@ TEST_CASE("an OOM inside the step is assay's cgroup limit, met before Slurm's --
   CHECK(r.evidence->oom_killed == true);
   CHECK(r.evidence->limits->memory_max == 64ULL << 20);
   CHECK(r.memory_limit_hit == "assay-cgroup");
+  CHECK(r.executor_json()["memory_limit_hit"] == "assay-cgroup");
   CHECK_FALSE(r.evidence->succeeded());
 }
 
@@ -414,10 +428,10 @@ TEST_CASE("bench: slurm executor overhead and throughput" * doctest::skip(true))
 
 int main(int argc, char** argv) {
   if (!std::getenv("SLURM_CONF") || !std::getenv("ASSAY_TEST_ASSAYD") ||
-      !std::getenv("ASSAY_TEST_SHARED")) {
+      !std::getenv("ASSAY_TEST_SHARED") || !std::getenv("ASSAY_TEST_SCHEMAS")) {
     std::fprintf(stderr,
                  "SKIP: run through tests/slurm/run.sh (needs SLURM_CONF, ASSAY_TEST_ASSAYD, "
-                 "ASSAY_TEST_SHARED)\n");
+                 "ASSAY_TEST_SHARED, ASSAY_TEST_SCHEMAS)\n");
     return 77;
   }
   doctest::Context context(argc, argv);

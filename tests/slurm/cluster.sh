@@ -16,6 +16,19 @@ skip() { echo "SKIP: $*" >&2; exit 77; }
 
 stop() {
   local d=$1
+  # Jobs first, through Slurm (their slurmstepd kills what they started), while it still runs.
+  if [ -s "$d/run/slurmctld.pid" ] && kill -0 "$(cat "$d/run/slurmctld.pid")" 2>/dev/null; then
+    local ids
+    ids=$(SLURM_CONF=$d/slurm.conf squeue -h -o %i 2>/dev/null)
+    if [ -n "$ids" ]; then
+      # shellcheck disable=SC2086
+      SLURM_CONF=$d/slurm.conf scancel $ids 2>/dev/null
+      for _ in $(seq 100); do
+        [ -z "$(SLURM_CONF=$d/slurm.conf squeue -h -t running,completing -o %i 2>/dev/null)" ] && break
+        sleep 0.1
+      done
+    fi
+  fi
   for name in slurmd slurmctld munged; do
     local pidfile=$d/run/$name.pid
     [ -s "$pidfile" ] || continue
@@ -28,11 +41,15 @@ stop() {
     fi
     rm -f "$pidfile"
   done
-  # slurmstepd processes of jobs still running when slurmd went away
-  if [ -s "$d/run/stepd-pids" ]; then :; fi
-  local stepds
-  stepds=$(pgrep -f "slurmstepd.*" -a 2>/dev/null | awk -v d="$d" '$0 ~ d {print $1}')
-  for p in $stepds; do kill -KILL "$p" 2>/dev/null; done
+  # Anything left of this cluster (a slurmstepd and its job): slurmd started them with this
+  # cluster's SLURM_CONF in their environment.
+  local p
+  for p in $(pgrep -x slurmstepd 2>/dev/null); do
+    if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "SLURM_CONF=$d/slurm.conf"; then
+      pkill -KILL -P "$p" 2>/dev/null
+      kill -KILL "$p" 2>/dev/null
+    fi
+  done
   return 0
 }
 

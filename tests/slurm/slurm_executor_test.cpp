@@ -222,8 +222,10 @@ TEST_CASE("cancel is scancel: the job ends CANCELLED and the node still measured
   // RUNNING is Slurm's allocation; the worker itself runs once the node launched the script.
   REQUIRE(run_until(
       io, [&] { return fs::exists(s.workdir / "started"); }, std::chrono::seconds(30)));
-  REQUIRE(!c.progress.empty());
-  CHECK(c.progress.back().state == "RUNNING");
+  // and squeue says so at the next poll.
+  REQUIRE(run_until(
+      io, [&] { return !c.progress.empty() && c.progress.back().state == "RUNNING"; },
+      std::chrono::seconds(10)));
   CHECK(c.progress.back().node == "assay-node");
   auto t0 = Clock::now();
   running->kill();

@@ -108,8 +108,10 @@ class SlurmExecutor {
   // Writes the step directory (replacing one an earlier attempt left), submits it with sbatch
   // without blocking, records the job id, then follows the job until it ended and its evidence
   // is read. Throws common::Error("slurm.step_dir", ...) when the step directory cannot be
-  // written. The returned Running's kill() is scancel (the evidence then says `cancelled`);
-  // pid() is 0 (the process lives on a node). Dropping it does not cancel the job.
+  // written. The returned Running's kill() is scancel: `done` still runs (slurm.cancelled), with
+  // the node's evidence when the worker had started (Slurm's SIGTERM reaches the worker and
+  // `assayd contain`, which measures its end); pid() is 0 (the process lives on a node).
+  // Dropping the Running does not cancel the job.
   std::shared_ptr<contain::Running> start(const contain::SpawnSpec& spec, SlurmCallbacks callbacks);
 
   // Follows a step submitted before a restart, by its step directory (the job id file, or the

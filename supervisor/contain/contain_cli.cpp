@@ -16,8 +16,10 @@
 #include <boost/asio/signal_set.hpp>
 
 #include "common/error.h"
+#include "common/fs.h"
 #include "supervisor/contain/contain.h"
 #include "supervisor/contain/contain_cli.h"
+#include "supervisor/executors/spawn_spec_json.h"
 
 namespace assay::supervisor {
 
@@ -103,12 +105,15 @@ int contain_main(int argc, char** argv) {
       "root, COMMAND runs as the assay-worker user (else a transient uid/gid in 61184-65519) "
       "unless --user, --uid or --allow-root says otherwise.\n"
       "Exit status: 0 when the command ran and was measured (whatever its own outcome), 1 when "
-      "containment failed, 2 on a usage error.",
+      "containment failed, 2 on a usage error.\n"
+      "On a Slurm node: `assayd contain --spec SPEC.json --evidence-out EVIDENCE.json` runs the "
+      "spawn spec the head wrote (assay.contain-spec.v1) and writes the evidence durably.",
       "assayd contain"};
   std::string memory_max, memory_high, swap_max, output_cap = "8M";
   std::optional<std::uint64_t> pids_max;
   double timeout = 600, grace = 2;
   std::string workdir, mode_name = "auto", base_cgroup, name, stdout_path, stderr_path;
+  std::string spec_file, evidence_out;
   std::vector<std::string> env, pass_env, hide, command;
   std::optional<uid_t> uid;
   std::optional<gid_t> gid;
@@ -149,6 +154,12 @@ int contain_main(int argc, char** argv) {
   app.add_flag("--cleanup-orphans", cleanup,
                "instead of running a command: kill, measure and remove worker cgroups left by "
                "assayd processes that are gone; prints a JSON array of their evidence");
+  app.add_option("--spec", spec_file,
+                 "run the spawn spec in this file (assay.contain-spec.v1, written by the Slurm "
+                 "executor) instead of COMMAND and the options that describe it");
+  app.add_option("--evidence-out", evidence_out,
+                 "write the evidence to this file (temp file, fsync, rename, fsync of the "
+                 "directory) instead of stdout");
   app.add_option("command", command, "COMMAND [ARGS...] (after --)");
   app.positionals_at_end();
 
@@ -161,7 +172,21 @@ int contain_main(int argc, char** argv) {
   contain::SpawnSpec spec;
   contain::RuntimeOptions options;
   try {
-    if (!cleanup && command.empty()) {
+    if (!spec_file.empty()) {
+      // The spec is the whole description of the process: no option may add to it.
+      for (const char* opt :
+           {"--memory-max", "--memory-high", "--swap-max", "--pids-max", "--timeout",
+            "--kill-grace", "--workdir", "--name", "--env", "--pass-env", "--stdout", "--stderr",
+            "--output-cap", "--hide", "--uid", "--gid", "--cleanup-orphans"}) {
+        if (app.count(opt) > 0)
+          throw common::Error("contain.usage", std::string(opt) +
+                                                   " cannot be combined with --spec (the spec "
+                                                   "file describes the whole process)");
+      }
+      if (!command.empty())
+        throw common::Error("contain.usage",
+                            "--spec \"" + spec_file + "\" and a COMMAND cannot both be given");
+    } else if (!cleanup && command.empty()) {
       throw common::Error("contain.usage",
                           "no COMMAND given (usage: assayd contain [options] -- "
                           "COMMAND [ARGS...])");
@@ -172,7 +197,19 @@ int contain_main(int argc, char** argv) {
                                          : Mode::kAuto;
     options.base_cgroup = base_cgroup;
     options.delegated = delegated;
-    if (!cleanup) {
+    if (!spec_file.empty()) {
+      try {
+        spec = executors::spawn_spec_from_json(
+            common::parse_strict(common::read_file(spec_file, 4 * 1024 * 1024)));
+      } catch (const common::Error& e) {
+        throw common::Error("contain.usage",
+                            "--spec \"" + spec_file + "\" is unusable: " + e.what());
+      }
+      if (!fs::is_directory(spec.workdir)) {
+        throw common::Error("contain.usage", "--spec \"" + spec_file + "\": workdir \"" +
+                                                 spec.workdir.string() + "\" is not a directory");
+      }
+    } else if (!cleanup) {
       if (!memory_max.empty()) spec.limits.memory_max = parse_bytes("--memory-max", memory_max);
       if (!memory_high.empty()) spec.limits.memory_high = parse_bytes("--memory-high", memory_high);
       if (!swap_max.empty()) spec.limits.swap_max = parse_bytes("--swap-max", swap_max);
@@ -256,6 +293,19 @@ int contain_main(int argc, char** argv) {
     io.run();
     running.reset();
     if (!evidence) throw common::Error("contain.internal", "no evidence was produced");
+    if (!evidence_out.empty()) {
+      // Durable before this process exits: the head trusts the file once Slurm says the job
+      // ended, and hashes its bytes into the result.
+      try {
+        common::atomic_write_file(evidence_out, evidence->to_json().dump(2) + "\n", 0644);
+      } catch (const common::Error& e) {
+        std::fprintf(stderr, "assayd contain: cannot write the evidence to %s: %s\n",
+                     evidence_out.c_str(), e.what());
+        std::_Exit(1);
+      }
+      runtime.reset();
+      std::_Exit(0);
+    }
     std::cout << evidence->to_json().dump(2) << '\n';
     // Done: what must happen before exit has happened (the worker's cgroup is gone with its
     // evidence; the runtime's own directory, v2, goes now). The rest (the io_context and its

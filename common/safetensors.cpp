@@ -169,22 +169,26 @@ SafetensorsIndex parse_safetensors(std::span<const std::byte> image, std::size_t
 }
 
 SafetensorsFile SafetensorsFile::open(const std::filesystem::path& path) {
-  UniqueFd fd = open_nofollow(path, O_RDONLY);
+  UniqueFd fd = open_nofollow(path, O_RDONLY | O_NONBLOCK);
+  return open_fd(fd.get(), path.string());
+}
+
+SafetensorsFile SafetensorsFile::open_fd(int fd, const std::string& label) {
   struct stat st {};
-  if (fstat(fd.get(), &st) != 0) throw_errno("fs.stat", "stat " + path.string(), errno);
-  if (!S_ISREG(st.st_mode)) throw Error("fs.not_regular", path.string() + " is not a regular file");
+  if (fstat(fd, &st) != 0) throw_errno("fs.stat", "stat " + label, errno);
+  if (!S_ISREG(st.st_mode)) throw Error("fs.not_regular", label + " is not a regular file");
   SafetensorsFile f;
-  f.path_ = path;
+  f.path_ = label;
   f.size_ = static_cast<std::size_t>(st.st_size);
   if (f.size_ > 0) {
-    void* m = ::mmap(nullptr, f.size_, PROT_READ, MAP_PRIVATE, fd.get(), 0);
-    if (m == MAP_FAILED) throw_errno("fs.mmap", "mmap " + path.string(), errno);
+    void* m = ::mmap(nullptr, f.size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (m == MAP_FAILED) throw_errno("fs.mmap", "mmap " + label, errno);
     f.map_ = m;
   }
   try {
     f.index_ = parse_safetensors({static_cast<const std::byte*>(f.map_), f.size_});
   } catch (const Error& e) {
-    throw Error(e.code(), path.string() + ": " + e.what());
+    throw Error(e.code(), label + ": " + e.what());
   }
   return f;
 }
@@ -252,8 +256,7 @@ void write_all(int fd, const void* data, std::size_t size, const std::filesystem
     ssize_t n = ::write(fd, p, size);
     if (n < 0) {
       if (errno == EINTR) continue;
-      throw Error("safetensors.write",
-                  "write " + what.string() + ": " + std::strerror(errno));
+      throw Error("safetensors.write", "write " + what.string() + ": " + std::strerror(errno));
     }
     p += n;
     size -= static_cast<std::size_t>(n);
@@ -287,8 +290,8 @@ SafetensorsStreamWriter::SafetensorsStreamWriter(std::filesystem::path path,
                                                  const std::map<std::string, std::string>& metadata)
     : path_(std::move(path)) {
   std::string header = safetensors_header(layout, metadata, expected_);
-  tmp_ = path_.parent_path() / ("." + path_.filename().string() + ".tmp." +
-                                std::to_string(::getpid()));
+  tmp_ = path_.parent_path() /
+         ("." + path_.filename().string() + ".tmp." + std::to_string(::getpid()));
   fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd_ < 0)
     throw Error("safetensors.write", "create " + tmp_.string() + ": " + std::strerror(errno));
@@ -312,9 +315,9 @@ SafetensorsStreamWriter::~SafetensorsStreamWriter() {
 void SafetensorsStreamWriter::write(std::span<const std::byte> bytes) {
   if (fd_ < 0) throw Error("safetensors.write", path_.string() + " is already finished");
   if (bytes.size() > expected_ - written_)
-    throw Error("safetensors.write", path_.string() + ": " + std::to_string(written_ + bytes.size()) +
-                                         " data bytes written, the header declares " +
-                                         std::to_string(expected_));
+    throw Error("safetensors.write",
+                path_.string() + ": " + std::to_string(written_ + bytes.size()) +
+                    " data bytes written, the header declares " + std::to_string(expected_));
   write_all(fd_, bytes.data(), bytes.size(), tmp_);
   written_ += bytes.size();
 }

@@ -44,6 +44,8 @@ SafetensorsIndex parse_safetensors(std::span<const std::byte> image,
 class SafetensorsFile {
  public:
   static SafetensorsFile open(const std::filesystem::path& path);
+  // The same over a descriptor someone else opened (it stays open; `label` names it in errors).
+  static SafetensorsFile open_fd(int fd, const std::string& label);
   ~SafetensorsFile();
   SafetensorsFile(SafetensorsFile&&) noexcept;
   SafetensorsFile& operator=(SafetensorsFile&&) noexcept;

@@ -63,11 +63,22 @@ std::int64_t int_field(const Json& v, const char* key, const std::string& where)
 }
 
 LogitsFileRef parse_file_ref(const Json& v, const std::string& where) {
-  check_object(v, {"path", "sha256"}, {"path", "sha256"}, where);
   LogitsFileRef r;
-  r.path = string_field(v, "path", where);
-  if (r.path.empty() || r.path.front() != '/' || r.path.find('\0') != std::string::npos)
-    invalid(where + ".path", "\"" + r.path + "\" is not an absolute path");
+  if (v.is_object() && v.contains("fd")) {
+    check_object(v, {"fd", "sha256"}, {"fd", "sha256"}, where);
+    const Json& fd = v.at("fd");
+    if (!fd.is_number_integer() || fd.get<std::int64_t>() < 3 || fd.get<std::int64_t>() > 65535)
+      invalid(where + ".fd", shown(fd) + " is not a descriptor number >= 3");
+    r.fd = static_cast<int>(fd.get<std::int64_t>());
+    r.path = "/proc/self/fd/" + std::to_string(r.fd);  // for messages only; never opened
+  } else {
+    check_object(v, {"path", "sha256"}, {"path", "sha256"}, where);
+    r.path = string_field(v, "path", where);
+    bool parent =
+        r.path == ".." || r.path.rfind("../", 0) == 0 || r.path.find("/../") != std::string::npos;
+    if (r.path.empty() || parent || r.path.find('\0') != std::string::npos)
+      invalid(where + ".path", "\"" + r.path + "\" is not a path inside the workspace or absolute");
+  }
   const Json& sha = v.at("sha256");
   if (!sha.is_null()) {
     if (!sha.is_string() || !common::is_identity(sha.get<std::string>()))
@@ -84,7 +95,15 @@ bool printable_ascii(const std::string& s) {
 // ---- logits files ----
 
 // Opens and validates a safetensors file; any failure is compare.bad_file naming `what`.
-common::SafetensorsFile open_logits_file(const std::string& path, const std::string& what) {
+common::SafetensorsFile open_logits_file(const LogitsFileRef& r, const std::string& what) {
+  if (r.fd >= 0) {
+    try {
+      return common::SafetensorsFile::open_fd(r.fd, r.path);
+    } catch (const Error& e) {
+      throw Error("compare.bad_file", what + ": " + e.what());
+    }
+  }
+  const std::string& path = r.path;
   std::error_code ec;
   if (std::filesystem::is_regular_file(path, ec) && std::filesystem::file_size(path, ec) == 0)
     throw Error("compare.bad_file", what + " is empty");
@@ -103,7 +122,7 @@ struct Logits {
       : ref(r),
         role(std::move(role_)),
         what(role + " logits " + r.path + " (context '" + context_ + "')"),
-        file(open_logits_file(r.path, what)) {
+        file(open_logits_file(r, what)) {
     const common::TensorView* t = file.find("logits");
     if (!t) {
       if (file.tensors().size() != 1) {

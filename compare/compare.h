@@ -16,8 +16,10 @@
 namespace assay::compare {
 
 struct LogitsFileRef {
-  std::string path;                   // absolute
+  // Absolute, or relative to the workspace (the cwd); "" when the file comes as a descriptor.
+  std::string path;
   std::optional<std::string> sha256;  // of the whole file, "sha256:<hex>"; checked when set
+  int fd = -1;  // a descriptor assayd opened for this worker (a file the worker may not open)
 };
 
 struct Range {

@@ -82,7 +82,7 @@ contain::SpawnSpec Engine::worker_spec(const JobRun& run, const Step& step,
   // Relative to the workspace, the worker's cwd: a worker that runs as another user reaches it
   // although it may not search the directories above the state directory.
   spec.argv = {step.worker.string(), step.mode, "--input", std::string(protocol::kInputFile),
-               "--workdir", "."};
+               "--workdir",          "."};
   spec.workdir = ws;
   spec.env = {"PATH=/usr/bin:/bin", "LANG=C.UTF-8", "HOME=" + ws.string(),
               "OMP_NUM_THREADS=" + std::to_string(worker_threads())};
@@ -110,7 +110,6 @@ void Engine::open_model_files(JobRun& run, const std::string& model_dir, Json& i
   for (const auto& e : fs::directory_iterator(model_dir, ec)) names.push_back(e.path().filename());
   if (ec) common::throw_errno("worker.model_files", "cannot list " + model_dir, ec.value());
   std::sort(names.begin(), names.end());
-  run.model_fds.clear();
   Json listed = Json::array();
   for (const auto& name : names) {
     // Following a symlink (a Hugging Face cache links its snapshot's files to blobs); admission
@@ -141,7 +140,13 @@ void Engine::start_step(JobRun& run, Step& step) {
                   "worker executable " + step.worker.string() + " is missing or not executable");
     contain::SpawnSpec spec = worker_spec(run, step, ws);
     Json input = step.input();
+    run.model_fds.clear();
     if (!step.model_dir.empty()) open_model_files(run, step.model_dir, input, spec);
+    for (const auto& path : step.open_files) {
+      common::UniqueFd fd = common::open_regular(path);
+      spec.pass_fds.push_back(fd.get());
+      run.model_fds.push_back(std::move(fd));
+    }
     prepare_workspace(step, input, ws);
     set_phase(job, role, "running " + role + " worker");
     double t0 = common::now_unix();

@@ -119,8 +119,12 @@ class FidelityPipeline final : public Pipeline {
     steps.push_back(fingerprint("reference", r_.reference));
     if (r_.candidate_model) steps.push_back(fingerprint("candidate", *r_.candidate_model));
     steps.push_back(capture("reference", r_.reference.model_dir));
-    if (r_.reproduction_confirmation)
+    if (r_.reproduction_confirmation) {
       steps.push_back(capture("reproduction", r_.reference.model_dir));
+      // The weights_identity_equal gate: the reference directory hashed again after both
+      // captures, not its first identity compared with itself.
+      steps.push_back(fingerprint("reproduction", r_.reference));
+    }
     if (r_.candidate_model) steps.push_back(capture("candidate", r_.candidate_model->model_dir));
     steps.push_back(compare());
     return steps;
@@ -172,6 +176,7 @@ class FidelityPipeline final : public Pipeline {
           {"histogram", cmp.value("histogram", Json(nullptr))},
           {"positions", cmp.value("positions", Json(nullptr))},
           {"seconds", cmp.value("seconds", Json(nullptr))},
+          {"statistics", cmp.value("statistics", Json(nullptr))},
           {"process", compare_evidence_->to_json()}}},
         {"containment",
          {{"host_memory", facts.host_memory},
@@ -181,11 +186,17 @@ class FidelityPipeline final : public Pipeline {
          {{"name", common::kKlArtifactFileName},
           {"bytes", artifact_bytes},
           {"sha256", artifact_sha}}}};
+    for (const char* k : {"comparison_kind", "metric", "scope", "comparator"})
+      if (cmp.contains(k)) result[k] = cmp[k];
+    Json gates = gates_block();
+    if (!gates.is_null()) result["gates"] = gates;
     const Json& kl = cmp["metrics"]["kl"];
-    char summary[160];
+    char summary[200];
     std::snprintf(summary, sizeof summary,
-                  "succeeded: mean KL %.6g, max %.6g, top-1 agreement %.6g", kl.value("mean", 0.0),
-                  kl.value("max", 0.0), cmp["metrics"].value("top1_agreement", 0.0));
+                  "succeeded: mean KL %.6g, max %.6g, top-1 agreement %.6g; gates %s",
+                  kl.value("mean", 0.0), kl.value("max", 0.0),
+                  cmp["metrics"].value("top1_agreement", 0.0),
+                  gates.is_object() ? gates.value("status", std::string("none")).c_str() : "none");
     return Sealed{std::move(result),
                   artifact,
                   artifact_sha,
@@ -195,6 +206,32 @@ class FidelityPipeline final : public Pipeline {
   }
 
  private:
+  // What a capture run produced, without file names: equal for two runs that computed the same.
+  static std::string capture_content_digest(const Json& output) {
+    Json caps = Json::array();
+    for (Json c : output["captures"]) {
+      c.erase("file");
+      caps.push_back(std::move(c));
+    }
+    return common::sha256_canonical_id(caps);
+  }
+
+  // assay-compare's gates with the two it cannot decide: the captures' content and the
+  // reference's weights hashed again after both captures.
+  Json gates_block() const {
+    Json gates = compare_output_.value("gates", Json(nullptr));
+    if (!gates.is_object()) return gates;
+    if (gates["reproduction"].is_object()) {
+      gates["reproduction"]["capture_content_digest_equal"] =
+          capture_content_digest(captures_.at("reference").output) ==
+          capture_content_digest(captures_.at("reproduction").output);
+      gates["reproduction"]["weights_identity_equal"] =
+          fingerprints_.at("reproduction").identity()["content_sha256"] ==
+          fingerprints_.at("reference").identity()["content_sha256"];
+    }
+    return common::finalize_gates(std::move(gates));
+  }
+
   Json model_block(const std::string& side) const {
     const FingerprintRun& fp = fingerprints_.at(side);
     const CaptureRun& cap = captures_.at(side);
@@ -253,6 +290,7 @@ class FidelityPipeline final : public Pipeline {
                 config_.oracle_worker,
                 "capture",
                 model_dir,
+                {},
                 [this, model_dir] { return capture_input(model_dir, r_, config_.oracle_device); },
                 {},
                 [this, side](Json output, const contain::Evidence& evidence) {
@@ -266,7 +304,6 @@ class FidelityPipeline final : public Pipeline {
 
   // Input for the comparison, and the capture files it reads moved into its workspace.
   Json compare_input(std::vector<std::pair<fs::path, std::string>>* move_in) const {
-    fs::path ws = job_dir_ / kCompareRole;
     Json contexts = Json::array();
     auto take = [&](const std::string& side, std::size_t i) {
       std::string name = side + "-" + std::to_string(i) + ".safetensors";
@@ -274,7 +311,7 @@ class FidelityPipeline final : public Pipeline {
         move_in->emplace_back(
             job_dir_ / ("capture-" + side) / ("capture-" + std::to_string(i) + ".safetensors"),
             name);
-      return Json{{"path", (ws / name).string()}, {"sha256", nullptr}};
+      return Json{{"path", name}, {"sha256", nullptr}};  // in the compare workspace
     };
     for (std::size_t i = 0; i < r_.panel.size(); ++i) {
       Json c{{"id", r_.panel[i].id},
@@ -283,22 +320,30 @@ class FidelityPipeline final : public Pipeline {
       if (r_.candidate_model)
         c["candidate"] = take("candidate", i);
       else
+        // The user's file, opened by assayd (Step::open_files): the worker user may not open it.
         c["candidate"] =
-            Json{{"path", r_.candidate_logits[i].path}, {"sha256", r_.candidate_logits[i].sha256}};
+            Json{{"fd", 3 + static_cast<int>(i)}, {"sha256", r_.candidate_logits[i].sha256}};
+      c["token_ids"] = r_.panel[i].token_ids;
       if (r_.reproduction_confirmation) c["reproduction"] = take("reproduction", i);
       contexts.push_back(std::move(c));
     }
-    return Json{{"schema", protocol::kCompareInput},
-                {"vocab_size", vocab_},
-                {"kl_file", common::kKlArtifactFileName},
-                {"contexts", contexts}};
+    Json input{{"schema", protocol::kCompareInput},
+               {"vocab_size", vocab_},
+               {"kl_file", common::kKlArtifactFileName},
+               {"contexts", contexts}};
+    if (!r_.thresholds.empty()) input["thresholds"] = common::thresholds_json(r_.thresholds);
+    return input;
   }
 
   Step compare() {
+    std::vector<std::string> files;
+    if (!r_.candidate_model)
+      for (const auto& f : r_.candidate_logits) files.push_back(f.path);
     return Step{kCompareRole,
                 config_.compare_worker,
                 "run",
                 "",
+                files,
                 [this] { return compare_input(nullptr); },
                 [this] {
                   std::vector<std::pair<fs::path, std::string>> move_in;

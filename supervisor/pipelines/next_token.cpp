@@ -45,6 +45,7 @@ class NextTokenPipeline final : public Pipeline {
                 config_.oracle_worker,
                 "next-token",
                 model_dir_,
+                {},
                 [this] {
                   Json candidates = Json::array();
                   for (const auto& c : request_.candidates)

@@ -47,13 +47,16 @@ struct SubmitContext {
 };
 
 struct Step {
-  std::string role;                     // workspace name: "fingerprint", "capture-reference", ...
-  std::filesystem::path worker;         // executable
-  std::string mode;                     // its first argument
+  std::string role;              // workspace name: "fingerprint", "capture-reference", ...
+  std::filesystem::path worker;  // executable
+  std::string mode;              // its first argument
   // The model directory whose files the worker reads: the engine opens each of them and hands
   // the worker the descriptors ("model_fds" in its input), so that a worker that runs as
   // another user reads exactly what the submitter may read, and nothing by path.
   std::string model_dir;
+  // Files (absolute paths, already checked against the submitter's rights) the engine opens and
+  // hands over after the model's files: fds 3, 4, ... in this order when there is no model_dir.
+  std::vector<std::string> open_files;
   std::function<common::Json()> input;  // built when the step starts, after the previous ones
   // Files moved into the fresh workspace first (source, name there): a worker sees only its
   // own workspace of the state directory.

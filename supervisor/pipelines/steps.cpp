@@ -39,6 +39,7 @@ Step fingerprint_step(const Config& config, const std::string& role, const std::
       config.fingerprint_worker,
       "run",
       model_dir,
+      {},
       [input] { return input; },
       {},
       [&out, expected, role](Json output, const contain::Evidence& evidence) {

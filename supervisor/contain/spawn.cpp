@@ -412,6 +412,94 @@ std::string hex(std::uint64_t v) {
 
 }  // namespace
 
+namespace {
+
+// The step a child reported failing, with the object it failed on.
+std::string failed_step(const ChildReport& report, const Prespawned::State& st,
+                        const std::vector<std::string>& attach_files) {
+  std::string what = stage_name(report.stage);
+  if (report.stage == kStageExec) what += " " + st.exe;
+  if (report.stage == kStageAttach) {
+    if (report.op >= 0 && static_cast<std::size_t>(report.op) < attach_files.size()) {
+      what += " " + attach_files[static_cast<std::size_t>(report.op)];
+    }
+  } else if (report.stage == kStageBounding) {
+    what += " (capability " + std::to_string(report.op) + ")";
+  } else if (report.op >= 0 && static_cast<std::size_t>(report.op) < st.ops.size()) {
+    what += std::string(" ") + st.ops[static_cast<std::size_t>(report.op)].target;
+  }
+  return what;
+}
+
+// How the child gets into its cgroup; with neither clone-into nor self-attach, the parent
+// attaches it now.
+std::string spawn_method(const Prespawned::State& st, Cgroup* cgroup,
+                         const std::vector<std::string>& attach_files) {
+  if (st.into_cgroup) {
+    return st.clone + "-into-cgroup";
+  } else if (!attach_files.empty()) {
+    return st.clone + "-self-attach";
+  } else {
+    if (cgroup) {
+      try {
+        cgroup->attach(st.pid);
+      } catch (const common::Error& e) {
+        throw common::Error("contain.spawn_failed", std::string("attach to cgroup: ") + e.what());
+      }
+    }
+    return st.clone + "-pipe-gate";
+  }
+}
+
+// What the gate pipe carries: a header, then the files the child writes `0` to.
+std::string gate_message(const std::vector<std::string>& attach_files) {
+  std::string gate;
+  for (const auto& f : attach_files) gate.append(f).push_back('\0');
+  if (gate.size() > kGateMaxBytes) {
+    throw common::Error("contain.spawn_failed",
+                        "cgroup paths too long for the gate (" + std::to_string(gate.size()) +
+                            " bytes, at most " + std::to_string(kGateMaxBytes) + ")");
+  }
+  GateHeader header{static_cast<std::uint32_t>(attach_files.size()),
+                    static_cast<std::uint32_t>(gate.size())};
+  gate.insert(0, reinterpret_cast<const char*>(&header), sizeof header);
+  return gate;
+}
+
+// Writes the gate message; false (and `write_errno`) when the child is gone.
+bool write_gate(int fd, const std::string& gate, int& write_errno) {
+  // A child that died before the gate (it never does on its own before reading it) must not
+  // take this process with it through SIGPIPE.
+  sigset_t pipe_only, old;
+  sigemptyset(&pipe_only);
+  sigaddset(&pipe_only, SIGPIPE);
+  ::pthread_sigmask(SIG_BLOCK, &pipe_only, &old);
+  bool written = write_all(fd, gate.data(), gate.size());
+  write_errno = errno;
+  if (!written && write_errno == EPIPE && !sigismember(&old, SIGPIPE)) {
+    struct timespec now {};
+    ::sigtimedwait(&pipe_only, nullptr, &now);  // consume ours, not a real one's
+  }
+  ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  return written;
+}
+
+// What the worker holds that it must not (empty: nothing).
+std::string kept_privileges(const PrivilegesReport& held, bool root_worker) {
+  std::string kept;
+  if (held.effective || held.permitted || held.inheritable || held.ambient) kept += " capabilities";
+  if (held.bounding && root_worker) kept += " bounding set " + hex(held.bounding);
+  if (held.no_new_privs != 1) kept += " no_new_privs " + std::to_string(held.no_new_privs);
+  if (held.seccomp != 2) kept += " seccomp mode " + std::to_string(held.seccomp);
+  if (held.uid[0] != held.uid[1] || held.uid[1] != held.uid[2] || held.gid[0] != held.gid[1] ||
+      held.gid[1] != held.gid[2]) {
+    kept += " mixed ids";
+  }
+  return kept;
+}
+
+}  // namespace
+
 Spawned finish_spawn(std::unique_ptr<Prespawned> child, Cgroup* cgroup) {
   child->restore_affinity();
   Prespawned::State& st = *child->state_;
@@ -425,17 +513,7 @@ Spawned finish_spawn(std::unique_ptr<Prespawned> child, Cgroup* cgroup) {
   std::vector<std::string> attach_files;
   // The child reported a failed step: it exits; the error names the step, errno and object.
   auto failed = [&](const ChildReport& report) {
-    std::string what = stage_name(report.stage);
-    if (report.stage == kStageExec) what += " " + st.exe;
-    if (report.stage == kStageAttach) {
-      if (report.op >= 0 && static_cast<std::size_t>(report.op) < attach_files.size()) {
-        what += " " + attach_files[static_cast<std::size_t>(report.op)];
-      }
-    } else if (report.stage == kStageBounding) {
-      what += " (capability " + std::to_string(report.op) + ")";
-    } else if (report.op >= 0 && static_cast<std::size_t>(report.op) < st.ops.size()) {
-      what += std::string(" ") + st.ops[static_cast<std::size_t>(report.op)].target;
-    }
+    std::string what = failed_step(report, st, attach_files);
     child.reset();  // reaps it (and `st` with it)
     common::throw_errno("contain.spawn_failed", what, report.err);
   };
@@ -446,43 +524,10 @@ Spawned finish_spawn(std::unique_ptr<Prespawned> child, Cgroup* cgroup) {
 
   Spawned s;
   if (cgroup && !st.into_cgroup) attach_files = cgroup->self_attach_files();
-  if (st.into_cgroup) {
-    s.method = st.clone + "-into-cgroup";
-  } else if (!attach_files.empty()) {
-    s.method = st.clone + "-self-attach";
-  } else {
-    s.method = st.clone + "-pipe-gate";
-    if (cgroup) {
-      try {
-        cgroup->attach(st.pid);
-      } catch (const common::Error& e) {
-        throw common::Error("contain.spawn_failed", std::string("attach to cgroup: ") + e.what());
-      }
-    }
-  }
-  std::string gate;
-  for (const auto& f : attach_files) gate.append(f).push_back('\0');
-  if (gate.size() > kGateMaxBytes) {
-    throw common::Error("contain.spawn_failed",
-                        "cgroup paths too long for the gate (" + std::to_string(gate.size()) +
-                            " bytes, at most " + std::to_string(kGateMaxBytes) + ")");
-  }
-  GateHeader header{static_cast<std::uint32_t>(attach_files.size()),
-                    static_cast<std::uint32_t>(gate.size())};
-  gate.insert(0, reinterpret_cast<const char*>(&header), sizeof header);
-  // A child that died before the gate (it never does on its own before reading it) must not
-  // take this process with it through SIGPIPE.
-  sigset_t pipe_only, old;
-  sigemptyset(&pipe_only);
-  sigaddset(&pipe_only, SIGPIPE);
-  ::pthread_sigmask(SIG_BLOCK, &pipe_only, &old);
-  bool written = write_all(st.gate_w.get(), gate.data(), gate.size());
-  int write_errno = errno;
-  if (!written && write_errno == EPIPE && !sigismember(&old, SIGPIPE)) {
-    struct timespec now {};
-    ::sigtimedwait(&pipe_only, nullptr, &now);  // consume ours, not a real one's
-  }
-  ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  s.method = spawn_method(st, cgroup, attach_files);
+  const std::string gate = gate_message(attach_files);
+  int write_errno = 0;
+  const bool written = write_gate(st.gate_w.get(), gate, write_errno);
   if (!written) {
     child.reset();
     common::throw_errno("contain.spawn_failed", "write to the gate pipe", write_errno);
@@ -514,15 +559,7 @@ Spawned finish_spawn(std::unique_ptr<Prespawned> child, Cgroup* cgroup) {
       !read_full(st.report_r.get(), &held, sizeof held)) {
     gone("reporting its privileges");
   }
-  std::string kept;
-  if (held.effective || held.permitted || held.inheritable || held.ambient) kept += " capabilities";
-  if (held.bounding && st.root_worker) kept += " bounding set " + hex(held.bounding);
-  if (held.no_new_privs != 1) kept += " no_new_privs " + std::to_string(held.no_new_privs);
-  if (held.seccomp != 2) kept += " seccomp mode " + std::to_string(held.seccomp);
-  if (held.uid[0] != held.uid[1] || held.uid[1] != held.uid[2] || held.gid[0] != held.gid[1] ||
-      held.gid[1] != held.gid[2]) {
-    kept += " mixed ids";
-  }
+  const std::string kept = kept_privileges(held, st.root_worker);
   if (!kept.empty()) {
     child.reset();
     throw common::Error("contain.spawn_failed", "the worker kept privileges:" + kept);

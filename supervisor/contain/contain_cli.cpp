@@ -95,20 +95,8 @@ std::string resolve_command(const std::string& command, const std::string& path_
                       "command \"" + command + "\" not found in PATH \"" + path_list + "\"");
 }
 
-}  // namespace
-
-int contain_main(int argc, char** argv) {
-  CLI::App app{
-      "Runs COMMAND in a fresh leaf cgroup, in private PID, network (only lo) and mount "
-      "namespaces, with no capabilities, a seccomp filter, a cleared environment and a hard "
-      "timeout, then prints the evidence JSON (assay.process-containment.v1) on stdout. Run as "
-      "root, COMMAND runs as the assay-worker user (else a transient uid/gid in 61184-65519) "
-      "unless --user, --uid or --allow-root says otherwise.\n"
-      "Exit status: 0 when the command ran and was measured (whatever its own outcome), 1 when "
-      "containment failed, 2 on a usage error.\n"
-      "On a Slurm node: `assayd contain --spec SPEC.json --evidence-out EVIDENCE.json` runs the "
-      "spawn spec the head wrote (assay.contain-spec.v1) and writes the evidence durably.",
-      "assayd contain"};
+// What the command line says.
+struct CliArgs {
   std::string memory_max, memory_high, swap_max, output_cap = "8M";
   std::optional<std::uint64_t> pids_max;
   double timeout = 600, grace = 2;
@@ -119,157 +107,157 @@ int contain_main(int argc, char** argv) {
   std::optional<gid_t> gid;
   std::string user;
   bool delegated = false, cleanup = false, allow_root = false;
-  app.add_option("--memory-max", memory_max, "memory limit in bytes (K/M/G suffixes allowed)");
-  app.add_option("--memory-high", memory_high, "memory.high throttle limit (cgroup v2 only)");
-  app.add_option("--swap-max", swap_max, "swap limit in bytes");
-  app.add_option("--pids-max", pids_max, "maximum number of processes and threads");
-  app.add_option("--timeout", timeout, "seconds before SIGTERM to the process group (default 600)");
-  app.add_option("--kill-grace", grace,
+};
+
+void add_options(CLI::App& app, CliArgs& a) {
+  app.add_option("--memory-max", a.memory_max, "memory limit in bytes (K/M/G suffixes allowed)");
+  app.add_option("--memory-high", a.memory_high, "memory.high throttle limit (cgroup v2 only)");
+  app.add_option("--swap-max", a.swap_max, "swap limit in bytes");
+  app.add_option("--pids-max", a.pids_max, "maximum number of processes and threads");
+  app.add_option("--timeout", a.timeout,
+                 "seconds before SIGTERM to the process group (default 600)");
+  app.add_option("--kill-grace", a.grace,
                  "seconds between SIGTERM and killing the whole cgroup (default 2)");
-  app.add_option("--workdir", workdir, "working directory of the command (default: current)");
-  app.add_option("--mode", mode_name, "containment backend: auto, v2, v1 or none (development)")
+  app.add_option("--workdir", a.workdir, "working directory of the command (default: current)");
+  app.add_option("--mode", a.mode_name, "containment backend: auto, v2, v1 or none (development)")
       ->check(CLI::IsMember({"auto", "v2", "v1", "none"}));
-  app.add_option("--base-cgroup", base_cgroup,
+  app.add_option("--base-cgroup", a.base_cgroup,
                  "cgroup (relative to the hierarchy root) below which to make worker cgroups; "
                  "default: this process's own");
-  app.add_flag("--delegated", delegated,
+  app.add_flag("--delegated", a.delegated,
                "cgroup v2 under systemd Delegate=yes: move into <own>/supervisor, workers in "
                "<own>/workers");
-  app.add_option("--name", name, "leaf cgroup name (default contain-<pid>)");
-  app.add_option("--env", env, "KEY=VALUE for the command's environment (repeatable)");
-  app.add_option("--pass-env", pass_env,
+  app.add_option("--name", a.name, "leaf cgroup name (default contain-<pid>)");
+  app.add_option("--env", a.env, "KEY=VALUE for the command's environment (repeatable)");
+  app.add_option("--pass-env", a.pass_env,
                  "pass this variable from assayd's environment (repeatable); PATH is always set");
-  app.add_option("--stdout", stdout_path, "file for the command's stdout (default: discarded)");
-  app.add_option("--stderr", stderr_path, "file for the command's stderr (default: discarded)");
-  app.add_option("--output-cap", output_cap, "bytes kept of each of stdout/stderr (default 8M)");
-  app.add_option("--hide", hide, "path made unreachable inside (repeatable)");
-  app.add_option("--user", user,
+  app.add_option("--stdout", a.stdout_path, "file for the command's stdout (default: discarded)");
+  app.add_option("--stderr", a.stderr_path, "file for the command's stderr (default: discarded)");
+  app.add_option("--output-cap", a.output_cap, "bytes kept of each of stdout/stderr (default 8M)");
+  app.add_option("--hide", a.hide, "path made unreachable inside (repeatable)");
+  app.add_option("--user", a.user,
                  "run as this user (name or uid; its primary group unless --gid); default when "
                  "root: assay-worker, else a transient uid/gid");
-  app.add_option("--uid", uid, "run as this user id (group: --gid, else the same number)");
-  app.add_option("--gid", gid, "run as this group id");
-  app.add_flag("--allow-root", allow_root,
+  app.add_option("--uid", a.uid, "run as this user id (group: --gid, else the same number)");
+  app.add_option("--gid", a.gid, "run as this group id");
+  app.add_flag("--allow-root", a.allow_root,
                "development only: without --user/--uid, run COMMAND as root (still without "
                "capabilities)");
-  app.add_flag("--cleanup-orphans", cleanup,
+  app.add_flag("--cleanup-orphans", a.cleanup,
                "instead of running a command: kill, measure and remove worker cgroups left by "
                "assayd processes that are gone; prints a JSON array of their evidence");
-  app.add_option("--spec", spec_file,
+  app.add_option("--spec", a.spec_file,
                  "run the spawn spec in this file (assay.contain-spec.v1, written by the Slurm "
                  "executor) instead of COMMAND and the options that describe it");
-  app.add_option("--evidence-out", evidence_out,
+  app.add_option("--evidence-out", a.evidence_out,
                  "write the evidence to this file (temp file, fsync, rename, fsync of the "
                  "directory) instead of stdout");
-  app.add_option("command", command, "COMMAND [ARGS...] (after --)");
+  app.add_option("command", a.command, "COMMAND [ARGS...] (after --)");
   app.positionals_at_end();
+}
 
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
-
-  contain::SpawnSpec spec;
-  contain::RuntimeOptions options;
-  try {
-    if (!spec_file.empty()) {
-      // The spec is the whole description of the process: no option may add to it.
-      for (const char* opt :
-           {"--memory-max", "--memory-high", "--swap-max", "--pids-max", "--timeout",
-            "--kill-grace", "--workdir", "--name", "--env", "--pass-env", "--stdout", "--stderr",
-            "--output-cap", "--hide", "--uid", "--gid", "--cleanup-orphans"}) {
-        if (app.count(opt) > 0)
-          throw common::Error("contain.usage", std::string(opt) +
-                                                   " cannot be combined with --spec (the spec "
-                                                   "file describes the whole process)");
-      }
-      if (!command.empty())
-        throw common::Error("contain.usage",
-                            "--spec \"" + spec_file + "\" and a COMMAND cannot both be given");
-    } else if (!cleanup && command.empty()) {
+// Options that contradict one another, or no COMMAND.
+void check_usage(const CLI::App& app, const CliArgs& a) {
+  if (!a.spec_file.empty()) {
+    // The spec is the whole description of the process: no option may add to it.
+    for (const char* opt :
+         {"--memory-max", "--memory-high", "--swap-max", "--pids-max", "--timeout", "--kill-grace",
+          "--workdir", "--name", "--env", "--pass-env", "--stdout", "--stderr", "--output-cap",
+          "--hide", "--uid", "--gid", "--cleanup-orphans"}) {
+      if (app.count(opt) > 0)
+        throw common::Error("contain.usage", std::string(opt) +
+                                                 " cannot be combined with --spec (the spec "
+                                                 "file describes the whole process)");
+    }
+    if (!a.command.empty())
       throw common::Error("contain.usage",
-                          "no COMMAND given (usage: assayd contain [options] -- "
-                          "COMMAND [ARGS...])");
-    }
-    options.mode = mode_name == "v2"     ? Mode::kV2
-                   : mode_name == "v1"   ? Mode::kV1
-                   : mode_name == "none" ? Mode::kNone
-                                         : Mode::kAuto;
-    options.base_cgroup = base_cgroup;
-    options.delegated = delegated;
-    if (!spec_file.empty()) {
-      try {
-        spec = executors::spawn_spec_from_json(
-            common::parse_strict(common::read_file(spec_file, 4 * 1024 * 1024)));
-      } catch (const common::Error& e) {
-        throw common::Error("contain.usage",
-                            "--spec \"" + spec_file + "\" is unusable: " + e.what());
-      }
-      if (!fs::is_directory(spec.workdir)) {
-        throw common::Error("contain.usage", "--spec \"" + spec_file + "\": workdir \"" +
-                                                 spec.workdir.string() + "\" is not a directory");
-      }
-    } else if (!cleanup) {
-      if (!memory_max.empty()) spec.limits.memory_max = parse_bytes("--memory-max", memory_max);
-      if (!memory_high.empty()) spec.limits.memory_high = parse_bytes("--memory-high", memory_high);
-      if (!swap_max.empty()) spec.limits.swap_max = parse_bytes("--swap-max", swap_max);
-      spec.limits.pids_max = pids_max;
-      spec.limits.timeout = parse_seconds("--timeout", timeout);
-      spec.limits.kill_grace = parse_seconds("--kill-grace", grace);
-      spec.output_cap_bytes = parse_bytes("--output-cap", output_cap);
-      spec.name = name.empty() ? "contain-" + std::to_string(::getpid()) : name;
-      spec.workdir = workdir.empty() ? fs::current_path() : fs::absolute(workdir);
-      if (!fs::is_directory(spec.workdir)) {
-        throw common::Error("contain.usage",
-                            "--workdir \"" + spec.workdir.string() + "\" is not a directory");
-      }
-      std::string path = kDefaultPath;
-      for (const auto& kv : env) {
-        if (kv.find('=') == std::string::npos || kv.front() == '=') {
-          throw common::Error("contain.usage", "--env \"" + kv + "\" is not KEY=VALUE");
-        }
-        if (kv.starts_with("PATH=")) path = kv.substr(5);
-      }
-      spec.env.push_back("PATH=" + path);
-      for (const auto& kv : env) {
-        if (!kv.starts_with("PATH=")) spec.env.push_back(kv);
-      }
-      for (const auto& key : pass_env) {
-        const char* v = std::getenv(key.c_str());
-        if (v && key != "PATH") spec.env.push_back(key + "=" + v);
-      }
-      spec.argv = command;
-      spec.argv[0] = resolve_command(command[0], path);
-      spec.stdout_path = stdout_path;
-      spec.stderr_path = stderr_path;
-      for (const auto& h : hide) spec.hidden_paths.emplace_back(h);
-      std::optional<contain::WorkerIdentity> who;
-      if (!user.empty()) {
-        who = contain::worker_identity(user);
-      } else if (!uid && !allow_root && ::geteuid() == 0) {
-        who = contain::default_worker_identity();
-      }
-      spec.uid = uid ? uid : who ? std::optional<uid_t>(who->uid) : std::nullopt;
-      spec.gid = gid ? gid : who ? std::optional<gid_t>(who->gid) : std::nullopt;
-      if (uid && !gid && ::geteuid() == 0) spec.gid = *uid;  // not root's group
-      spec.allow_root = allow_root;
-    }
-  } catch (const common::Error& e) {
-    std::fprintf(stderr, "assayd contain: %s\n", e.what());
-    return 2;
+                          "--spec \"" + a.spec_file + "\" and a COMMAND cannot both be given");
+  } else if (!a.cleanup && a.command.empty()) {
+    throw common::Error("contain.usage",
+                        "no COMMAND given (usage: assayd contain [options] -- "
+                        "COMMAND [ARGS...])");
   }
+}
 
+// The spawn spec the head wrote (--spec).
+contain::SpawnSpec spec_from_file(const std::string& spec_file) {
+  contain::SpawnSpec spec;
+  try {
+    spec = executors::spawn_spec_from_json(
+        common::parse_strict(common::read_file(spec_file, 4 * 1024 * 1024)));
+  } catch (const common::Error& e) {
+    throw common::Error("contain.usage", "--spec \"" + spec_file + "\" is unusable: " + e.what());
+  }
+  if (!fs::is_directory(spec.workdir)) {
+    throw common::Error("contain.usage", "--spec \"" + spec_file + "\": workdir \"" +
+                                             spec.workdir.string() + "\" is not a directory");
+  }
+  return spec;
+}
+
+// The spawn spec the options describe.
+contain::SpawnSpec spec_from_options(const CliArgs& a) {
+  contain::SpawnSpec spec;
+  if (!a.memory_max.empty()) spec.limits.memory_max = parse_bytes("--memory-max", a.memory_max);
+  if (!a.memory_high.empty()) spec.limits.memory_high = parse_bytes("--memory-high", a.memory_high);
+  if (!a.swap_max.empty()) spec.limits.swap_max = parse_bytes("--swap-max", a.swap_max);
+  spec.limits.pids_max = a.pids_max;
+  spec.limits.timeout = parse_seconds("--timeout", a.timeout);
+  spec.limits.kill_grace = parse_seconds("--kill-grace", a.grace);
+  spec.output_cap_bytes = parse_bytes("--output-cap", a.output_cap);
+  spec.name = a.name.empty() ? "contain-" + std::to_string(::getpid()) : a.name;
+  spec.workdir = a.workdir.empty() ? fs::current_path() : fs::absolute(a.workdir);
+  if (!fs::is_directory(spec.workdir)) {
+    throw common::Error("contain.usage",
+                        "--workdir \"" + spec.workdir.string() + "\" is not a directory");
+  }
+  std::string path = kDefaultPath;
+  for (const auto& kv : a.env) {
+    if (kv.find('=') == std::string::npos || kv.front() == '=') {
+      throw common::Error("contain.usage", "--env \"" + kv + "\" is not KEY=VALUE");
+    }
+    if (kv.starts_with("PATH=")) path = kv.substr(5);
+  }
+  spec.env.push_back("PATH=" + path);
+  for (const auto& kv : a.env) {
+    if (!kv.starts_with("PATH=")) spec.env.push_back(kv);
+  }
+  for (const auto& key : a.pass_env) {
+    const char* v = std::getenv(key.c_str());
+    if (v && key != "PATH") spec.env.push_back(key + "=" + v);
+  }
+  spec.argv = a.command;
+  spec.argv[0] = resolve_command(a.command[0], path);
+  spec.stdout_path = a.stdout_path;
+  spec.stderr_path = a.stderr_path;
+  for (const auto& h : a.hide) spec.hidden_paths.emplace_back(h);
+  std::optional<contain::WorkerIdentity> who;
+  if (!a.user.empty()) {
+    who = contain::worker_identity(a.user);
+  } else if (!a.uid && !a.allow_root && ::geteuid() == 0) {
+    who = contain::default_worker_identity();
+  }
+  spec.uid = a.uid ? a.uid : who ? std::optional<uid_t>(who->uid) : std::nullopt;
+  spec.gid = a.gid ? a.gid : who ? std::optional<gid_t>(who->gid) : std::nullopt;
+  if (a.uid && !a.gid && ::geteuid() == 0) spec.gid = *a.uid;  // not root's group
+  spec.allow_root = a.allow_root;
+  return spec;
+}
+
+// Runs the spec (or cleans up orphans) and prints or writes the evidence; the exit status.
+int run_contained(const CliArgs& a, const contain::SpawnSpec& spec,
+                  const contain::RuntimeOptions& options) {
   try {
     // The child first: it makes its namespaces while the backend is detected and its cgroup
     // made. Not for v2, which clones a fresh child into the cgroup; and never under
     // delegation, where assayd moves itself out of its cgroup and a child left there would
     // keep the cgroup from enabling controllers for its workers.
     std::unique_ptr<contain::EarlyChild> early;
-    if (!cleanup && !delegated && options.mode != Mode::kV2) {
+    if (!a.cleanup && !a.delegated && options.mode != Mode::kV2) {
       early = contain::EarlyChild::start(spec);
     }
     auto runtime = contain::Runtime::create(options);
-    if (cleanup) {
+    if (a.cleanup) {
       common::Json all = common::Json::array();
       for (const auto& e : runtime->cleanup_orphans()) all.push_back(e.to_json());
       std::cout << all.dump(2) << std::endl;
@@ -293,14 +281,14 @@ int contain_main(int argc, char** argv) {
     io.run();
     running.reset();
     if (!evidence) throw common::Error("contain.internal", "no evidence was produced");
-    if (!evidence_out.empty()) {
+    if (!a.evidence_out.empty()) {
       // Durable before this process exits: the head trusts the file once Slurm says the job
       // ended, and hashes its bytes into the result.
       try {
-        common::atomic_write_file(evidence_out, evidence->to_json().dump(2) + "\n", 0644);
+        common::atomic_write_file(a.evidence_out, evidence->to_json().dump(2) + "\n", 0644);
       } catch (const common::Error& e) {
         std::fprintf(stderr, "assayd contain: cannot write the evidence to %s: %s\n",
-                     evidence_out.c_str(), e.what());
+                     a.evidence_out.c_str(), e.what());
         std::_Exit(1);
       }
       runtime.reset();
@@ -322,6 +310,50 @@ int contain_main(int argc, char** argv) {
     std::fprintf(stderr, "assayd contain: %s: %s\n", e.code().c_str(), e.what());
     return 1;
   }
+}
+}  // namespace
+
+int contain_main(int argc, char** argv) {
+  CLI::App app{
+      "Runs COMMAND in a fresh leaf cgroup, in private PID, network (only lo) and mount "
+      "namespaces, with no capabilities, a seccomp filter, a cleared environment and a hard "
+      "timeout, then prints the evidence JSON (assay.process-containment.v1) on stdout. Run as "
+      "root, COMMAND runs as the assay-worker user (else a transient uid/gid in 61184-65519) "
+      "unless --user, --uid or --allow-root says otherwise.\n"
+      "Exit status: 0 when the command ran and was measured (whatever its own outcome), 1 when "
+      "containment failed, 2 on a usage error.\n"
+      "On a Slurm node: `assayd contain --spec SPEC.json --evidence-out EVIDENCE.json` runs the "
+      "spawn spec the head wrote (assay.contain-spec.v1) and writes the evidence durably.",
+      "assayd contain"};
+  CliArgs a;
+  add_options(app, a);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+
+  contain::SpawnSpec spec;
+  contain::RuntimeOptions options;
+  try {
+    check_usage(app, a);
+    options.mode = a.mode_name == "v2"     ? Mode::kV2
+                   : a.mode_name == "v1"   ? Mode::kV1
+                   : a.mode_name == "none" ? Mode::kNone
+                                           : Mode::kAuto;
+    options.base_cgroup = a.base_cgroup;
+    options.delegated = a.delegated;
+    if (!a.spec_file.empty()) {
+      spec = spec_from_file(a.spec_file);
+    } else if (!a.cleanup) {
+      spec = spec_from_options(a);
+    }
+  } catch (const common::Error& e) {
+    std::fprintf(stderr, "assayd contain: %s\n", e.what());
+    return 2;
+  }
+  return run_contained(a, spec, options);
 }
 
 }  // namespace assay::supervisor

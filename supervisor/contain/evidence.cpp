@@ -291,6 +291,36 @@ SpawnEvidence read_spawn(const Field& f) {
   return s;
 }
 
+CgroupEvidence read_cgroup(const Field& f) {
+  f.object({"path", "hierarchies", "removed"});
+  CgroupEvidence c;
+  c.path = f["path"].string();
+  f["hierarchies"].each_member(
+      [&](const std::string& k, const Field& v) { c.hierarchies[k] = v.string(); });
+  c.removed = f["removed"].boolean();
+  return c;
+}
+
+// "network", "pid_namespace" and "mounts", each null or an object.
+void read_namespaces(const Field& doc, Evidence& e) {
+  if (Field f = doc["network"]; !f.is_null()) {
+    f.object({"namespace", "interfaces"});
+    e.network = NetworkEvidence{f["namespace"].one_of({"private", "shared"}) == "private",
+                                f["interfaces"].strings()};
+  }
+  if (Field f = doc["pid_namespace"]; !f.is_null()) {
+    f.object({"namespace"});
+    e.pid_namespace_private = f["namespace"].one_of({"private", "shared"}) == "private";
+  }
+  if (Field f = doc["mounts"]; !f.is_null()) {
+    f.object({"namespace", "proc", "sys", "hidden", "absent"});
+    f["namespace"].constant("private");
+    f["proc"].constant("pid-namespace");
+    f["sys"].constant("network-namespace");
+    e.mounts = MountsEvidence{f["hidden"].strings(), f["absent"].strings()};
+  }
+}
+
 }  // namespace
 
 Json NetworkEvidence::to_json() const {
@@ -403,33 +433,10 @@ Evidence Evidence::from_json(const Json& json) {
   e.mode = doc["mode"].one_of({"cgroup-v2", "cgroup-v1", "none"});
   e.orphan = doc["orphan"].boolean();
 
-  if (Field f = doc["cgroup"]; !f.is_null()) {
-    f.object({"path", "hierarchies", "removed"});
-    CgroupEvidence c;
-    c.path = f["path"].string();
-    f["hierarchies"].each_member(
-        [&](const std::string& k, const Field& v) { c.hierarchies[k] = v.string(); });
-    c.removed = f["removed"].boolean();
-    e.cgroup = std::move(c);
-  }
+  if (Field f = doc["cgroup"]; !f.is_null()) e.cgroup = read_cgroup(f);
   if (Field f = doc["spawn"]; !f.is_null()) e.spawn = read_spawn(f);
   if (Field f = doc["limits"]; !f.is_null()) e.limits = read_limits(f);
-  if (Field f = doc["network"]; !f.is_null()) {
-    f.object({"namespace", "interfaces"});
-    e.network = NetworkEvidence{f["namespace"].one_of({"private", "shared"}) == "private",
-                                f["interfaces"].strings()};
-  }
-  if (Field f = doc["pid_namespace"]; !f.is_null()) {
-    f.object({"namespace"});
-    e.pid_namespace_private = f["namespace"].one_of({"private", "shared"}) == "private";
-  }
-  if (Field f = doc["mounts"]; !f.is_null()) {
-    f.object({"namespace", "proc", "sys", "hidden", "absent"});
-    f["namespace"].constant("private");
-    f["proc"].constant("pid-namespace");
-    f["sys"].constant("network-namespace");
-    e.mounts = MountsEvidence{f["hidden"].strings(), f["absent"].strings()};
-  }
+  read_namespaces(doc, e);
   e.started_at = doc["started_at"].string_or_null();
   if (e.started_at && !is_timestamp(*e.started_at)) {
     doc["started_at"].fail("expected a UTC time like 2024-05-01T12:00:00.123Z");

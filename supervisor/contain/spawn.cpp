@@ -20,6 +20,7 @@
 #include "common/error.h"
 #include "supervisor/contain/child.h"
 #include "supervisor/contain/seccomp.h"
+#include "supervisor/contain/spawn_report.h"
 
 namespace assay::contain::detail {
 
@@ -57,34 +58,6 @@ bool is_under(const fs::path& child, const fs::path& parent) {
   return true;
 }
 
-// Interface names in /proc/net/dev text (two header lines, then "  name: counters...").
-std::vector<std::string> interfaces_of(const std::string& net_dev) {
-  std::vector<std::string> out;
-  std::istringstream in(net_dev);
-  std::string line;
-  int n = 0;
-  while (std::getline(in, line)) {
-    if (++n <= 2) continue;  // two header lines
-    auto colon = line.find(':');
-    if (colon == std::string::npos) continue;
-    std::string name = line.substr(0, colon);
-    name.erase(0, name.find_first_not_of(' '));
-    out.push_back(name);
-  }
-  return out;
-}
-
-bool write_all(int fd, const char* data, std::size_t size) {
-  while (size > 0) {
-    ssize_t n = ::write(fd, data, size);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return false;
-    data += n;
-    size -= static_cast<std::size_t>(n);
-  }
-  return true;
-}
-
 }  // namespace
 
 struct Prespawned::State {
@@ -102,24 +75,10 @@ struct Prespawned::State {
   UniqueFd pidfd, gate_w, report_r, status_r, out_r, err_r;
 };
 
-void check_identity(const SpawnSpec& spec) {
-  uid_t uid = spec.uid.value_or(::geteuid());
-  gid_t gid = spec.gid.value_or(::getegid());
-  if (spec.allow_root || (uid != 0 && gid != 0)) return;
-  throw common::Error("contain.root_worker",
-                      "worker \"" + spec.name + "\" would run as uid " + std::to_string(uid) +
-                          " gid " + std::to_string(gid) +
-                          ": give it an unprivileged uid and gid (default_worker_identity()), "
-                          "or allow_root for development");
-}
+namespace {
 
-std::unique_ptr<Prespawned> prespawn(const SpawnSpec& spec, Cgroup* clone_into) {
-  if (spec.argv.empty()) throw common::Error("contain.spawn_failed", "empty argv");
-  check_identity(spec);
-  auto child = std::make_unique<Prespawned>();
-  Prespawned::State& st = *child->state_;
-  st.exe = spec.argv.front();
-  const std::string& exe = st.exe;
+// argv[0] must be absolute and every passed descriptor open.
+void check_exe_and_fds(const SpawnSpec& spec, const std::string& exe) {
   if (exe.empty() || exe.front() != '/') {
     throw common::Error("contain.spawn_failed", "argv[0] \"" + exe + "\" is not an absolute path");
   }
@@ -129,43 +88,78 @@ std::unique_ptr<Prespawned> prespawn(const SpawnSpec& spec, Cgroup* clone_into) 
                           "pass_fds: descriptor " + std::to_string(fd) + " is not open");
     }
   }
+}
+
+// The worker's directory: absolute, normal, without a trailing '/' ("/" when unset).
+fs::path normal_workdir(const SpawnSpec& spec) {
   fs::path workdir = spec.workdir.empty() ? fs::path("/") : fs::absolute(spec.workdir);
   workdir = workdir.lexically_normal();
   if (workdir.string().size() > 1 && workdir.string().back() == '/')
     workdir = workdir.parent_path();
+  return workdir;
+}
 
-  // argv and environment as the C arrays execve wants.
-  std::vector<std::string> argv_store = spec.argv;
-  std::vector<std::string> env_store = spec.env;
+// argv and environment as the C arrays execve wants (the pointers point into the strings).
+struct ExecArrays {
+  std::vector<std::string> argv_store, env_store;
   std::vector<char*> argv_ptrs, env_ptrs;
-  for (auto& a : argv_store) argv_ptrs.push_back(a.data());
-  argv_ptrs.push_back(nullptr);
-  for (auto& e : env_store) {
+};
+
+void make_exec_arrays(const SpawnSpec& spec, ExecArrays& x) {
+  x.argv_store = spec.argv;
+  x.env_store = spec.env;
+  for (auto& a : x.argv_store) x.argv_ptrs.push_back(a.data());
+  x.argv_ptrs.push_back(nullptr);
+  for (auto& e : x.env_store) {
     if (e.find('=') == std::string::npos) {
       throw common::Error("contain.spawn_failed", "environment entry \"" + e + "\" has no '='");
     }
-    env_ptrs.push_back(e.data());
+    x.env_ptrs.push_back(e.data());
   }
-  env_ptrs.push_back(nullptr);
+  x.env_ptrs.push_back(nullptr);
+}
 
-  int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
-  if (devnull < 0) common::throw_errno("contain.spawn_failed", "open /dev/null", errno);
-  UniqueFd devnull_fd(devnull);
-  int wfd = ::open(workdir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
-  if (wfd < 0)
-    common::throw_errno("contain.spawn_failed", "open workdir " + workdir.string(), errno);
-  UniqueFd workdir_fd(wfd);
-  // Without pidfd_open (before 5.3) the child cannot tell that its parent died before it
-  // armed PDEATHSIG; the gate's EOF still ends it.
-  UniqueFd parent_pidfd(static_cast<int>(::syscall(SYS_pidfd_open, ::getpid(), 0)));
+// The child's descriptors: 0-2, the passed ones from 3, then its own (close-on-exec).
+struct ChildSlots {
+  int gate, report, status, parent, workdir, first_free;
+};
 
-  // The child's descriptors: 0-2, the passed ones from 3, then its own (close-on-exec).
+ChildSlots child_slots(const SpawnSpec& spec) {
   const int own = 3 + static_cast<int>(spec.pass_fds.size());
-  const int gate_slot = own, report_slot = own + 1, status_slot = own + 2, parent_slot = own + 3,
-            workdir_slot = own + 4, first_free = own + 5;
+  return {own, own + 1, own + 2, own + 3, own + 4, own + 5};
+}
 
-  // Hidden paths: an empty read-only tmpfs over a directory, /dev/null over anything else. A
-  // workdir inside a hidden directory is bind-mounted back at its own path.
+// What the child is told: its descriptors, the exec, the mounts, the identity and the filter.
+void fill_plan(ChildPlan& plan, const SpawnSpec& spec, const ChildSlots& slot,
+               bool have_parent_pidfd, const std::string& workdir_str, const ExecArrays& exec,
+               Prespawned::State& st) {
+  plan.moves = st.moves.data();
+  plan.move_count = st.moves.size();
+  plan.first_free = slot.first_free;
+  plan.gate_read = slot.gate;
+  plan.report_write = slot.report;
+  plan.status_write = slot.status;
+  plan.parent_pidfd = have_parent_pidfd ? slot.parent : -1;
+  plan.workdir_fd = slot.workdir;
+  plan.workdir = workdir_str.c_str();
+  plan.exe = exec.argv_store.front().c_str();
+  plan.argv = exec.argv_ptrs.data();
+  plan.envp = exec.env_ptrs.data();
+  plan.ops = st.ops.data();
+  plan.op_count = st.ops.size();
+  plan.nofile = spec.nofile;
+  plan.set_ids = spec.uid.has_value() || spec.gid.has_value();
+  plan.uid = spec.uid.value_or(::geteuid());
+  plan.gid = spec.gid.value_or(::getegid());
+  plan.root_worker = plan.uid == 0;
+  plan.seccomp = &seccomp_policy().fprog;
+  st.root_worker = plan.root_worker;
+}
+
+// Hidden paths: an empty read-only tmpfs over a directory, /dev/null over anything else. A
+// workdir inside a hidden directory is bind-mounted back at its own path.
+void plan_hidden_paths(const SpawnSpec& spec, const fs::path& workdir, int workdir_slot,
+                       Prespawned::State& st) {
   std::vector<fs::path> hidden;
   for (const auto& h : spec.hidden_paths) hidden.push_back(fs::absolute(h).lexically_normal());
   std::sort(hidden.begin(), hidden.end());
@@ -212,56 +206,11 @@ std::unique_ptr<Prespawned> prespawn(const SpawnSpec& spec, Cgroup* clone_into) 
     ops.push_back({MountOp::kMount, "tmpfs", target, "tmpfs", MS_REMOUNT | tmpfs_flags | MS_RDONLY,
                    "size=64k,mode=0755", kStageMount});
   }
+}
 
-  UniqueFd gate_r, report_w, status_w, out_w, err_w;
-  make_pipe(gate_r, st.gate_w, "pipe (gate)");
-  make_pipe(st.report_r, report_w, "pipe (report)");
-  make_pipe(st.status_r, status_w, "pipe (init status)");
-  make_pipe(st.out_r, out_w, "pipe (stdout)");
-  make_pipe(st.err_r, err_w, "pipe (stderr)");
-  // The init's report is read once it exited, never waited for.
-  ::fcntl(st.status_r.get(), F_SETFL, O_NONBLOCK);
-
-  std::vector<FdMove>& moves = st.moves;
-  moves = {
-      {devnull_fd.get(), 0, false, -1}, {out_w.get(), 1, false, -1}, {err_w.get(), 2, false, -1}};
-  for (std::size_t i = 0; i < spec.pass_fds.size(); ++i) {
-    moves.push_back({spec.pass_fds[i], 3 + static_cast<int>(i), false, -1});
-  }
-  moves.push_back({gate_r.get(), gate_slot, true, -1});
-  moves.push_back({report_w.get(), report_slot, true, -1});
-  moves.push_back({status_w.get(), status_slot, true, -1});
-  if (parent_pidfd) moves.push_back({parent_pidfd.get(), parent_slot, true, -1});
-  moves.push_back({workdir_fd.get(), workdir_slot, true, -1});
-
-  ChildPlan plan{};
-  plan.moves = moves.data();
-  plan.move_count = moves.size();
-  plan.first_free = first_free;
-  plan.gate_read = gate_slot;
-  plan.report_write = report_slot;
-  plan.status_write = status_slot;
-  plan.parent_pidfd = parent_pidfd ? parent_slot : -1;
-  plan.workdir_fd = workdir_slot;
-  std::string workdir_str = workdir.string();
-  plan.workdir = workdir_str.c_str();
-  plan.exe = argv_store.front().c_str();
-  plan.argv = argv_ptrs.data();
-  plan.envp = env_ptrs.data();
-  plan.ops = ops.data();
-  plan.op_count = ops.size();
-  plan.nofile = spec.nofile;
-  plan.set_ids = spec.uid.has_value() || spec.gid.has_value();
-  plan.uid = spec.uid.value_or(::geteuid());
-  plan.gid = spec.gid.value_or(::getegid());
-  plan.root_worker = plan.uid == 0;
-  plan.seccomp = &seccomp_policy().fprog;
-  st.root_worker = plan.root_worker;
-
-  // The child starts on this CPU, which is awake, and this thread moves to the others for its
-  // share (detection, the cgroup) until finish_spawn: the child's path (namespaces, exec) is
-  // the longer one, and on a VM a new task sent to an idle vCPU waited ~0.5 ms for it to wake.
-  // The child restores the CPUs it inherits before anything else.
+// Pins this thread to its current CPU while the child starts there (see prespawn); returns
+// that CPU.
+int narrow_affinity(Prespawned::State& st, ChildPlan& plan) {
   int here = ::sched_getcpu();
   cpu_set_t only_here;
   CPU_ZERO(&only_here);
@@ -273,8 +222,12 @@ std::unique_ptr<Prespawned> prespawn(const SpawnSpec& spec, Cgroup* clone_into) 
       plan.affinity = &st.affinity;
     }
   }
+  return here;
+}
 
-  int pidfd = -1;
+// Clones the child (clone3, into `clone_into` where the kernel allows; clone where clone3 is
+// filtered); the child runs child_main(plan). Returns the pid (-1 with errno set on failure).
+long clone_child(Prespawned::State& st, Cgroup* clone_into, const ChildPlan& plan, int& pidfd) {
   CloneArgs args;
   args.flags = CLONE_PIDFD | CLONE_NEWPID;
   args.pidfd = reinterpret_cast<std::uint64_t>(&pidfd);
@@ -303,6 +256,83 @@ std::unique_ptr<Prespawned> prespawn(const SpawnSpec& spec, Cgroup* clone_into) 
     if (pid == 0) child_main(plan);
     st.clone = "clone";
   }
+  return pid;
+}
+
+}  // namespace
+
+void check_identity(const SpawnSpec& spec) {
+  uid_t uid = spec.uid.value_or(::geteuid());
+  gid_t gid = spec.gid.value_or(::getegid());
+  if (spec.allow_root || (uid != 0 && gid != 0)) return;
+  throw common::Error("contain.root_worker",
+                      "worker \"" + spec.name + "\" would run as uid " + std::to_string(uid) +
+                          " gid " + std::to_string(gid) +
+                          ": give it an unprivileged uid and gid (default_worker_identity()), "
+                          "or allow_root for development");
+}
+
+std::unique_ptr<Prespawned> prespawn(const SpawnSpec& spec, Cgroup* clone_into) {
+  if (spec.argv.empty()) throw common::Error("contain.spawn_failed", "empty argv");
+  check_identity(spec);
+  auto child = std::make_unique<Prespawned>();
+  Prespawned::State& st = *child->state_;
+  st.exe = spec.argv.front();
+  const std::string& exe = st.exe;
+  check_exe_and_fds(spec, exe);
+  const fs::path workdir = normal_workdir(spec);
+
+  ExecArrays exec;
+  make_exec_arrays(spec, exec);
+
+  int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (devnull < 0) common::throw_errno("contain.spawn_failed", "open /dev/null", errno);
+  UniqueFd devnull_fd(devnull);
+  int wfd = ::open(workdir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (wfd < 0)
+    common::throw_errno("contain.spawn_failed", "open workdir " + workdir.string(), errno);
+  UniqueFd workdir_fd(wfd);
+  // Without pidfd_open (before 5.3) the child cannot tell that its parent died before it
+  // armed PDEATHSIG; the gate's EOF still ends it.
+  UniqueFd parent_pidfd(static_cast<int>(::syscall(SYS_pidfd_open, ::getpid(), 0)));
+
+  const ChildSlots slot = child_slots(spec);
+
+  plan_hidden_paths(spec, workdir, slot.workdir, st);
+
+  UniqueFd gate_r, report_w, status_w, out_w, err_w;
+  make_pipe(gate_r, st.gate_w, "pipe (gate)");
+  make_pipe(st.report_r, report_w, "pipe (report)");
+  make_pipe(st.status_r, status_w, "pipe (init status)");
+  make_pipe(st.out_r, out_w, "pipe (stdout)");
+  make_pipe(st.err_r, err_w, "pipe (stderr)");
+  // The init's report is read once it exited, never waited for.
+  ::fcntl(st.status_r.get(), F_SETFL, O_NONBLOCK);
+
+  std::vector<FdMove>& moves = st.moves;
+  moves = {
+      {devnull_fd.get(), 0, false, -1}, {out_w.get(), 1, false, -1}, {err_w.get(), 2, false, -1}};
+  for (std::size_t i = 0; i < spec.pass_fds.size(); ++i) {
+    moves.push_back({spec.pass_fds[i], 3 + static_cast<int>(i), false, -1});
+  }
+  moves.push_back({gate_r.get(), slot.gate, true, -1});
+  moves.push_back({report_w.get(), slot.report, true, -1});
+  moves.push_back({status_w.get(), slot.status, true, -1});
+  if (parent_pidfd) moves.push_back({parent_pidfd.get(), slot.parent, true, -1});
+  moves.push_back({workdir_fd.get(), slot.workdir, true, -1});
+
+  ChildPlan plan{};
+  std::string workdir_str = workdir.string();
+  fill_plan(plan, spec, slot, bool(parent_pidfd), workdir_str, exec, st);
+
+  // The child starts on this CPU, which is awake, and this thread moves to the others for its
+  // share (detection, the cgroup) until finish_spawn: the child's path (namespaces, exec) is
+  // the longer one, and on a VM a new task sent to an idle vCPU waited ~0.5 ms for it to wake.
+  // The child restores the CPUs it inherits before anything else.
+  const int here = narrow_affinity(st, plan);
+
+  int pidfd = -1;
+  const long pid = clone_child(st, clone_into, plan, pidfd);
   if (st.affinity_narrowed) {
     cpu_set_t elsewhere = st.affinity;
     CPU_CLR(here, &elsewhere);
@@ -342,15 +372,41 @@ void Prespawned::restore_affinity() {
 
 namespace {
 
-bool same_namespace(const char* mine_path, std::uint64_t dev, std::uint64_t ino) {
-  struct stat mine {};
-  return ino == 0 || (::stat(mine_path, &mine) == 0 && ino == mine.st_ino && dev == mine.st_dev);
+// The step a child reported failing, with the object it failed on.
+std::string failed_step(const ChildReport& report, const Prespawned::State& st,
+                        const std::vector<std::string>& attach_files) {
+  std::string what = stage_name(report.stage);
+  if (report.stage == kStageExec) what += " " + st.exe;
+  if (report.stage == kStageAttach) {
+    if (report.op >= 0 && static_cast<std::size_t>(report.op) < attach_files.size()) {
+      what += " " + attach_files[static_cast<std::size_t>(report.op)];
+    }
+  } else if (report.stage == kStageBounding) {
+    what += " (capability " + std::to_string(report.op) + ")";
+  } else if (report.op >= 0 && static_cast<std::size_t>(report.op) < st.ops.size()) {
+    what += std::string(" ") + st.ops[static_cast<std::size_t>(report.op)].target;
+  }
+  return what;
 }
 
-std::string hex(std::uint64_t v) {
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
-  return buf;
+// How the child gets into its cgroup; with neither clone-into nor self-attach, the parent
+// attaches it now.
+std::string spawn_method(const Prespawned::State& st, Cgroup* cgroup,
+                         const std::vector<std::string>& attach_files) {
+  if (st.into_cgroup) {
+    return st.clone + "-into-cgroup";
+  } else if (!attach_files.empty()) {
+    return st.clone + "-self-attach";
+  } else {
+    if (cgroup) {
+      try {
+        cgroup->attach(st.pid);
+      } catch (const common::Error& e) {
+        throw common::Error("contain.spawn_failed", std::string("attach to cgroup: ") + e.what());
+      }
+    }
+    return st.clone + "-pipe-gate";
+  }
 }
 
 }  // namespace
@@ -368,17 +424,7 @@ Spawned finish_spawn(std::unique_ptr<Prespawned> child, Cgroup* cgroup) {
   std::vector<std::string> attach_files;
   // The child reported a failed step: it exits; the error names the step, errno and object.
   auto failed = [&](const ChildReport& report) {
-    std::string what = stage_name(report.stage);
-    if (report.stage == kStageExec) what += " " + st.exe;
-    if (report.stage == kStageAttach) {
-      if (report.op >= 0 && static_cast<std::size_t>(report.op) < attach_files.size()) {
-        what += " " + attach_files[static_cast<std::size_t>(report.op)];
-      }
-    } else if (report.stage == kStageBounding) {
-      what += " (capability " + std::to_string(report.op) + ")";
-    } else if (report.op >= 0 && static_cast<std::size_t>(report.op) < st.ops.size()) {
-      what += std::string(" ") + st.ops[static_cast<std::size_t>(report.op)].target;
-    }
+    std::string what = failed_step(report, st, attach_files);
     child.reset();  // reaps it (and `st` with it)
     common::throw_errno("contain.spawn_failed", what, report.err);
   };
@@ -389,43 +435,10 @@ Spawned finish_spawn(std::unique_ptr<Prespawned> child, Cgroup* cgroup) {
 
   Spawned s;
   if (cgroup && !st.into_cgroup) attach_files = cgroup->self_attach_files();
-  if (st.into_cgroup) {
-    s.method = st.clone + "-into-cgroup";
-  } else if (!attach_files.empty()) {
-    s.method = st.clone + "-self-attach";
-  } else {
-    s.method = st.clone + "-pipe-gate";
-    if (cgroup) {
-      try {
-        cgroup->attach(st.pid);
-      } catch (const common::Error& e) {
-        throw common::Error("contain.spawn_failed", std::string("attach to cgroup: ") + e.what());
-      }
-    }
-  }
-  std::string gate;
-  for (const auto& f : attach_files) gate.append(f).push_back('\0');
-  if (gate.size() > kGateMaxBytes) {
-    throw common::Error("contain.spawn_failed",
-                        "cgroup paths too long for the gate (" + std::to_string(gate.size()) +
-                            " bytes, at most " + std::to_string(kGateMaxBytes) + ")");
-  }
-  GateHeader header{static_cast<std::uint32_t>(attach_files.size()),
-                    static_cast<std::uint32_t>(gate.size())};
-  gate.insert(0, reinterpret_cast<const char*>(&header), sizeof header);
-  // A child that died before the gate (it never does on its own before reading it) must not
-  // take this process with it through SIGPIPE.
-  sigset_t pipe_only, old;
-  sigemptyset(&pipe_only);
-  sigaddset(&pipe_only, SIGPIPE);
-  ::pthread_sigmask(SIG_BLOCK, &pipe_only, &old);
-  bool written = write_all(st.gate_w.get(), gate.data(), gate.size());
-  int write_errno = errno;
-  if (!written && write_errno == EPIPE && !sigismember(&old, SIGPIPE)) {
-    struct timespec now {};
-    ::sigtimedwait(&pipe_only, nullptr, &now);  // consume ours, not a real one's
-  }
-  ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  s.method = spawn_method(st, cgroup, attach_files);
+  const std::string gate = gate_message(attach_files);
+  int write_errno = 0;
+  const bool written = write_gate(st.gate_w.get(), gate, write_errno);
   if (!written) {
     child.reset();
     common::throw_errno("contain.spawn_failed", "write to the gate pipe", write_errno);
@@ -457,15 +470,7 @@ Spawned finish_spawn(std::unique_ptr<Prespawned> child, Cgroup* cgroup) {
       !read_full(st.report_r.get(), &held, sizeof held)) {
     gone("reporting its privileges");
   }
-  std::string kept;
-  if (held.effective || held.permitted || held.inheritable || held.ambient) kept += " capabilities";
-  if (held.bounding && st.root_worker) kept += " bounding set " + hex(held.bounding);
-  if (held.no_new_privs != 1) kept += " no_new_privs " + std::to_string(held.no_new_privs);
-  if (held.seccomp != 2) kept += " seccomp mode " + std::to_string(held.seccomp);
-  if (held.uid[0] != held.uid[1] || held.uid[1] != held.uid[2] || held.gid[0] != held.gid[1] ||
-      held.gid[1] != held.gid[2]) {
-    kept += " mixed ids";
-  }
+  const std::string kept = kept_privileges(held, st.root_worker);
   if (!kept.empty()) {
     child.reset();
     throw common::Error("contain.spawn_failed", "the worker kept privileges:" + kept);
@@ -484,24 +489,6 @@ Spawned finish_spawn(std::unique_ptr<Prespawned> child, Cgroup* cgroup) {
   s.status_read = std::move(st.status_r);
   st.pid = -1;  // released: the caller awaits it through the pidfd
   return s;
-}
-
-std::optional<InitOutcome> read_init_report(int status_read) {
-  InitReport r{};
-  ssize_t n;
-  do {
-    n = ::read(status_read, &r, sizeof r);
-  } while (n < 0 && errno == EINTR);
-  if (n != static_cast<ssize_t>(sizeof r)) return std::nullopt;
-  InitOutcome out;
-  if (r.signal != 0) {
-    out.exit.signal = r.signal;
-    out.exit.core_dumped = r.core_dumped != 0;
-  } else {
-    out.exit.code = r.code;
-  }
-  out.leftover_killed = r.leftover;
-  return out;
 }
 
 }  // namespace assay::contain::detail

@@ -65,12 +65,15 @@ std::int64_t int_field(const Json& v, const char* key, const std::string& where)
 LogitsFileRef parse_file_ref(const Json& v, const std::string& where) {
   LogitsFileRef r;
   if (v.is_object() && v.contains("fd")) {
-    check_object(v, {"fd", "sha256"}, {"fd", "sha256"}, where);
+    check_object(v, {"fd", "sha256", "path"}, {"fd", "sha256"}, where);
     const Json& fd = v.at("fd");
     if (!fd.is_number_integer() || fd.get<std::int64_t>() < 3 || fd.get<std::int64_t>() > 65535)
       invalid(where + ".fd", shown(fd) + " is not a descriptor number >= 3");
     r.fd = static_cast<int>(fd.get<std::int64_t>());
-    r.path = "/proc/self/fd/" + std::to_string(r.fd);  // for messages only; never opened
+    // The file's name where the user keeps it, for messages only: never opened.
+    r.path = v.contains("path") && v.at("path").is_string()
+                 ? v.at("path").get<std::string>() + " (fd " + std::to_string(r.fd) + ")"
+                 : "fd " + std::to_string(r.fd);
   } else {
     check_object(v, {"path", "sha256"}, {"path", "sha256"}, where);
     r.path = string_field(v, "path", where);

@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <csignal>
 #include <cstring>
+#include <initializer_list>
 
 #include <fcntl.h>
 #include <linux/capability.h>
@@ -304,9 +305,24 @@ int worker_main(void* arg) {
   child_fail(p, kStageExec);
 }
 
+pid_t g_init_worker = 0;  // the init's worker, for forward_signal
+
+// A signal sent to the init from outside (a batch system signals every process of its job) is
+// the worker's: a pid-namespace init would otherwise die of it and take the worker down with a
+// SIGKILL that the evidence would then report instead of what was sent.
+void forward_signal(int sig) {
+  ::kill(g_init_worker, sig);
+}
+
 // The init (pid 1 of the worker's PID namespace) once the worker runs: reaps whatever exits;
 // when the worker exits, kills everything else in the namespace, reaps it, and reports.
 [[noreturn]] void run_init(const ChildPlan& p, pid_t worker) {
+  g_init_worker = worker;
+  struct sigaction fwd {};
+  fwd.sa_handler = forward_signal;
+  ::sigemptyset(&fwd.sa_mask);
+  for (int sig : {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2})
+    ::sigaction(sig, &fwd, nullptr);
   close_fds(0, static_cast<unsigned>(p.status_write) - 1);  // stdio, passed fds, the report pipe
   close_fds(static_cast<unsigned>(p.status_write) + 1, ~0U);
   InitReport r{-1, 0, 0, 0};

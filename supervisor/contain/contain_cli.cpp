@@ -14,6 +14,7 @@
 #include <CLI/CLI.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
 
 #include "common/error.h"
 #include "common/fs.h"
@@ -195,6 +196,24 @@ contain::SpawnSpec spec_from_file(const std::string& spec_file) {
   return spec;
 }
 
+// A spec written on another host (the Slurm head) names no uid: as root, the worker runs as this
+// node's default worker identity, which gets the workspace the spec names (the head cannot know
+// who that is).
+void give_to_default_worker(contain::SpawnSpec& spec) {
+  contain::WorkerIdentity who = contain::default_worker_identity();
+  spec.uid = who.uid;
+  spec.gid = who.gid;
+  std::error_code ec;
+  std::vector<fs::path> paths{spec.workdir};
+  for (const auto& e : fs::directory_iterator(spec.workdir, ec))
+    if (!e.is_symlink(ec)) paths.push_back(e.path());
+  for (const auto& p : paths)
+    if (::lchown(p.c_str(), who.uid, who.gid) != 0)
+      throw common::Error("contain.usage", "cannot hand " + p.string() + " to the worker (uid " +
+                                               std::to_string(who.uid) +
+                                               "): " + std::strerror(errno));
+}
+
 // The spawn spec the options describe.
 contain::SpawnSpec spec_from_options(const CliArgs& a) {
   contain::SpawnSpec spec;
@@ -267,16 +286,25 @@ int run_contained(const CliArgs& a, const contain::SpawnSpec& spec,
     std::optional<contain::Evidence> evidence;
     // Ctrl-C or a TERM to this tool must not leave the worker (or its cgroup) behind.
     boost::asio::signal_set signals(io, SIGINT, SIGTERM);
+    boost::asio::steady_timer grace(io);
     auto running = runtime->start(
         io, spec,
         [&](contain::Evidence e) {
           evidence = std::move(e);
           signals.cancel();
+          grace.cancel();
         },
         early);
     early.reset();  // not taken over (v2): killed and reaped now
-    signals.async_wait([&](boost::system::error_code ec, int) {
-      if (!ec) running->kill();
+    // The signal goes to the worker first (through its init), as a batch system's TERM to
+    // every process of its job would; the whole cgroup is killed after kill_grace.
+    signals.async_wait([&](boost::system::error_code ec, int sig) {
+      if (ec) return;
+      if (running->pid() > 0) ::kill(running->pid(), sig);
+      grace.expires_after(spec.limits.kill_grace);
+      grace.async_wait([&](boost::system::error_code e) {
+        if (!e) running->kill();
+      });
     });
     io.run();
     running.reset();
@@ -346,6 +374,7 @@ int contain_main(int argc, char** argv) {
     options.delegated = a.delegated;
     if (!a.spec_file.empty()) {
       spec = spec_from_file(a.spec_file);
+      if (!spec.uid && !spec.allow_root && ::geteuid() == 0) give_to_default_worker(spec);
     } else if (!a.cleanup) {
       spec = spec_from_options(a);
     }

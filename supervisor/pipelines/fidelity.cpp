@@ -321,8 +321,9 @@ class FidelityPipeline final : public Pipeline {
         c["candidate"] = take("candidate", i);
       else
         // The user's file, opened by assayd (Step::open_files): the worker user may not open it.
-        c["candidate"] =
-            Json{{"fd", 3 + static_cast<int>(i)}, {"sha256", r_.candidate_logits[i].sha256}};
+        c["candidate"] = Json{{"fd", 3 + static_cast<int>(i)},
+                              {"path", r_.candidate_logits[i].path},
+                              {"sha256", r_.candidate_logits[i].sha256}};
       c["token_ids"] = r_.panel[i].token_ids;
       if (r_.reproduction_confirmation) c["reproduction"] = take("reproduction", i);
       contexts.push_back(std::move(c));

@@ -219,7 +219,10 @@ TEST_CASE("wait follows a job through a kill -9 and restart of assayd") {
   // is re-run after the restart, and fails again; wait must see it end.
   TempDir tools;
   std::string slow = tools.write("slow-worker", "#!/bin/sh\nsleep 2\nexit 3\n");
-  std::filesystem::permissions(slow, std::filesystem::perms::owner_all);
+  // Workers run as an unprivileged user: it must be able to reach and run the stand-in.
+  std::filesystem::permissions(std::filesystem::path(slow).parent_path(),
+                               std::filesystem::perms(0755));
+  std::filesystem::permissions(slow, std::filesystem::perms(0755));
   Daemon d({"--fingerprint-worker", slow});
   std::string model = broken_model(d.dir());
   std::string req = d.dir().write("req.json", request_doc("restart").dump());

@@ -125,7 +125,7 @@ TEST_CASE("parse_input refuses malformed input.json with input.invalid, naming t
       {"/contexts/0/positions", common::Json::parse("[[-1, 5]]"), "[-1,5]"},
       {"/contexts/0/positions", common::Json::parse("[[0, 1, 2]]"), "[0,1,2]"},
       {"/contexts/0/positions", common::Json::array(), "positions"},
-      {"/contexts/0/reference/path", "relative.safetensors", "relative.safetensors"},
+      {"/contexts/0/reference/path", "../outside.safetensors", "../outside.safetensors"},
       {"/contexts/0/candidate/sha256", "sha256:ABC", "sha256:ABC"},
       {"/contexts/0/candidate/sha256", nullptr, "sha256", true},
       {"/contexts/0/reproduction", nullptr, "all or none", true},

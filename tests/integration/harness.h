@@ -186,6 +186,9 @@ struct TempDir {
   TempDir() {
     char tmpl[] = "/tmp/assay-it-XXXXXX";
     path = ::mkdtemp(tmpl);
+    // Open like /usr/libexec: the workers run as an unprivileged user and must reach the
+    // stand-in worker scripts the tests put here.
+    ::chmod(path.c_str(), 0755);
   }
   ~TempDir() {
     std::error_code ec;

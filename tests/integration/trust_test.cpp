@@ -1,0 +1,135 @@
+// Issue 14 through the daemon: a result never binds one model's identity to another's logits,
+// and a worker replaced by a hostile stand-in reaches neither the key, the socket, the model nor
+// assayd.
+#include <doctest/doctest.h>
+
+#include <sys/stat.h>
+
+#include "tests/integration/harness.h"
+
+using namespace assay::test;
+
+namespace {
+
+fs::path seeded_fixture(const fs::path& dir, int seed) {
+  std::string cmd = std::string(ASSAY_PYTHON3) + " " + ASSAY_SOURCE_DIR +
+                    "/tests/fixtures/make_fixture.py --arch llama --size tiny --seed " +
+                    std::to_string(seed) + " --out " + dir.string() + " > " + dir.string() +
+                    ".log 2>&1";
+  REQUIRE_MESSAGE(std::system(cmd.c_str()) == 0, slurp(dir.string() + ".log"));
+  return dir;
+}
+
+Json next_token_request(const std::string& id, const fs::path& model_dir) {
+  return Json{{"schema", "assay.next-token-request.v1"},
+              {"id", id},
+              {"model_dir", model_dir.string()},
+              {"input_token_ids", {72, 101, 108, 108, 111}},
+              {"candidates",
+               {{{"engine", "kiln"}, {"token_id", 65}, {"text", "A"}},
+                {{"engine", "vllm"}, {"token_id", 66}, {"text", "B"}}}}};
+}
+
+// A stand-in worker script, executable by the worker user (the directories above it open).
+fs::path script(const fs::path& path, const std::string& body) {
+  spit(path, "#!/bin/sh\n" + body);
+  ::chmod(path.c_str(), 0755);
+  return path;
+}
+
+}  // namespace
+
+TEST_SUITE("trust") {
+  TEST_CASE(
+      "a checkpoint swapped in between fingerprint and oracle fails the job naming the shard") {
+    if (!have(kFingerprint) || !have(kOracle)) {
+      MESSAGE("skipped: assay-fingerprint or assay-oracle was not built");
+      return;
+    }
+    TempDir tmp;
+    ::chmod(tmp.path.c_str(), 0755);
+    fs::path model = seeded_fixture(tmp.path / "model", 1);
+    fs::path other = seeded_fixture(tmp.path / "other", 2);
+    // The model directory is open to the worker user so that the stand-in can swap the shard
+    // the way a hostile co-tenant would, after the real fingerprint worker hashed it.
+    ::chmod(model.c_str(), 0777);
+    fs::path swap =
+        model / "swap.bin";  // inside the directory: a rename there needs only its w bit
+    fs::copy_file(other / "model.safetensors", swap);
+    ::chmod(swap.c_str(), 0666);
+    fs::path wrapper =
+        script(tmp.path / "fingerprint-then-swap",
+               "\"" + kFingerprint + "\" \"$@\"; rc=$?\nmv -f \"" +
+                   swap.string() + "\" \"" +
+                   (model / "model.safetensors").string() + "\" || exit 99\nexit $rc\n");
+    Daemon d(tmp.path / "state", tmp.path / "assayd.sock",
+             {"--containment", containment(), "--fingerprint-worker", wrapper.string(),
+              "--oracle-worker", kOracle});
+    REQUIRE_MESSAGE(d.start(), d.log());
+    auto sub = request(d.socket(), "POST", "/v1/jobs", next_token_request("swap", model).dump());
+    REQUIRE_MESSAGE(sub.status == 201, sub.body);
+    std::string id = sub.json()["id"];
+    Json job = wait_job(d.socket(), id, terminal, 300);
+    CAPTURE(job.dump(2));
+    REQUIRE(fs::exists(swap) == false);  // the swap happened
+    CHECK(job["state"] == "failed");
+    CHECK(job["error"]["code"] == "job.bytes_mismatch");
+    CHECK(job["error"]["message"].get<std::string>().find("model.safetensors") !=
+          std::string::npos);
+    CHECK_FALSE(fs::exists(d.state() / "jobs" / id / "result.json"));
+    CHECK(request(d.socket(), "GET", "/v1/jobs/" + id + "/result").status == 409);
+  }
+
+  TEST_CASE("a hostile stand-in worker reaches neither the key, the socket, the model nor assayd") {
+    TempDir tmp;
+    ::chmod(tmp.path.c_str(), 0755);
+    fs::path model = tmp.path / "model";
+    fs::create_directories(model);
+    spit(model / "config.json", R"({"vocab_size": 260})");
+    ::chmod(model.c_str(), 0755);
+    fs::path state = tmp.path / "state", sock = tmp.path / "assayd.sock";
+    // Each probe prints "<name> ok" when the attack worked, "<name> refused" when it failed.
+    std::string probes =
+        "probe() { name=$1; shift; if \"$@\" >/dev/null 2>&1; then echo \"$name ok\"; else echo "
+        "\"$name refused\"; fi; }\n"
+        "probe key cat '" +
+        (state / "keys" / "host.key").string() +
+        "'\n"
+        "probe socket curl -sf --max-time 2 --unix-socket '" +
+        sock.string() +
+        "' http://x/v1/health\n"
+        "probe model touch '" +
+        (model / "planted").string() +
+        "'\n"
+        "probe mount mount -t tmpfs x /tmp\n"
+        "probe unshare unshare -n true\n"
+        "probe assayd kill -0 \"$ASSAYD_PID\"\n"
+        "probe assayd-proc test -e /proc/\"$ASSAYD_PID\"/root\n"
+        "ls /proc | grep -c '^[0-9]' | sed 's/^/pids /'\n"
+        "exit 3\n";
+    fs::path hostile =
+        script(tmp.path / "hostile", "ASSAYD_PID=$(cat '" + (tmp.path / "assayd.pid").string() +
+                                         "' 2>/dev/null)\n" + probes);
+    Daemon d(state, sock,
+             {"--containment", containment(), "--fingerprint-worker", hostile.string()});
+    REQUIRE_MESSAGE(d.start(), d.log());
+    spit(tmp.path / "assayd.pid", std::to_string(d.pid()));
+    ::chmod((tmp.path / "assayd.pid").c_str(), 0644);
+    auto sub = request(d.socket(), "POST", "/v1/jobs", next_token_request("hostile", model).dump());
+    REQUIRE_MESSAGE(sub.status == 201, sub.body);
+    std::string id = sub.json()["id"];
+    Json job = wait_job(d.socket(), id, terminal, 60);
+    CHECK(job["state"] == "failed");
+    std::string out = slurp(state / "jobs" / id / "fingerprint" / "stdout.log");
+    CAPTURE(out);
+    for (const char* probe :
+         {"key", "socket", "model", "mount", "unshare", "assayd", "assayd-proc"})
+      CHECK(out.find(std::string(probe) + " refused") != std::string::npos);
+    CHECK(out.find(" ok") == std::string::npos);
+    CHECK_FALSE(fs::exists(model / "planted"));
+    CHECK(request(d.socket(), "GET", "/v1/health").status == 200);
+    Json evidence = Json::parse(slurp(state / "jobs" / id / "fingerprint" / "evidence.json"));
+    CHECK(evidence["spawn"]["uid"] != 0);
+    CHECK(evidence["spawn"]["capabilities"]["effective"] == "0000000000000000");
+  }
+}

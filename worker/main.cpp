@@ -26,6 +26,7 @@
 #include "worker/loader.h"
 #include "worker/model_files.h"
 #include "worker/next_token.h"
+#include "worker/runtime.h"
 #include "worker/tokenizer.h"
 
 namespace assay::oracle {
@@ -229,6 +230,11 @@ void add_execution_report(Json& out, const ExecOptions& options, int threads,
   out["linear_attention_implementation"] = linear_attention;
   out["gdn_variant"] = options.gdn_variant;
   out["executable_sha256"] = executable_sha256();
+  Json configuration = execution_configuration(options, attention, linear_attention);
+  out["configuration_sha256"] = common::sha256_canonical_id(configuration);
+  out["configuration"] = std::move(configuration);
+  out["runtime"] = runtime_report(options.device);
+  out["loaded_libraries"] = loaded_libraries();
 }
 
 ModelFiles open_model_files(const std::filesystem::path& dir, const ModelFds& fds) {

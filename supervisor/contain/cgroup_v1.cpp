@@ -123,11 +123,14 @@ class V1Cgroup : public Cgroup {
     const fs::path& mem = dir("memory");
     Counters c;
     c["memory.max_usage_in_bytes"] = read_counter(mem / "memory.max_usage_in_bytes");
+    c["memory.usage_in_bytes"] = read_counter(mem / "memory.usage_in_bytes");
     c["memory.failcnt"] = read_counter(mem / "memory.failcnt");
     c["memory.oom_control"] =
         read_flat_keyed(mem / "memory.oom_control", {"oom_kill", "under_oom"});
     c["memory.memsw.max_usage_in_bytes"] = read_counter(mem / "memory.memsw.max_usage_in_bytes");
     c["memory.memsw.failcnt"] = read_counter(mem / "memory.memsw.failcnt");
+    // Swap accounting on: swap charged now = memory+swap minus memory (v1 has no swap file).
+    c["memory.memsw.usage_in_bytes"] = read_counter(mem / "memory.memsw.usage_in_bytes");
     const fs::path* pids = find("pids");
     c["pids.peak"] = pids ? read_counter(*pids / "pids.peak") : Counter{};
     c["pids.events"] = pids ? read_flat_keyed(*pids / "pids.events", {"max"}) : Counter{};

@@ -26,6 +26,27 @@ Json opt(const std::optional<std::string>& v) {
 Json opt(const std::optional<int>& v) {
   return v ? Json(*v) : Json(nullptr);
 }
+Json opt(const std::optional<double>& v) {
+  return v ? Json(*v) : Json(nullptr);
+}
+
+constexpr const char* kNormalisedFields[] = {
+    "memory_high_events",     "memory_max_events", "memory_oom_events",
+    "memory_oom_kill_events", "memory_peak_bytes", "memory_swap_bytes",
+    "elapsed_seconds",        "timeout_seconds",   "exit_code"};
+
+Json normalised_json(const NormalisedEvidence& n) {
+  return Json{{"memory_high_events", opt(n.memory_high_events)},
+              {"memory_max_events", opt(n.memory_max_events)},
+              {"memory_oom_events", opt(n.memory_oom_events)},
+              {"memory_oom_kill_events", opt(n.memory_oom_kill_events)},
+              {"memory_peak_bytes", opt(n.memory_peak_bytes)},
+              {"memory_swap_bytes", opt(n.memory_swap_bytes)},
+              {"elapsed_seconds", opt(n.elapsed_seconds)},
+              {"timeout_seconds", opt(n.timeout_seconds)},
+              {"exit_code", opt(n.exit_code)},
+              {"sources", n.sources}};
+}
 
 Json counter_json(const Counter& c) {
   if (c.keys) {
@@ -327,6 +348,65 @@ Json NetworkEvidence::to_json() const {
   return Json{{"namespace", private_namespace ? "private" : "shared"}, {"interfaces", interfaces}};
 }
 
+NormalisedEvidence Evidence::normalised() const {
+  NormalisedEvidence n;
+  auto find = [&](const std::string& file) -> const Counter* {
+    if (!counters) return nullptr;
+    auto it = counters->find(file);
+    return it == counters->end() ? nullptr : &it->second;
+  };
+  // Sets `field` from a single-number file, recording the source when the kernel offered it.
+  auto from_value = [&](std::optional<std::uint64_t>& field, const char* name,
+                        const std::string& file) {
+    const Counter* c = find(file);
+    if (field || !c || !c->value) return;
+    field = c->value;
+    n.sources[name] = file;
+  };
+  auto from_key = [&](std::optional<std::uint64_t>& field, const char* name,
+                      const std::string& file, const std::string& key) {
+    const Counter* c = find(file);
+    if (field || !c || !c->keys) return;
+    auto it = c->keys->find(key);
+    if (it == c->keys->end() || !it->second) return;
+    field = it->second;
+    n.sources[name] = file + ":" + key;
+  };
+  // cgroup v2
+  from_key(n.memory_high_events, "memory_high_events", "memory.events", "high");
+  from_key(n.memory_max_events, "memory_max_events", "memory.events", "max");
+  from_key(n.memory_oom_events, "memory_oom_events", "memory.events", "oom");
+  from_key(n.memory_oom_kill_events, "memory_oom_kill_events", "memory.events", "oom_kill");
+  from_value(n.memory_peak_bytes, "memory_peak_bytes", "memory.peak");
+  from_value(n.memory_swap_bytes, "memory_swap_bytes", "memory.swap.peak");
+  from_value(n.memory_swap_bytes, "memory_swap_bytes", "memory.swap.current");
+  // cgroup v1: no memory.high and no count of OOM invocations (oom_control has under_oom, a
+  // state); failcnt counts the charges that hit the limit; swap is memory+swap minus memory.
+  from_value(n.memory_max_events, "memory_max_events", "memory.failcnt");
+  from_key(n.memory_oom_kill_events, "memory_oom_kill_events", "memory.oom_control", "oom_kill");
+  from_value(n.memory_peak_bytes, "memory_peak_bytes", "memory.max_usage_in_bytes");
+  const Counter* memsw = find("memory.memsw.usage_in_bytes");
+  const Counter* usage = find("memory.usage_in_bytes");
+  if (!n.memory_swap_bytes && memsw && memsw->value && usage && usage->value) {
+    // Two reads, not one snapshot: never below 0.
+    n.memory_swap_bytes = *memsw->value > *usage->value ? *memsw->value - *usage->value : 0;
+    n.sources["memory_swap_bytes"] = "memory.memsw.usage_in_bytes-memory.usage_in_bytes";
+  }
+  if (wall_usec) {
+    n.elapsed_seconds = static_cast<double>(*wall_usec) / 1e6;
+    n.sources["elapsed_seconds"] = "wall_usec";
+  }
+  if (limits) {
+    n.timeout_seconds = static_cast<double>(limits->timeout.count()) / 1e3;
+    n.sources["timeout_seconds"] = "limits.timeout_ms";
+  }
+  if (exit && exit->code) {
+    n.exit_code = exit->code;
+    n.sources["exit_code"] = "exit.code";
+  }
+  return n;
+}
+
 bool Evidence::succeeded() const {
   return exit && exit->code == 0 && !timed_out && oom_killed != true;
 }
@@ -403,6 +483,7 @@ Json Evidence::to_json() const {
                      {"swap_current_bytes", opt(memory_swap_current_bytes)},
                      {"swap_peak_bytes", opt(memory_swap_peak_bytes)}};
   e["pids_peak"] = opt(pids_peak);
+  e["normalised"] = normalised_json(normalised());
   if (counters) {
     e["counters"] = Json::object();
     for (const auto& [file, c] : *counters) e["counters"][file] = counter_json(c);
@@ -424,8 +505,8 @@ Evidence Evidence::from_json(const Json& json) {
               "pid_namespace", "mounts",        "started_at", "wall_usec",
               "exit",          "cpu",           "timed_out",  "cancelled",
               "sigterm_sent",  "cgroup_killed", "kill_scope", "leftover_processes_killed",
-              "oom_killed",    "memory",        "pids_peak",  "counters",
-              "output",        "errors"});
+              "oom_killed",    "memory",        "pids_peak",  "normalised",
+              "counters",      "output",        "errors"});
   doc["schema"].constant(std::string(protocol::kProcessContainment));
   Evidence e;
   e.name = doc["name"].string();
@@ -476,6 +557,19 @@ Evidence Evidence::from_json(const Json& json) {
         OutputEvidence{read_stream(f["stdout"]), read_stream(f["stderr"]), f["cap_bytes"].count()};
   }
   e.errors = doc["errors"].strings();
+  // Derived, never stored: a document whose "normalised" differs from its raw fields was not
+  // written by to_json.
+  Field normalised = doc["normalised"];
+  normalised.object({"memory_high_events", "memory_max_events", "memory_oom_events",
+                     "memory_oom_kill_events", "memory_peak_bytes", "memory_swap_bytes",
+                     "elapsed_seconds", "timeout_seconds", "exit_code", "sources"});
+  Json want = normalised_json(e.normalised());
+  for (const char* k : kNormalisedFields) {
+    if (normalised[k].json() != want[k])
+      normalised[k].fail("expected " + want[k].dump() + " (derived from the raw counters)");
+  }
+  if (normalised["sources"].json() != want["sources"])
+    normalised["sources"].fail("expected " + want["sources"].dump());
   return e;
 }
 

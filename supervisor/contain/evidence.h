@@ -124,6 +124,24 @@ struct OutputEvidence {
   bool operator==(const OutputEvidence&) const = default;
 };
 
+// Kiln result v2's per-process evidence, derived from the raw counters and the fields above
+// (Evidence::normalised), so that the two can never disagree. Each field is null only where the
+// kernel has no such counter; `sources` names the kernel file (and key) each value was read from.
+struct NormalisedEvidence {
+  std::optional<std::uint64_t> memory_high_events;      // v2 memory.events high; v1: none
+  std::optional<std::uint64_t> memory_max_events;       // v2 memory.events max; v1 memory.failcnt
+  std::optional<std::uint64_t> memory_oom_events;       // v2 memory.events oom; v1: none
+  std::optional<std::uint64_t> memory_oom_kill_events;  // v2 memory.events oom_kill; v1 oom_control
+  std::optional<std::uint64_t> memory_peak_bytes;       // v2 memory.peak; v1 max_usage_in_bytes
+  std::optional<std::uint64_t>
+      memory_swap_bytes;                       // v2 swap.peak (else swap.current); v1 memsw-usage
+  std::optional<double> elapsed_seconds;       // wall_usec / 1e6
+  std::optional<double> timeout_seconds;       // limits.timeout
+  std::optional<int> exit_code;                // null when signalled or not reaped
+  std::map<std::string, std::string> sources;  // field -> "file" or "file:key"
+  bool operator==(const NormalisedEvidence&) const = default;
+};
+
 // Orphans (worker cgroups an earlier assayd left) have no spawn, limits, network, PID namespace,
 // mounts,
 // started_at, wall_usec, exit or output.
@@ -155,6 +173,10 @@ struct Evidence {
   std::optional<Counters> counters;  // null without a cgroup, or when they could not be read
   std::optional<OutputEvidence> output;
   std::vector<std::string> errors;  // problems met while measuring or cleaning up
+
+  // The Kiln-v2 view of the fields above; to_json writes it as "normalised" and from_json
+  // checks that a document's "normalised" equals it.
+  NormalisedEvidence normalised() const;
 
   // Exited with code 0, not timed out, not OOM-killed.
   bool succeeded() const;

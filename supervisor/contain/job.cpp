@@ -495,6 +495,10 @@ void summarise_counters(Evidence& e) {
     if (auto k = key(control, "oom_kill")) e.oom_killed = *k > 0;
   }
   e.memory_swap_current_bytes = value("memory.swap.current");
+  if (!e.memory_swap_current_bytes) {
+    auto memsw = value("memory.memsw.usage_in_bytes"), usage = value("memory.usage_in_bytes");
+    if (memsw && usage) e.memory_swap_current_bytes = *memsw > *usage ? *memsw - *usage : 0;
+  }
   e.memory_swap_peak_bytes = value("memory.swap.peak");
   e.pids_peak = value("pids.peak");
   e.cpu.cgroup_usage_usec = key(keyed("cpu.stat"), "usage_usec");

@@ -2,8 +2,11 @@
 
 #include <fstream>
 
+#include <assay/build_info.h>
+
 #include "common/error.h"
 #include "common/fs.h"
+#include "common/identity.h"
 #include "common/protocol.h"
 #include "common/text.h"
 
@@ -109,8 +112,31 @@ std::string oracle_artifact_name(const Json& output) {
 
 Json oracle_section(const Json& output, const Json& evidence) {
   Json o = output;
+  o.erase("loaded_libraries");  // hashed into the result's "implementation"
   o["process"] = evidence;
   return o;
+}
+
+Json source_section() {
+  std::string commit = ASSAY_BUILD_GIT_COMMIT;
+  int modified = ASSAY_BUILD_GIT_TREE_MODIFIED;
+  std::string reason = ASSAY_BUILD_SOURCE_REASON;
+  return Json{{"version", ASSAY_BUILD_VERSION},
+              {"git_commit", commit.empty() ? Json(nullptr) : Json(commit)},
+              {"tree_modified", modified < 0 ? Json(nullptr) : Json(modified == 1)},
+              {"reason", reason.empty() ? Json(nullptr) : Json(reason)}};
+}
+
+void check_configuration(const Json& output, const std::string& role) {
+  const Json& configuration = output.value("configuration", Json());
+  if (!configuration.is_object())
+    throw Error("worker.oracle_output", role + " output.json has no configuration object");
+  std::string want = common::sha256_canonical_id(configuration);
+  if (output.value("configuration_sha256", Json()) != want)
+    throw Error("worker.oracle_output", role + " output.json's configuration_sha256 " +
+                                            output.value("configuration_sha256", Json()).dump() +
+                                            " is not the canonical sha256 of its configuration, " +
+                                            want);
 }
 
 Json make_verdict(const common::NextTokenRequest& request, const Json& output) {

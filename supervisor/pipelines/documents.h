@@ -31,6 +31,14 @@ common::Json oracle_input(const std::string& model_dir, const common::NextTokenR
 std::string oracle_artifact_name(const common::Json& oracle_output);
 // The result's "oracle" section: the worker's output plus its containment evidence.
 common::Json oracle_section(const common::Json& oracle_output, const common::Json& evidence);
+// The result's "source": the tree assayd was built from, as embedded at build time
+// (cmake/build_info.cmake): {version, git_commit, tree_modified, reason}. Without a git identity
+// (a release tarball) git_commit and tree_modified are null and reason says why.
+common::Json source_section();
+// The oracle's reported execution configuration, checked: configuration_sha256 must be the
+// canonical sha256 of configuration (Error("worker.oracle_output") otherwise).
+void check_configuration(const common::Json& oracle_output, const std::string& role);
+
 // {argmax_candidate (engine or "neither"), argmax_token_id, candidate_attribution_complete}.
 // Complete means the oracle reported a logit for every candidate and the top logit is not tied,
 // so exactly one token is the reference argmax.

@@ -80,7 +80,8 @@ void check_capture_output(const Json& out, const common::FidelityRequest& r, std
 // The receipt's view of one capture run: what ran, how, and the digest of every context.
 Json capture_section(const Json& out, const contain::Evidence& evidence) {
   Json section = out;
-  for (const char* k : {"schema", "peak_rss_bytes"}) section.erase(k);
+  // loaded_libraries: hashed into the result's "implementation".
+  for (const char* k : {"schema", "peak_rss_bytes", "loaded_libraries"}) section.erase(k);
   for (Json& c : section["captures"]) c.erase("file");
   section["process"] = evidence.to_json();
   return section;
@@ -156,6 +157,8 @@ class FidelityPipeline final : public Pipeline {
         {"duration_seconds", common::now_unix() - facts.started_unix},
         {"job_id", facts.job_id},
         {"supervisor", {{"version", ASSAY_VERSION}, {"key_id", facts.key_id}}},
+        {"source", source_section()},
+        {"implementation", implementation()},
         {"request",
          {{"schema", r_.schema},
           {"id", r_.id},
@@ -206,6 +209,21 @@ class FidelityPipeline final : public Pipeline {
   }
 
  private:
+  // Every executable whose evidence is in the result, and the runtime libraries each capture
+  // reported (the same files, hashed once, when both ran on one LibTorch).
+  Json implementation() const {
+    Json libraries = Json::array();
+    for (const auto& [side, cap] : captures_)
+      for (const Json& l : cap.output.value("loaded_libraries", Json::array()))
+        if (std::find(libraries.begin(), libraries.end(), l) == libraries.end())
+          libraries.push_back(l);
+    return implementation_section({{"assayd-serve", "/proc/self/exe"},
+                                   {"assay-fingerprint", config_.fingerprint_worker},
+                                   {"assay-oracle", config_.oracle_worker},
+                                   {"assay-compare", config_.compare_worker}},
+                                  libraries);
+  }
+
   // What a capture run produced, without file names: equal for two runs that computed the same.
   static std::string capture_content_digest(const Json& output) {
     Json caps = Json::array();
@@ -295,6 +313,7 @@ class FidelityPipeline final : public Pipeline {
                 {},
                 [this, side](Json output, const contain::Evidence& evidence) {
                   check_capture_output(output, r_, vocab_, side);
+                  check_configuration(output, "capture-" + side);
                   check_bytes_used(
                       output, fingerprints_.at(side == "candidate" ? "candidate" : "reference"),
                       "capture-" + side);

@@ -57,6 +57,7 @@ class NextTokenPipeline final : public Pipeline {
                 {},
                 [this](Json output, const contain::Evidence& evidence) {
                   check_bytes_used(output, fingerprint_, "oracle");
+                  check_configuration(output, "oracle");
                   oracle_ = std::move(output);
                   oracle_evidence_ = evidence;
                 }};
@@ -76,6 +77,12 @@ class NextTokenPipeline final : public Pipeline {
         {"duration_seconds", common::now_unix() - facts.started_unix},
         {"job_id", facts.job_id},
         {"supervisor", {{"version", ASSAY_VERSION}, {"key_id", facts.key_id}}},
+        {"source", source_section()},
+        {"implementation",
+         implementation_section({{"assayd-serve", "/proc/self/exe"},
+                                 {"assay-fingerprint", config_.fingerprint_worker},
+                                 {"assay-oracle", config_.oracle_worker}},
+                                oracle_.value("loaded_libraries", Json(nullptr)))},
         {"request",
          {{"schema", request_.schema},
           {"id", request_.id},

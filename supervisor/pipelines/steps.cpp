@@ -4,7 +4,13 @@
 #include <cstddef>
 #include <thread>
 
+#include <chrono>
+#include <map>
+#include <tuple>
+
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "common/error.h"
 #include "common/fs.h"
@@ -84,6 +90,117 @@ void check_bytes_used(const Json& output, const FingerprintRun& fingerprint,
   if (!used.value("tokenizer_hash", Json()).is_null() &&
       used["tokenizer_hash"] != id.value("tokenizer_hash", Json()))
     differ("tokenizer_hash", used["tokenizer_hash"], id.value("tokenizer_hash", Json()));
+}
+
+namespace {
+
+struct FileKey {
+  dev_t dev;
+  ino_t ino;
+  off_t size;
+  std::int64_t mtime_ns, ctime_ns;
+  auto operator<=>(const FileKey&) const = default;
+};
+
+struct HashCost {
+  std::size_t files = 0;
+  std::uint64_t bytes_hashed = 0, bytes_cached = 0;
+};
+
+// sha256 of a regular file, read through one descriptor (so the hashed bytes are the stat'ed
+// file's), cached by its identity: the daemon is single-threaded and LibTorch is ~0.5 GB.
+Json hash_file(const fs::path& path, HashCost& cost) {
+  static std::map<FileKey, std::string> cache;
+  common::UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
+  if (fd.get() < 0)
+    common::throw_errno("job.implementation", "cannot open " + path.string(), errno);
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0)
+    common::throw_errno("job.implementation", "cannot stat " + path.string(), errno);
+  if (!S_ISREG(st.st_mode))
+    throw Error("job.implementation", path.string() + " is not a regular file");
+  FileKey key{st.st_dev, st.st_ino, st.st_size,
+              std::int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec,
+              std::int64_t{st.st_ctim.tv_sec} * 1'000'000'000 + st.st_ctim.tv_nsec};
+  ++cost.files;
+  auto bytes = static_cast<std::uint64_t>(st.st_size);
+  auto it = cache.find(key);
+  if (it != cache.end()) {
+    cost.bytes_cached += bytes;
+    return Json{{"path", path.string()}, {"bytes", bytes}, {"sha256", it->second}};
+  }
+  common::Sha256 digest;
+  std::vector<char> buf(1 << 20);
+  std::uint64_t total = 0;
+  for (;;) {
+    ssize_t n = ::read(fd.get(), buf.data(), buf.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) common::throw_errno("job.implementation", "cannot read " + path.string(), errno);
+    if (n == 0) break;
+    digest.update(buf.data(), static_cast<std::size_t>(n));
+    total += static_cast<std::uint64_t>(n);
+  }
+  if (total != bytes)
+    throw Error("job.implementation", path.string() + " changed size while it was hashed");
+  std::string id = common::identity(digest.finish());
+  cache.emplace(key, id);
+  cost.bytes_hashed += bytes;
+  return Json{{"path", path.string()}, {"bytes", bytes}, {"sha256", id}};
+}
+
+// A shared object of the runtime the oracle may report: an absolute path whose file name is a
+// LibTorch, BLAS, oneDNN, OpenMP or GPU runtime library.
+bool is_runtime_library(const std::string& path) {
+  static constexpr std::string_view kPrefixes[] = {
+      "libtorch",  "libc10",     "libcaffe2",   "libshm",       "libgomp",   "libiomp",
+      "libomp",    "libmkl",     "libdnnl",     "libmkldnn",    "libblas",   "libopenblas",
+      "liblapack", "libsleef",   "libcudnn",    "libcublas",    "libcudart", "libnvrtc",
+      "libcufft",  "libcurand",  "libcusparse", "libcusolver",  "libnccl",   "libamdhip64",
+      "libMIOpen", "librocblas", "libhipblas",  "libhipblaslt", "librccl",   "libroctx64"};
+  if (path.empty() || path[0] != '/' || path.find("/../") != std::string::npos ||
+      path.find('\n') != std::string::npos)
+    return false;
+  std::string name = fs::path(path).filename().string();
+  if (name.find(".so") == std::string::npos) return false;
+  for (std::string_view p : kPrefixes)
+    if (name.starts_with(p)) return true;
+  return false;
+}
+
+}  // namespace
+
+Json implementation_section(const std::vector<std::pair<std::string, fs::path>>& executables,
+                            const Json& libraries) {
+  auto t0 = std::chrono::steady_clock::now();
+  HashCost cost;
+  Json exes = Json::object();
+  for (const auto& [role, path] : executables) {
+    // /proc/self/exe names the running image even when its path was replaced since.
+    exes[role] = hash_file(path, cost);
+    if (path == "/proc/self/exe") exes[role]["path"] = fs::read_symlink(path).string();
+  }
+  Json libs = Json::array();
+  if (!libraries.is_null()) {
+    constexpr std::size_t kMaxLibraries = 128;
+    if (!libraries.is_array() || libraries.size() > kMaxLibraries)
+      throw Error("worker.oracle_output", "oracle loaded_libraries is not an array of at most " +
+                                              std::to_string(kMaxLibraries) + " paths");
+    for (const Json& l : libraries) {
+      if (!l.is_string() || !is_runtime_library(l.get<std::string>()))
+        throw Error("worker.oracle_output",
+                    "oracle loaded_libraries entry " + l.dump() +
+                        " is not the absolute path of a LibTorch or runtime shared object");
+      libs.push_back(hash_file(l.get<std::string>(), cost));
+    }
+  }
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return Json{{"executables", exes},
+              {"libraries", libs},
+              {"hashing",
+               {{"files", cost.files},
+                {"bytes_hashed", cost.bytes_hashed},
+                {"bytes_cached", cost.bytes_cached},
+                {"seconds", seconds}}}};
 }
 
 fs::path take_artifact(const fs::path& from, const fs::path& to) {

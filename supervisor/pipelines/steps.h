@@ -5,6 +5,8 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "common/json.h"
 #include "common/sign.h"
@@ -40,6 +42,18 @@ void check_bytes_used(const common::Json& oracle_output, const FingerprintRun& f
 // job's terminal commit. Throws Error("job.artifact").
 std::filesystem::path take_artifact(const std::filesystem::path& from,
                                     const std::filesystem::path& to);
+
+// The result's "implementation": {executables: {role: {path, bytes, sha256}}, libraries: [{path,
+// bytes, sha256}], hashing: {files, bytes_hashed, bytes_cached, seconds}}. `executables` are
+// (role, path) pairs ("assayd-serve" is /proc/self/exe); `libraries` is the oracle's
+// "loaded_libraries" (absolute paths of the LibTorch shared objects mapped in its process, or
+// null), each checked to name a regular file with a runtime library's name before the supervisor
+// opens it (Error("worker.oracle_output") otherwise). Files are hashed by the supervisor, once
+// per (device, inode, size, mtime, ctime) for the life of the process: the first job after a
+// start or an upgrade pays for reading LibTorch (~0.5 GB), later jobs pay a stat per file.
+common::Json implementation_section(
+    const std::vector<std::pair<std::string, std::filesystem::path>>& executables,
+    const common::Json& libraries);
 
 // Seals `sealed.result` (result_sha256), signs its statement (DSSE) and returns the files that
 // become durable with the job's terminal state.

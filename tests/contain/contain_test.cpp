@@ -76,6 +76,28 @@ TEST_CASE("a normal run exits 0, is measured, validates against the schema and l
   CHECK(doc["schema"] == "assay.process-containment.v1");
   CHECK(doc["exit"]["code"] == 0);
   CHECK(doc["memory"]["peak_bytes"] == *e.memory_peak_bytes);
+  // The Kiln-v2 view, measured on this kernel: every counter it has is there.
+  const Json& n = doc["normalised"];
+  CHECK(n["memory_peak_bytes"] == *e.memory_peak_bytes);
+  CHECK(n["memory_oom_kill_events"] == 0);
+  CHECK(n["memory_max_events"] == 0);
+  CHECK(n["exit_code"] == 0);
+  CHECK(n["timeout_seconds"] == static_cast<double>(spec.limits.timeout.count()) / 1e3);
+  CHECK(n["elapsed_seconds"].get<double>() > 0);
+  if (e.mode == "cgroup-v1") {
+    CHECK(n["memory_high_events"].is_null());
+    CHECK(n["sources"]["memory_max_events"] == "memory.failcnt");
+    // With swap accounting on (memory.memsw.* present) the swap charge is measured, not null.
+    bool memsw = std::filesystem::exists(
+        std::filesystem::path(e.cgroup->hierarchies.at("memory")).parent_path() /
+        "memory.memsw.usage_in_bytes");
+    CHECK(n["memory_swap_bytes"].is_null() == !memsw);
+    CHECK(doc["memory"]["swap_current_bytes"].is_null() == !memsw);
+  } else {
+    CHECK(n["memory_high_events"] == 0);
+    CHECK(n["memory_oom_events"] == 0);
+    CHECK(n["sources"]["memory_peak_bytes"] == "memory.peak");
+  }
   check_schema(doc, dir.path);
   CHECK(Evidence::from_json(doc) == e);
   CHECK(my_cgroups(*rt).empty());
@@ -119,6 +141,9 @@ TEST_CASE("a 200 MB allocation under a 64 MB limit is OOM-killed and the evidenc
   Json doc = e.to_json();
   CHECK(doc["oom_killed"] == true);
   CHECK(doc["limits"]["memory_max"] == 64 * kMiB);
+  CHECK(doc["normalised"]["memory_oom_kill_events"].get<std::uint64_t>() >= 1);
+  CHECK(doc["normalised"]["memory_max_events"].get<std::uint64_t>() >= 1);
+  CHECK(doc["normalised"]["exit_code"].is_null());  // SIGKILL
   check_schema(doc, dir.path);
   CHECK(my_cgroups(*rt).empty());
 }

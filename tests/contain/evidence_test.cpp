@@ -102,6 +102,75 @@ TEST_CASE("evidence read back from its JSON is the same evidence, and the JSON i
   assay::contain::test::check_schema(doc, dir.path);
 }
 
+TEST_CASE("normalised evidence on cgroup v1 comes from failcnt, oom_control, max_usage and memsw") {
+  Evidence e = full_evidence();
+  e.exit = ExitStatus{3, std::nullopt, std::nullopt, false};
+  (*e.counters)["memory.failcnt"] = Counter{7, std::nullopt};
+  (*e.counters)["memory.oom_control"] =
+      Counter{std::nullopt, {{{"oom_kill", 2}, {"under_oom", 0}}}};
+  (*e.counters)["memory.usage_in_bytes"] = Counter{4096, std::nullopt};
+  (*e.counters)["memory.memsw.usage_in_bytes"] = Counter{4096 + 8192, std::nullopt};
+  Json n = e.to_json()["normalised"];
+  CHECK(n["memory_high_events"].is_null());
+  CHECK(n["memory_oom_events"].is_null());
+  CHECK(n["memory_max_events"] == 7);
+  CHECK(n["memory_oom_kill_events"] == 2);
+  CHECK(n["memory_peak_bytes"] == 123456789);
+  CHECK(n["memory_swap_bytes"] == 8192);
+  CHECK(n["elapsed_seconds"] == 1.234567);
+  CHECK(n["timeout_seconds"] == 600.0);
+  CHECK(n["exit_code"] == 3);
+  CHECK(n["sources"] ==
+        Json{{"memory_max_events", "memory.failcnt"},
+             {"memory_oom_kill_events", "memory.oom_control:oom_kill"},
+             {"memory_peak_bytes", "memory.max_usage_in_bytes"},
+             {"memory_swap_bytes", "memory.memsw.usage_in_bytes-memory.usage_in_bytes"},
+             {"elapsed_seconds", "wall_usec"},
+             {"timeout_seconds", "limits.timeout_ms"},
+             {"exit_code", "exit.code"}});
+  CHECK(Evidence::from_json(Json::parse(e.to_json().dump())) == e);
+  assay::contain::test::TempDir dir;
+  assay::contain::test::check_schema(e.to_json(), dir.path);
+}
+
+TEST_CASE("normalised evidence on cgroup v2 comes from memory.events, memory.peak and swap.peak") {
+  Evidence e = full_evidence();
+  e.mode = "cgroup-v2";
+  e.counters = Counters{
+      {"memory.events",
+       Counter{std::nullopt, {{{"low", 0}, {"high", 5}, {"max", 4}, {"oom", 3}, {"oom_kill", 1}}}}},
+      {"memory.peak", Counter{1 << 20, std::nullopt}},
+      {"memory.swap.current", Counter{0, std::nullopt}},
+      {"memory.swap.peak", Counter{65536, std::nullopt}}};
+  NormalisedEvidence n = e.normalised();
+  CHECK(n.memory_high_events == 5u);
+  CHECK(n.memory_max_events == 4u);
+  CHECK(n.memory_oom_events == 3u);
+  CHECK(n.memory_oom_kill_events == 1u);
+  CHECK(n.memory_peak_bytes == (1u << 20));
+  CHECK(n.memory_swap_bytes == 65536u);
+  CHECK(n.sources.at("memory_swap_bytes") == "memory.swap.peak");
+  CHECK(n.sources.at("memory_high_events") == "memory.events:high");
+  CHECK_FALSE(n.exit_code);  // killed by SIGKILL
+  // A kernel without memory.swap.peak: the current value, named as such.
+  e.counters->erase("memory.swap.peak");
+  CHECK(e.normalised().memory_swap_bytes == 0u);
+  CHECK(e.normalised().sources.at("memory_swap_bytes") == "memory.swap.current");
+  CHECK(Evidence::from_json(e.to_json()) == e);
+}
+
+TEST_CASE("normalised evidence is null where there is no cgroup") {
+  Evidence e = full_evidence();
+  e.mode = "none";
+  e.cgroup.reset();
+  e.counters.reset();
+  NormalisedEvidence n = e.normalised();
+  CHECK_FALSE(n.memory_peak_bytes);
+  CHECK_FALSE(n.memory_max_events);
+  CHECK_FALSE(n.memory_swap_bytes);
+  CHECK(n.elapsed_seconds == 1.234567);
+}
+
 TEST_CASE("the evidence reader refuses a malformed document and names the field") {
   struct Case {
     const char* what;
@@ -163,6 +232,13 @@ TEST_CASE("the evidence reader refuses a malformed document and names the field"
        "\"cgroup.hierarchies.memory\""},
       {"errors", [](Json& d) { d["errors"] = Json::array({1}); }, "\"errors.0\""},
       {"cpu null", [](Json& d) { d["cpu"] = nullptr; }, "\"cpu\""},
+      {"normalised disagrees with the counters",
+       [](Json& d) { d["normalised"]["memory_peak_bytes"] = 1; },
+       "\"normalised.memory_peak_bytes\""},
+      {"normalised missing", [](Json& d) { d["normalised"].erase("exit_code"); },
+       "\"normalised.exit_code\" is missing"},
+      {"normalised source", [](Json& d) { d["normalised"]["sources"]["memory_peak_bytes"] = "x"; },
+       "\"normalised.sources\""},
   };
   for (const auto& c : cases) {
     CAPTURE(c.what);

@@ -405,6 +405,33 @@ TEST_CASE("a real job runs both contained workers and returns a verifiable signe
                   " process-containment=" + (dir / "oracle" / "evidence.json").string());
   CHECK_MESSAGE(validate.rfind("0:", 0) == 0, validate);
 
+  // Kiln v2's evidence, measured: the source tree, the bytes of every executable and of the
+  // LibTorch the oracle mapped, the enforced configuration, and normalised memory counters.
+  const Json& source = result["source"];
+  CHECK((source["git_commit"].is_string() ? source["reason"].is_null()
+                                          : source["reason"].is_string()));
+  const Json& impl = result["implementation"];
+  CHECK(impl["executables"]["assay-oracle"]["sha256"] == common::sha256_file_id(kOracle));
+  CHECK(impl["executables"]["assay-oracle"]["sha256"] == result["oracle"]["executable_sha256"]);
+  CHECK(impl["executables"]["assay-fingerprint"]["sha256"] ==
+        result["model_fingerprint"]["implementation_sha256"]);
+  bool libtorch = false;
+  for (const Json& l : impl["libraries"]) {
+    CHECK(l["sha256"] == common::sha256_file_id(l["path"].get<std::string>()));
+    libtorch = libtorch || l["path"].get<std::string>().find("libtorch_cpu") != std::string::npos;
+  }
+  CHECK(libtorch);
+  CHECK(result["oracle"]["configuration_sha256"] ==
+        common::sha256_canonical_id(result["oracle"]["configuration"]));
+  CHECK(result["oracle"]["configuration"]["deterministic_algorithms"] == true);
+  CHECK(result["oracle"]["runtime"]["gpu"].is_null());
+  CHECK(!result["oracle"]["runtime"]["show_config"].get<std::string>().empty());
+  const Json& n = result["oracle"]["process"]["normalised"];
+  CHECK(n["memory_peak_bytes"] == result["oracle"]["process"]["memory"]["peak_bytes"]);
+  CHECK(n["exit_code"] == 0);
+  CHECK(n["memory_oom_kill_events"] == 0);
+  CHECK(n["elapsed_seconds"].get<double>() > 0);
+
   auto metrics = request(d.socket(), "GET", "/metrics").body;
   CHECK(metrics.find("assay_jobs{state=\"succeeded\"} 1") != std::string::npos);
 }

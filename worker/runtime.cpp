@@ -88,19 +88,16 @@ Json cpu_report() {
               {"kernel_flags", kernel_flags}};
 }
 
+// The kernel set ATen dispatches to, as at::show_config() states it ("CPU capability usage:
+// AVX2"): get_cpu_capability() is not exported by every LibTorch build.
 std::string cpu_capability_name() {
-  switch (at::native::get_cpu_capability()) {
-#if !defined(HAVE_VSX_CPU_DEFINITION) && !defined(HAVE_ZVECTOR_CPU_DEFINITION)
-    case at::native::CPUCapability::AVX2:
-      return "AVX2";
-    case at::native::CPUCapability::AVX512:
-      return "AVX512";
-#endif
-    case at::native::CPUCapability::DEFAULT:
-      return "DEFAULT";
-    default:
-      return "OTHER";
-  }
+  std::string config = at::show_config();
+  const std::string key = "CPU capability usage:";
+  auto at = config.find(key);
+  if (at == std::string::npos) return "unknown";
+  auto start = config.find_first_not_of(' ', at + key.size());
+  auto end = config.find('\n', start);
+  return config.substr(start, end == std::string::npos ? end : end - start);
 }
 
 Json gpu_report([[maybe_unused]] const c10::Device& device) {

@@ -98,8 +98,8 @@ using VW = V4d;
 using VWl = V4l;
 constexpr std::size_t kW = 4;
 #define KERNEL_AVX2
-#define KERNEL_FN __attribute__((target("avx2")))
-#define KERNEL_INLINE inline __attribute__((always_inline, target("avx2")))
+#define KERNEL_FN __attribute__((target("avx2,fma")))
+#define KERNEL_INLINE inline __attribute__((always_inline, target("avx2,fma")))
 #include "compare/kernel_impl.inc"
 #undef KERNEL_FN
 #undef KERNEL_INLINE
@@ -115,8 +115,8 @@ using VWl = V8l;
 constexpr std::size_t kW = 8;
 #define KERNEL_AVX2
 #define KERNEL_AVX512
-#define KERNEL_FN __attribute__((target("avx2,avx512f")))
-#define KERNEL_INLINE inline __attribute__((always_inline, target("avx2,avx512f")))
+#define KERNEL_FN __attribute__((target("avx2,fma,avx512f")))
+#define KERNEL_INLINE inline __attribute__((always_inline, target("avx2,fma,avx512f")))
 #include "compare/kernel_impl.inc"
 #undef KERNEL_FN
 #undef KERNEL_INLINE
@@ -126,12 +126,12 @@ constexpr std::size_t kW = 8;
 
 bool cpu_has_avx2() {
   __builtin_cpu_init();  // may run before libgcc's own constructor
-  return __builtin_cpu_supports("avx2");
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
 
 bool cpu_has_avx512() {
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("avx512f");
+  return cpu_has_avx2() && __builtin_cpu_supports("avx512f");
 }
 
 RowResult kl_row_baseline(Row reference, Row candidate, std::size_t vocab, double* scratch) {

@@ -2,8 +2,10 @@
 // the full vocabulary, plus both argmaxes and a non-finite check, in three passes over the row.
 //
 // Determinism: the kernel is compiled three times from one source (kernel_impl.inc), as a
-// baseline x86-64 (SSE2) clone, an AVX2 clone and an AVX-512 clone, with -ffp-contract=off and
-// no FMA, so all clones do the same IEEE operations lane by lane and add them in the same order
+// baseline x86-64 (SSE2) clone, an AVX2 (+FMA) clone and an AVX-512 clone, with
+// -ffp-contract=off: the only fused multiply-adds are the explicit ones of exp, which are
+// correctly rounded everywhere (the FMA instruction; libm's fma in the baseline clone). So all
+// clones do the same IEEE operations lane by lane and add them in the same order
 // (the AVX-512 clone computes 8 lanes at once but keeps its sums in 4 lanes, added low half then
 // high half): bitwise identical results on every x86-64 host. The widest clone the CPU has is
 // chosen at run time (ASSAY_COMPARE_KERNEL=baseline|avx2 asks for a narrower one).
@@ -50,7 +52,7 @@ const char* active_clone();
 // The clones, callable explicitly (the AVX2 ones only where cpu_has_avx2(), the AVX-512 ones
 // only where cpu_has_avx512()).
 namespace clones {
-bool cpu_has_avx2();
+bool cpu_has_avx2();    // AVX2 and FMA
 bool cpu_has_avx512();  // AVX2 and AVX-512F
 RowResult kl_row_baseline(Row reference, Row candidate, std::size_t vocab, double* scratch);
 RowResult kl_row_avx2(Row reference, Row candidate, std::size_t vocab, double* scratch);

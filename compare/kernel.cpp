@@ -1,6 +1,7 @@
 // Built with -ffp-contract=off (compare/CMakeLists.txt): see kernel.h on determinism.
 #include "compare/kernel.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -52,7 +53,6 @@ constexpr V4d splat(double x) {
 constexpr V4l splat_l(std::int64_t x) {
   return V4l{x, x, x, x};
 }
-constexpr V4l kVFour = splat_l(4);
 
 // log(x) for a positive normal x, from basic IEEE operations only: libm's log has CPU-specific
 // variants (glibc picks an FMA one at run time), and the two row log-sums must not differ
@@ -84,7 +84,6 @@ namespace clones {
 
 namespace baseline {
 using VW = V4d;
-using VWl = V4l;
 constexpr std::size_t kW = 4;
 #define KERNEL_FN
 #define KERNEL_INLINE inline __attribute__((always_inline))
@@ -95,7 +94,6 @@ constexpr std::size_t kW = 4;
 
 namespace avx2 {
 using VW = V4d;
-using VWl = V4l;
 constexpr std::size_t kW = 4;
 #define KERNEL_AVX2
 #define KERNEL_FN __attribute__((target("avx2,fma")))
@@ -111,7 +109,6 @@ constexpr std::size_t kW = 4;
 // AVX2 loads/conversions are used for the 4-element remainder and the tail.
 namespace avx512 {
 using VW = V8d;
-using VWl = V8l;
 constexpr std::size_t kW = 8;
 #define KERNEL_AVX2
 #define KERNEL_AVX512

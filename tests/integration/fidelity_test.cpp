@@ -394,8 +394,6 @@ TEST_CASE("fidelity: kill -9 of assayd during the comparison loses nothing: the 
   if (!have_workers()) return;
   TempDir tmp;
   fs::path model = fixture_model(tmp.path / "llama-tiny");
-  // Workers run as a transient uid: the wrapper's directory must let it through (x, not r).
-  fs::permissions(tmp.path, fs::perms::owner_all | fs::perms::group_exec | fs::perms::others_exec);
   fs::path slow = slow_wrapper(tmp.path, kCompare, 3);
   Daemon d(tmp.path / "state", tmp.path / "assayd.sock",
            {"--containment", containment(), "--fingerprint-worker", kFingerprint, "--oracle-worker",

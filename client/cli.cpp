@@ -56,6 +56,7 @@ struct Options {
   // Positional and per-command values.
   std::string file, id, output, model, envelope, pubkey, artifact, state;
   bool wait = false;
+  bool retry = false;
   double wait_timeout_s = 0;
 };
 
@@ -171,6 +172,7 @@ int Cli::submit(bool fidelity_only) {
     if (ec) throw ExitWith{kExitUsage, "--model " + o_.model + ": " + ec.message()};
     target += "?model_dir=" + url_encode(model.lexically_normal().string());
   }
+  if (o_.retry) target += std::string(o_.model.empty() ? "?" : "&") + "retry=1";
   Response r;
   try {
     r = api_.request("POST", target, std::move(body));
@@ -180,12 +182,23 @@ int Cli::submit(bool fidelity_only) {
   }
   Json job = common::parse_strict(r.body);
   std::string id = job_id(job);
+  const bool retried = job.value("retried", false);
+  const std::string state = job_state(job);
+  // The daemon answers an identical request with the job it already has, even a failed one:
+  // say so, since nothing runs again without --retry.
+  if (!retried && r.status == 200 && (state == "failed" || state == "cancelled"))
+    err_ << "assay: an identical request already "
+         << (state == "failed" ? "failed" : "was cancelled") << " as " << id
+         << "; resubmit with --retry to run it again\n";
   if (o_.wait) return wait(id);
   if (o_.json) {
     print_json(job);
   } else {
-    out_ << (r.status == 200 ? "existing " : "submitted ") << (fidelity ? "fidelity job " : "job ")
-         << id << " (" << job_state(job) << ")  request " << request_sha256 << "\n";
+    out_ << (retried           ? "resubmitted "
+             : r.status == 200 ? "existing "
+                               : "submitted ")
+         << (fidelity ? "fidelity job " : "job ") << id << " (" << state << ")  request "
+         << request_sha256 << "\n";
   }
   return kExitOk;
 }
@@ -512,6 +525,9 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   submit->add_option("--model", o.model,
                      "model directory (required for Kiln requests; overrides an assay request's)");
   submit->add_flag("--wait", o.wait, "wait for the job to finish (as `assay wait`)");
+  submit->add_flag(
+      "--retry", o.retry,
+      "run a failed or cancelled identical job again (else its old status is returned)");
   submit->add_option("--wait-timeout", o.wait_timeout_s, "with --wait: give up after SECONDS")
       ->check(CLI::NonNegativeNumber);
 
@@ -521,6 +537,7 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   auto* fsubmit = fidelity->add_subcommand("submit", "submit an assay.fidelity-request.v1 file");
   fsubmit->add_option("FILE", o.file, "assay.fidelity-request.v1")->required();
   fsubmit->add_flag("--wait", o.wait, "wait for the job, then print its metric table");
+  fsubmit->add_flag("--retry", o.retry, "run a failed or cancelled identical job again");
   fsubmit->add_option("--wait-timeout", o.wait_timeout_s, "with --wait: give up after SECONDS")
       ->check(CLI::NonNegativeNumber);
   auto* fshow = fidelity->add_subcommand(

@@ -1,7 +1,9 @@
 // Built with -ffp-contract=off (compare/CMakeLists.txt): see kernel.h on determinism.
 #include "compare/kernel.h"
 
+#include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 
 #include <immintrin.h>
@@ -15,6 +17,23 @@ typedef std::uint64_t V4u __attribute__((vector_size(32)));
 typedef float V4f __attribute__((vector_size(16)));
 typedef std::uint32_t V4w __attribute__((vector_size(16)));
 typedef std::uint16_t V4h __attribute__((vector_size(8)));
+typedef double V8d __attribute__((vector_size(64)));
+typedef std::int64_t V8l __attribute__((vector_size(64)));
+typedef std::uint64_t V8u __attribute__((vector_size(64)));
+
+// The integer vectors of the same lane count as a double vector.
+template <class V>
+struct Lanes;
+template <>
+struct Lanes<V4d> {
+  using L = V4l;
+  using U = V4u;
+};
+template <>
+struct Lanes<V8d> {
+  using L = V8l;
+  using U = V8u;
+};
 
 constexpr std::size_t kBlock = 1024;  // elements per partial sum (a multiple of 4)
 
@@ -34,18 +53,6 @@ constexpr V4d splat(double x) {
 constexpr V4l splat_l(std::int64_t x) {
   return V4l{x, x, x, x};
 }
-// Vector constants as constexpr values, so GCC loads them with one broadcast each.
-constexpr V4d kVShifter = splat(0x1.8p52);
-constexpr V4d kVLog2e = splat(kLog2e);
-constexpr V4d kVLn2Hi = splat(kLn2Hi);
-constexpr V4d kVLn2Lo = splat(kLn2Lo);
-constexpr V4d kVOne = splat(1.0);
-constexpr V4d kVExpMinArg = splat(kExpMinArg);
-constexpr V4l kVFour = splat_l(4);
-constexpr V4d kVPoly[12] = {splat(kExpPoly[0]), splat(kExpPoly[1]),  splat(kExpPoly[2]),
-                            splat(kExpPoly[3]), splat(kExpPoly[4]),  splat(kExpPoly[5]),
-                            splat(kExpPoly[6]), splat(kExpPoly[7]),  splat(kExpPoly[8]),
-                            splat(kExpPoly[9]), splat(kExpPoly[10]), splat(kExpPoly[11])};
 
 // log(x) for a positive normal x, from basic IEEE operations only: libm's log has CPU-specific
 // variants (glibc picks an FMA one at run time), and the two row log-sums must not differ
@@ -76,6 +83,8 @@ double log_deterministic(double x) {
 namespace clones {
 
 namespace baseline {
+using VW = V4d;
+constexpr std::size_t kW = 4;
 #define KERNEL_FN
 #define KERNEL_INLINE inline __attribute__((always_inline))
 #include "compare/kernel_impl.inc"
@@ -84,18 +93,42 @@ namespace baseline {
 }  // namespace baseline
 
 namespace avx2 {
+using VW = V4d;
+constexpr std::size_t kW = 4;
 #define KERNEL_AVX2
-#define KERNEL_FN __attribute__((target("avx2")))
-#define KERNEL_INLINE inline __attribute__((always_inline, target("avx2")))
+#define KERNEL_FN __attribute__((target("avx2,fma")))
+#define KERNEL_INLINE inline __attribute__((always_inline, target("avx2,fma")))
 #include "compare/kernel_impl.inc"
 #undef KERNEL_FN
 #undef KERNEL_INLINE
 #undef KERNEL_AVX2
 }  // namespace avx2
 
+// AVX-512: 8 lanes for the arithmetic (the same IEEE operations per lane), the sums still in
+// 4 lanes in the 4-lane clones' order, so its results are bitwise those of the other two. The
+// AVX2 loads/conversions are used for the 4-element remainder and the tail.
+namespace avx512 {
+using VW = V8d;
+constexpr std::size_t kW = 8;
+#define KERNEL_AVX2
+#define KERNEL_AVX512
+#define KERNEL_FN __attribute__((target("avx2,fma,avx512f")))
+#define KERNEL_INLINE inline __attribute__((always_inline, target("avx2,fma,avx512f")))
+#include "compare/kernel_impl.inc"
+#undef KERNEL_FN
+#undef KERNEL_INLINE
+#undef KERNEL_AVX512
+#undef KERNEL_AVX2
+}  // namespace avx512
+
 bool cpu_has_avx2() {
   __builtin_cpu_init();  // may run before libgcc's own constructor
-  return __builtin_cpu_supports("avx2");
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+
+bool cpu_has_avx512() {
+  __builtin_cpu_init();
+  return cpu_has_avx2() && __builtin_cpu_supports("avx512f");
 }
 
 RowResult kl_row_baseline(Row reference, Row candidate, std::size_t vocab, double* scratch) {
@@ -104,17 +137,35 @@ RowResult kl_row_baseline(Row reference, Row candidate, std::size_t vocab, doubl
 RowResult kl_row_avx2(Row reference, Row candidate, std::size_t vocab, double* scratch) {
   return avx2::kl_row(reference, candidate, vocab, scratch);
 }
+RowResult kl_row_avx512(Row reference, Row candidate, std::size_t vocab, double* scratch) {
+  return avx512::kl_row(reference, candidate, vocab, scratch);
+}
 void exp_baseline(const double* x, double* y, std::size_t n) {
   baseline::exp_array(x, y, n);
 }
 void exp_avx2(const double* x, double* y, std::size_t n) {
   avx2::exp_array(x, y, n);
 }
+void exp_avx512(const double* x, double* y, std::size_t n) {
+  avx512::exp_array(x, y, n);
+}
 
 }  // namespace clones
 
 namespace {
-const bool kUseAvx2 = clones::cpu_has_avx2();
+enum class Clone { kBaseline, kAvx2, kAvx512 };
+// ASSAY_COMPARE_KERNEL=baseline|avx2 picks a narrower clone (for benchmarks and checks); the
+// widest one the CPU has is the default. All give the same bits.
+Clone pick_clone() {
+  Clone best = clones::cpu_has_avx512() ? Clone::kAvx512
+               : clones::cpu_has_avx2() ? Clone::kAvx2
+                                        : Clone::kBaseline;
+  const char* want = std::getenv("ASSAY_COMPARE_KERNEL");
+  if (want && std::strcmp(want, "baseline") == 0) return Clone::kBaseline;
+  if (want && std::strcmp(want, "avx2") == 0 && best != Clone::kBaseline) return Clone::kAvx2;
+  return best;
+}
+const Clone kClone = pick_clone();
 }  // namespace
 
 std::size_t scratch_size(std::size_t vocab) {
@@ -122,16 +173,36 @@ std::size_t scratch_size(std::size_t vocab) {
 }
 
 RowResult kl_row(Row reference, Row candidate, std::size_t vocab, double* scratch) {
-  return kUseAvx2 ? clones::kl_row_avx2(reference, candidate, vocab, scratch)
-                  : clones::kl_row_baseline(reference, candidate, vocab, scratch);
+  switch (kClone) {
+    case Clone::kAvx512:
+      return clones::kl_row_avx512(reference, candidate, vocab, scratch);
+    case Clone::kAvx2:
+      return clones::kl_row_avx2(reference, candidate, vocab, scratch);
+    default:
+      return clones::kl_row_baseline(reference, candidate, vocab, scratch);
+  }
 }
 
 void exp_nonpositive(const double* x, double* y, std::size_t n) {
-  kUseAvx2 ? clones::exp_avx2(x, y, n) : clones::exp_baseline(x, y, n);
+  switch (kClone) {
+    case Clone::kAvx512:
+      return clones::exp_avx512(x, y, n);
+    case Clone::kAvx2:
+      return clones::exp_avx2(x, y, n);
+    default:
+      return clones::exp_baseline(x, y, n);
+  }
 }
 
 const char* active_clone() {
-  return kUseAvx2 ? "avx2" : "baseline";
+  switch (kClone) {
+    case Clone::kAvx512:
+      return "avx512";
+    case Clone::kAvx2:
+      return "avx2";
+    default:
+      return "baseline";
+  }
 }
 
 }  // namespace assay::compare

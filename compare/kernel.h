@@ -1,10 +1,14 @@
 // The per-position KL kernel: KL(reference || candidate) of one logits row pair in fp64 over
 // the full vocabulary, plus both argmaxes and a non-finite check, in three passes over the row.
 //
-// Determinism: the kernel is compiled twice from one source (kernel_impl.inc), as a baseline
-// x86-64 (SSE2) clone and an AVX2 clone, with -ffp-contract=off and no FMA, so both clones do
-// the same IEEE operations lane by lane in the same order and give bitwise identical results
-// on every x86-64 host. The AVX2 clone is chosen at run time when the CPU has it.
+// Determinism: the kernel is compiled three times from one source (kernel_impl.inc), as a
+// baseline x86-64 (SSE2) clone, an AVX2 (+FMA) clone and an AVX-512 clone, with
+// -ffp-contract=off: the only fused multiply-adds are the explicit ones of exp, which are
+// correctly rounded everywhere (the FMA instruction; libm's fma in the baseline clone). So all
+// clones do the same IEEE operations lane by lane and add them in the same order
+// (the AVX-512 clone computes 8 lanes at once but keeps its sums in 4 lanes, added low half then
+// high half): bitwise identical results on every x86-64 host. The widest clone the CPU has is
+// chosen at run time (ASSAY_COMPARE_KERNEL=baseline|avx2 asks for a narrower one).
 #pragma once
 
 #include <cstddef>
@@ -42,16 +46,20 @@ RowResult kl_row(Row reference, Row candidate, std::size_t vocab, double* scratc
 // below -708 (see kernel_impl.inc). x must not be NaN.
 void exp_nonpositive(const double* x, double* y, std::size_t n);
 
-// The clone that kl_row and exp_nonpositive use here: "avx2" or "baseline".
+// The clone that kl_row and exp_nonpositive use here: "avx512", "avx2" or "baseline".
 const char* active_clone();
 
-// Both clones, callable explicitly (the AVX2 ones only where cpu_has_avx2()).
+// The clones, callable explicitly (the AVX2 ones only where cpu_has_avx2(), the AVX-512 ones
+// only where cpu_has_avx512()).
 namespace clones {
-bool cpu_has_avx2();
+bool cpu_has_avx2();    // AVX2 and FMA
+bool cpu_has_avx512();  // AVX2 and AVX-512F
 RowResult kl_row_baseline(Row reference, Row candidate, std::size_t vocab, double* scratch);
 RowResult kl_row_avx2(Row reference, Row candidate, std::size_t vocab, double* scratch);
 void exp_baseline(const double* x, double* y, std::size_t n);
 void exp_avx2(const double* x, double* y, std::size_t n);
+RowResult kl_row_avx512(Row reference, Row candidate, std::size_t vocab, double* scratch);
+void exp_avx512(const double* x, double* y, std::size_t n);
 }  // namespace clones
 
 }  // namespace assay::compare

@@ -193,6 +193,8 @@ TEST_CASE("a job that fails in the pipeline: wait follows it and exits 5, resubm
   auto again = run({"submit", req, "--model", model}, d.env());
   CHECK(again.status == 0);
   CHECK(again.out.find("existing job " + id + " (failed)") == 0);
+  CHECK(again.err.find("an identical request already failed as " + id +
+                       "; resubmit with --retry to run it again") != std::string::npos);
 
   auto status = run({"status", id, "--json"}, d.env());
   CHECK(status.status == 0);
@@ -212,6 +214,20 @@ TEST_CASE("a job that fails in the pipeline: wait follows it and exits 5, resubm
   auto waited_json = run({"submit", req, "--model", model, "--wait", "--json"}, d.env());
   CHECK(waited_json.status == 5);
   CHECK(common::parse_strict(waited_json.out)["id"] == id);
+
+  // --retry runs the failed job again under the same id; it fails again the same way.
+  auto retried = run({"submit", req, "--model", model, "--retry", "--json"}, d.env());
+  REQUIRE(retried.status == 0);
+  Json rj = common::parse_strict(retried.out);
+  CHECK(rj["id"] == id);
+  CHECK(rj["retried"] == true);
+  CHECK(rj["state"] != "failed");
+  CHECK(retried.err.empty());
+  CHECK(run({"wait", id, "--wait-timeout", "120"}, d.env()).status == 5);
+  auto plain = run({"submit", req, "--model", model, "--retry"}, d.env());
+  CHECK(plain.status == 0);
+  CHECK(plain.out.find("resubmitted job " + id + " (") == 0);
+  CHECK(run({"wait", id, "--wait-timeout", "120"}, d.env()).status == 5);
 }
 
 TEST_CASE("wait follows a job through a kill -9 and restart of assayd") {

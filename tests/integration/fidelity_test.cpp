@@ -55,7 +55,8 @@ Rows read_logits(const fs::path& file) {
 fs::path write_logits(const fs::path& file, const Rows& r,
                       common::Dtype dtype = common::Dtype::kF32) {
   if (dtype == common::Dtype::kF32) {
-    common::write_safetensors(file, {{"logits", dtype, {r.n, r.vocab}, std::as_bytes(std::span(r.data))}});
+    common::write_safetensors(
+        file, {{"logits", dtype, {r.n, r.vocab}, std::as_bytes(std::span(r.data))}});
   } else {  // BF16 by truncation, enough for a shape test
     std::vector<std::uint16_t> half(r.data.size());
     for (std::size_t i = 0; i < r.data.size(); ++i) {
@@ -63,7 +64,8 @@ fs::path write_logits(const fs::path& file, const Rows& r,
       std::memcpy(&bits, &r.data[i], 4);
       half[i] = static_cast<std::uint16_t>(bits >> 16);
     }
-    common::write_safetensors(file, {{"logits", dtype, {r.n, r.vocab}, std::as_bytes(std::span(half))}});
+    common::write_safetensors(file,
+                              {{"logits", dtype, {r.n, r.vocab}, std::as_bytes(std::span(half))}});
   }
   ::chmod(file.c_str(), 0644);
   return file;
@@ -72,7 +74,8 @@ fs::path write_logits(const fs::path& file, const Rows& r,
 Json logits_request(const std::string& id, const fs::path& model, const Json& contexts,
                     const std::vector<fs::path>& files) {
   Json logits = Json::array();
-  for (const auto& f : files) logits.push_back({{"path", f.string()}, {"sha256", common::sha256_file_id(f)}});
+  for (const auto& f : files)
+    logits.push_back({{"path", f.string()}, {"sha256", common::sha256_file_id(f)}});
   return Json{{"schema", "assay.fidelity-request.v1"},
               {"id", id},
               {"reference", {{"model_dir", model.string()}}},
@@ -133,8 +136,10 @@ TEST_CASE("fidelity: a 4-bit copy of the reference, with reproduction confirmati
   CHECK(result["request"]["panel_sha256"] == common::sha256_canonical_id(request["panel"]));
   CHECK(result["panel"]["scored_positions"] == 12 + 6);
   // Both model identities, and a capture digest per context on both sides.
-  CHECK(common::is_identity(result["reference"]["model_identity"]["content_sha256"].get<std::string>()));
-  CHECK(common::is_identity(result["candidate"]["model_identity"]["content_sha256"].get<std::string>()));
+  CHECK(common::is_identity(
+      result["reference"]["model_identity"]["content_sha256"].get<std::string>()));
+  CHECK(common::is_identity(
+      result["candidate"]["model_identity"]["content_sha256"].get<std::string>()));
   CHECK(result["reference"]["model_identity"]["content_sha256"] !=
         result["candidate"]["model_identity"]["content_sha256"]);
   for (const char* side : {"reference", "candidate"}) {
@@ -173,7 +178,8 @@ TEST_CASE("fidelity: a 4-bit copy of the reference, with reproduction confirmati
   Json statement =
       common::parse_strict(common::dsse_verify(envelope, common::public_key_raw_from_pem(pub)));
   CHECK(statement["predicateType"] == "https://assay.dev/fidelity/v1");
-  CHECK(statement["subject"][0]["digest"]["sha256"] == common::sha256_id(result_reply.body).substr(7));
+  CHECK(statement["subject"][0]["digest"]["sha256"] ==
+        common::sha256_id(result_reply.body).substr(7));
   CHECK(statement["subject"][1]["name"] == "kl.safetensors");
   CHECK(statement["subject"][1]["digest"]["sha256"] == common::sha256_id(artifact.body).substr(7));
 
@@ -195,8 +201,8 @@ TEST_CASE("fidelity: a 4-bit copy of the reference, with reproduction confirmati
                                 " --pubkey " + (d.state() / "keys" / "host.pub").string() +
                                 " --artifact " + (tmp.path / "kl.safetensors").string());
     CHECK_MESSAGE(v.rfind("0:", 0) == 0, v);
-    std::string show = run_capture(kClient + " --socket " + d.socket().string() +
-                                   " fidelity show " + id);
+    std::string show =
+        run_capture(kClient + " --socket " + d.socket().string() + " fidelity show " + id);
     CHECK_MESSAGE(show.rfind("0:", 0) == 0, show);
     CHECK(show.find("p99.9") != std::string::npos);
     CHECK(show.find("reproduction: confirmed") != std::string::npos);
@@ -205,16 +211,16 @@ TEST_CASE("fidelity: a 4-bit copy of the reference, with reproduction confirmati
   }
 
   // Every document of the job validates against its schema.
-  std::string validate = run_capture(
-      std::string(ASSAY_PYTHON3) + " " + ASSAY_SOURCE_DIR +
-      "/tests/integration/validate_schemas.py " + ASSAY_SOURCE_DIR +
-      "/schemas fidelity-result=" + (dir / "result.json").string() +
-      " fidelity-request=" + (dir / "request.json").string() +
-      " oracle-capture-input=" + (dir / "capture-reference" / "input.json").string() +
-      " oracle-capture-output=" + (dir / "capture-candidate" / "output.json").string() +
-      " compare-input=" + (dir / "compare" / "input.json").string() +
-      " compare-output=" + (dir / "compare" / "output.json").string() +
-      " process-containment=" + (dir / "compare" / "evidence.json").string());
+  std::string validate =
+      run_capture(std::string(ASSAY_PYTHON3) + " " + ASSAY_SOURCE_DIR +
+                  "/tests/integration/validate_schemas.py " + ASSAY_SOURCE_DIR +
+                  "/schemas fidelity-result=" + (dir / "result.json").string() +
+                  " fidelity-request=" + (dir / "request.json").string() +
+                  " oracle-capture-input=" + (dir / "capture-reference" / "input.json").string() +
+                  " oracle-capture-output=" + (dir / "capture-candidate" / "output.json").string() +
+                  " compare-input=" + (dir / "compare" / "input.json").string() +
+                  " compare-output=" + (dir / "compare" / "output.json").string() +
+                  " process-containment=" + (dir / "compare" / "evidence.json").string());
   CHECK_MESSAGE(validate.rfind("0:", 0) == 0, validate);
 
   // The captures were scratch: no logits are left in the workspaces.
@@ -223,8 +229,9 @@ TEST_CASE("fidelity: a 4-bit copy of the reference, with reproduction confirmati
       CHECK_MESSAGE(e.path().filename() == "kl.safetensors", e.path());
 }
 
-TEST_CASE("fidelity: a candidate equal to the reference gives exactly 0; one perturbed position "
-          "shows in max and p99.9") {
+TEST_CASE(
+    "fidelity: a candidate equal to the reference gives exactly 0; one perturbed position "
+    "shows in max and p99.9") {
   if (!have_workers()) return;
   TempDir tmp;
   fs::path model = fixture_model(tmp.path / "llama-tiny");
@@ -246,8 +253,8 @@ TEST_CASE("fidelity: a candidate equal to the reference gives exactly 0; one per
   CHECK(result["candidate"]["kind"] == "logits");
   CHECK(result["candidate"]["logits_files"][0]["file_sha256"] == common::sha256_file_id(fa));
   std::string validate = run_capture(
-      std::string(ASSAY_PYTHON3) + " " + ASSAY_SOURCE_DIR + "/tests/integration/validate_schemas.py " +
-      ASSAY_SOURCE_DIR + "/schemas fidelity-result=" +
+      std::string(ASSAY_PYTHON3) + " " + ASSAY_SOURCE_DIR +
+      "/tests/integration/validate_schemas.py " + ASSAY_SOURCE_DIR + "/schemas fidelity-result=" +
       (d.state() / "jobs" / job["id"].get<std::string>() / "result.json").string());
   CHECK_MESSAGE(validate.rfind("0:", 0) == 0, validate);
   // The capture and `assay-oracle logits` computed the same bytes.
@@ -275,7 +282,8 @@ TEST_CASE("fidelity: bad inputs each give a clear error and change nothing else"
   TempDir tmp;
   fs::path model = tmp.path / "cfg-model";
   fs::create_directories(model);
-  spit(model / "config.json", R"({"model_type":"llama","vocab_size":260,"max_position_embeddings":64})");
+  spit(model / "config.json",
+       R"({"model_type":"llama","vocab_size":260,"max_position_embeddings":64})");
   fs::path other = tmp.path / "other-vocab";
   fs::create_directories(other);
   spit(other / "config.json", R"({"model_type":"llama","vocab_size":300})");
@@ -339,8 +347,9 @@ TEST_CASE("fidelity: bad inputs each give a clear error and change nothing else"
   CHECK(request(q, "GET", "/v1/health").status == 200);
 }
 
-TEST_CASE("fidelity: a candidate file with a wrong digest, NaN or the wrong shape fails the job "
-          "naming it") {
+TEST_CASE(
+    "fidelity: a candidate file with a wrong digest, NaN or the wrong shape fails the job "
+    "naming it") {
   if (!have_workers()) return;
   TempDir tmp;
   fs::path model = fixture_model(tmp.path / "llama-tiny");
@@ -363,9 +372,9 @@ TEST_CASE("fidelity: a candidate file with a wrong digest, NaN or the wrong shap
 
   Rows nan = a;
   nan.data[static_cast<std::size_t>(3 * a.vocab + 17)] = std::nanf("");
-  expect_failure(logits_request("nan", model, contexts,
-                                {write_logits(tmp.path / "nan.safetensors", nan)}),
-                 "compare.non_finite", "nan.safetensors");
+  expect_failure(
+      logits_request("nan", model, contexts, {write_logits(tmp.path / "nan.safetensors", nan)}),
+      "compare.non_finite", "nan.safetensors");
 
   Rows short_rows = a;
   short_rows.n -= 1;
@@ -375,9 +384,9 @@ TEST_CASE("fidelity: a candidate file with a wrong digest, NaN or the wrong shap
                  "compare.bad_shape", "rows.safetensors");
 
   // The daemon goes on: a good file still works afterwards, in BF16 too.
-  Json job = run_job(d, logits_request("bf16", model, contexts,
-                                       {write_logits(tmp.path / "bf16.safetensors", a,
-                                                     common::Dtype::kBF16)}));
+  Json job = run_job(
+      d, logits_request("bf16", model, contexts,
+                        {write_logits(tmp.path / "bf16.safetensors", a, common::Dtype::kBF16)}));
   CHECK_MESSAGE(job["state"] == "succeeded", job.dump(2));
 }
 
@@ -387,8 +396,8 @@ TEST_CASE("fidelity: kill -9 of assayd during the comparison loses nothing: the 
   fs::path model = fixture_model(tmp.path / "llama-tiny");
   fs::path slow = slow_wrapper(tmp.path, kCompare, 3);
   Daemon d(tmp.path / "state", tmp.path / "assayd.sock",
-           {"--containment", containment(), "--fingerprint-worker", kFingerprint,
-            "--oracle-worker", kOracle, "--compare-worker", slow.string()});
+           {"--containment", containment(), "--fingerprint-worker", kFingerprint, "--oracle-worker",
+            kOracle, "--compare-worker", slow.string()});
   REQUIRE_MESSAGE(d.start(), d.log());
   Json request{{"schema", "assay.fidelity-request.v1"},
                {"id", "crash"},
@@ -398,8 +407,9 @@ TEST_CASE("fidelity: kill -9 of assayd during the comparison loses nothing: the 
   auto sub = request_json(d, request);
   REQUIRE_MESSAGE(sub.status == 201, sub.body);
   std::string id = sub.json()["id"];
-  Json job = wait_job(d.socket(), id, [](const Json& j) { return j["phase"] == "compare"; }, 120);
-  REQUIRE(job["phase"] == "compare");
+  Json job = wait_job(
+      d.socket(), id, [](const Json& j) { return j["phase"] == "compare"; }, 120);
+  REQUIRE_MESSAGE(job["phase"] == "compare", job.dump(2) << "\n" << d.log());
   d.kill9();
   // The captures sat in the comparison's workspace; the restart runs the pipeline again.
   REQUIRE_MESSAGE(d.start(), d.log());
@@ -414,4 +424,166 @@ TEST_CASE("fidelity: kill -9 of assayd during the comparison loses nothing: the 
   auto again = request_json(d, request);
   CHECK(again.status == 200);
   CHECK(again.json()["id"] == id);
+}
+
+namespace {
+
+// The Spark2.5-shaped fixture of the issue-16 support record: hidden 64, intermediate 128,
+// 4 layers (3 sliding + 1 full), 4 heads, 1 KV head, head_dim 16, window 32, vocab 260, tied.
+fs::path spark_fixture(const fs::path& dir) {
+  std::string r = run_capture(std::string(ASSAY_PYTHON3) + " " + ASSAY_SOURCE_DIR +
+                              "/tests/fixtures/make_fixture.py --arch spark2_5 --size tiny --out " +
+                              dir.string());
+  REQUIRE_MESSAGE(r.rfind("0:", 0) == 0, r);
+  Json c = common::parse_strict(slurp(dir / "config.json"));
+  CHECK(c["model_type"] == "spark2_5");
+  CHECK(c["hidden_size"] == 64);
+  CHECK(c["intermediate_size"] == 128);
+  CHECK(c["num_hidden_layers"] == 4);
+  CHECK(c["layer_types"] ==
+        Json({"sliding_attention", "sliding_attention", "sliding_attention", "full_attention"}));
+  CHECK(c["num_attention_heads"] == 4);
+  CHECK(c["num_key_value_heads"] == 1);
+  CHECK(c["head_dim"] == 16);
+  CHECK(c["sliding_window"] == 32);
+  CHECK(c["vocab_size"] == 260);
+  CHECK(c["tie_word_embeddings"] == true);
+  // Tied: the embedding is the only [vocab, hidden] matrix; there is no separate output head.
+  auto weights = common::SafetensorsFile::open(dir / "model.safetensors");
+  const auto* embedding = weights.find("model.embedding.weight");
+  REQUIRE(embedding != nullptr);
+  CHECK(embedding->shape == std::vector<std::int64_t>{260, 64});
+  CHECK(weights.find("lm_head.weight") == nullptr);
+  return dir;
+}
+
+// Contexts longer than the sliding window (32), so the sliding layers mask something.
+std::vector<std::int64_t> spark_ids(std::int64_t n, std::int64_t seed) {
+  std::vector<std::int64_t> ids;
+  for (std::int64_t i = 0; i < n; ++i) ids.push_back((seed + 37 * i) % 260);
+  return ids;
+}
+
+std::string validate_result(const fs::path& result) {
+  return run_capture(std::string(ASSAY_PYTHON3) + " " + ASSAY_SOURCE_DIR +
+                     "/tests/integration/validate_schemas.py " + ASSAY_SOURCE_DIR +
+                     "/schemas fidelity-result=" + result.string());
+}
+
+const Json* threshold_gate(const Json& gates, const std::string& name) {
+  for (const Json& g : gates["thresholds"])
+    if (g["name"] == name) return &g;
+  return nullptr;
+}
+
+}  // namespace
+
+TEST_CASE("fidelity: a self-comparison on the Spark2.5-shaped fixture passes every gate") {
+  if (!have_workers()) return;
+  TempDir tmp;
+  fs::path model = spark_fixture(tmp.path / "spark2_5-tiny");
+  Daemon d = make_daemon(tmp);
+  REQUIRE_MESSAGE(d.start(), d.log());
+  Json request{
+      {"schema", "assay.fidelity-request.v1"},
+      {"id", "spark-self"},
+      {"reference", {{"model_dir", model.string()}}},
+      {"candidate", {{"model_dir", model.string()}, {"label", "the same checkpoint"}}},
+      {"panel",
+       {{"contexts",
+         {{{"id", "long"}, {"token_ids", spark_ids(48, 3)}},
+          {{"id", "short"}, {"token_ids", spark_ids(20, 101)}, {"positions", {{2, 19}}}}}}}},
+      {"reproduction_confirmation", true},
+      {"thresholds", {{"max_mean_kl", 0.0}, {"max_kl_max", 0.0}, {"min_top1_agreement", 1.0}}},
+      {"block_positions", 16}};
+  Json job = run_job(d, request);
+  REQUIRE_MESSAGE(job["state"] == "succeeded", job.dump(2) << "\n" << d.log());
+  std::string id = job["id"];
+  Json result = request_get(d, "/v1/jobs/" + id + "/result").json();
+  CHECK(result["comparison_kind"] == "reproduction_confirmation");
+  CHECK(result["panel"]["scored_positions"] == 48 + 17);
+  CHECK(result["reference"]["model_identity"]["content_sha256"] ==
+        result["candidate"]["model_identity"]["content_sha256"]);
+  CHECK(result["comparison"]["metrics"]["kl"]["max"].get<double>() == 0.0);
+  CHECK(result["comparison"]["metrics"]["top1_agreement"].get<double>() == 1.0);
+  CHECK(result["reproduction"]["confirmed"] == true);
+
+  const Json& gates = result["gates"];
+  CHECK(gates["status"] == "passed");
+  CHECK(gates["failed"] == Json::array());
+  const Json& rep = gates["reproduction"];
+  REQUIRE(rep.is_object());
+  for (const char* g : {"asserted_exact_zero", "head_digest_equal", "capture_content_digest_equal",
+                        "weights_identity_equal"})
+    CHECK_MESSAGE(rep[g] == true, g << " = " << rep[g]);
+  REQUIRE(gates["thresholds"].size() == 3);
+  for (const Json& g : gates["thresholds"]) CHECK_MESSAGE(g["passed"] == true, g.dump());
+  CHECK((*threshold_gate(gates, "max_kl_max"))["observed"].get<double>() == 0.0);
+  CHECK((*threshold_gate(gates, "min_top1_agreement"))["observed"].get<double>() == 1.0);
+
+  std::string validate = validate_result(d.state() / "jobs" / id / "result.json");
+  CHECK_MESSAGE(validate.rfind("0:", 0) == 0, validate);
+  if (have(kClient)) {
+    std::string show =
+        run_capture(kClient + " --socket " + d.socket().string() + " fidelity show " + id);
+    CHECK_MESSAGE(show.rfind("0:", 0) == 0, show);
+    CHECK(show.find("passed") != std::string::npos);
+  }
+}
+
+TEST_CASE(
+    "fidelity: a perturbed candidate on the Spark2.5-shaped fixture fails its threshold "
+    "gate by name") {
+  if (!have_workers()) return;
+  TempDir tmp;
+  fs::path model = spark_fixture(tmp.path / "spark2_5-tiny");
+  Daemon d = make_daemon(tmp);
+  REQUIRE_MESSAGE(d.start(), d.log());
+  const auto ids = spark_ids(40, 7);
+  Rows rows = read_logits(oracle_logits(model, ids, tmp.path / "all.safetensors"));
+  REQUIRE(rows.vocab == 260);
+  REQUIRE(rows.n == 40);
+  // One position (35, past the sliding window) is negated (the reference's top token becomes
+  // the candidate's least likely); the other 39 stay the reference's bytes.
+  for (std::int64_t v = 0; v < rows.vocab; ++v)
+    rows.data[static_cast<std::size_t>(35 * rows.vocab + v)] *= -1.0f;
+  fs::path file = write_logits(tmp.path / "perturbed.safetensors", rows);
+  Json request =
+      logits_request("spark-perturbed", model, {{{"id", "c"}, {"token_ids", ids}}}, {file});
+  request["reproduction_confirmation"] = true;
+  request["thresholds"] = {
+      {"max_mean_kl", 10.0}, {"max_kl_max", 1e-3}, {"min_top1_agreement", 0.5}};
+  Json job = run_job(d, request);
+  REQUIRE_MESSAGE(job["state"] == "succeeded", job.dump(2) << "\n" << d.log());
+  std::string id = job["id"];
+  Json result = request_get(d, "/v1/jobs/" + id + "/result").json();
+  const Json& m = result["comparison"]["metrics"];
+  CHECK(m["kl"]["max"].get<double>() > 1e-3);
+  CHECK(m["kl"]["median"].get<double>() == 0.0);
+  CHECK(m["max_at"]["position"] == 35);
+
+  const Json& gates = result["gates"];
+  CHECK(gates["status"] == "failed");
+  CHECK(gates["failed"] == Json::array({"max_kl_max"}));
+  const Json* g = threshold_gate(gates, "max_kl_max");
+  REQUIRE(g != nullptr);
+  CHECK((*g)["passed"] == false);
+  CHECK((*g)["bound"].get<double>() == 1e-3);
+  CHECK((*g)["observed"].get<double>() == m["kl"]["max"].get<double>());
+  CHECK((*threshold_gate(gates, "max_mean_kl"))["passed"] == true);
+  CHECK((*threshold_gate(gates, "min_top1_agreement"))["passed"] == true);
+  // The reference reproduced itself: only the threshold failed.
+  REQUIRE(gates["reproduction"].is_object());
+  for (const char* r : {"asserted_exact_zero", "head_digest_equal", "capture_content_digest_equal",
+                        "weights_identity_equal"})
+    CHECK_MESSAGE(gates["reproduction"][r] == true, r);
+
+  std::string validate = validate_result(d.state() / "jobs" / id / "result.json");
+  CHECK_MESSAGE(validate.rfind("0:", 0) == 0, validate);
+  if (have(kClient)) {
+    std::string show =
+        run_capture(kClient + " --socket " + d.socket().string() + " fidelity show " + id);
+    CHECK(show.find("max_kl_max") != std::string::npos);
+    CHECK(show.find("failed") != std::string::npos);
+  }
 }

@@ -187,7 +187,8 @@ void Engine::step_done(const std::string& id, const std::string& role, contain::
     try {
       output =
           common::parse_strict(common::read_file(ws / protocol::kOutputFile, kMaxWorkerOutputBytes),
-                               {.max_bytes = kMaxWorkerOutputBytes});
+                               // A statistic may be a double past 2^53 that canonical JSON writes without a fraction.
+          {.max_bytes = kMaxWorkerOutputBytes, .exact_integers = false});
     } catch (const Error& e) {
       throw Error("worker." + role + "_output",
                   role + " worker exited 0 but its output.json is unusable: " + e.what());

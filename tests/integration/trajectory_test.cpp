@@ -156,12 +156,30 @@ TEST_CASE(
                          (dir / "fingerprint" / "output.json").string());
   CHECK_MESSAGE(validate.rfind("0:", 0) == 0, validate);
 
+  for (const auto& [schema, doc] : std::vector<std::pair<std::string, fs::path>>{
+           {"compare-trajectory-input", dir / "compare" / "input.json"},
+           {"compare-trajectory-output", dir / "compare" / "output.json"},
+           {"oracle-capture-input", dir / "capture-0" / "input.json"},
+           {"oracle-capture-output", dir / "capture-1" / "output.json"},
+           {"fingerprint-input", dir / "fingerprint" / "input.json"}}) {
+    validate = run_capture(std::string(ASSAY_PYTHON3) + " " + ASSAY_SOURCE_DIR +
+                           "/tests/tools/validate_schema.py " + ASSAY_SOURCE_DIR + "/schemas/" +
+                           schema + ".schema.json " + doc.string());
+    CHECK_MESSAGE(validate.rfind("0:", 0) == 0, schema << ": " << validate);
+  }
+
   if (have(kClient)) {
     std::string show =
         run_capture(kClient + " --socket " + d.socket().string() + " trajectory show " + id);
     CHECK_MESSAGE(show.rfind("0:", 0) == 0, show);
     CHECK(show.find("first departure at index 3") != std::string::npos);
     CHECK(show.find("departed first: kiln") != std::string::npos);
+    spit(tmp.path / "result.json", result_reply.body);
+    spit(tmp.path / "result.dsse.json", envelope.dump());
+    std::string v = run_capture(kClient + " verify " + (tmp.path / "result.json").string() +
+                                " --pubkey " + (d.state() / "keys" / "host.pub").string() +
+                                " --artifact " + artifact.string());
+    CHECK_MESSAGE(v.rfind("0:", 0) == 0, v);
   }
 
   // A second job on the unchanged model takes every digest from the cache, naming the first job.
@@ -178,6 +196,13 @@ TEST_CASE(
     CHECK(f["job"] == id);
   }
   CHECK(result2["engines"][0]["first_departure"] == kDepartAt);
+  fs::path input2 =
+      d.state() / "jobs" / job2["id"].get<std::string>() / "fingerprint" / "input.json";
+  CHECK(common::parse_strict(slurp(input2))["cache"].size() >= 3);
+  validate = run_capture(std::string(ASSAY_PYTHON3) + " " + ASSAY_SOURCE_DIR +
+                         "/tests/tools/validate_schema.py " + ASSAY_SOURCE_DIR +
+                         "/schemas/fingerprint-input.schema.json " + input2.string());
+  CHECK_MESSAGE(validate.rfind("0:", 0) == 0, validate);
 }
 
 TEST_CASE(

@@ -20,6 +20,7 @@
 #include "common/json.h"
 #include "common/protocol.h"
 #include "common/request.h"
+#include "common/trajectory.h"
 
 namespace assay::client {
 
@@ -58,6 +59,7 @@ struct Options {
   bool wait = false;
   bool retry = false;
   double wait_timeout_s = 0;
+  bool refresh = false;
 };
 
 class Cli {
@@ -70,8 +72,11 @@ class Cli {
         api_({.socket_path = o.socket,
               .timeout = std::chrono::milliseconds(static_cast<long long>(o.timeout_s * 1000))}) {}
 
-  int submit(bool fidelity_only = false);
+  // `only`: the one request schema this command accepts (assay fidelity/trajectory submit).
+  int submit(std::string_view only = {});
   int fidelity_show();
+  int trajectory_show();
+  int fingerprint_refresh();
   int wait(const std::string& id);
   int status();
   int list();
@@ -134,6 +139,19 @@ std::string check_request_file(const std::string& file, const std::string& text,
   try {
     Json doc = common::parse_strict(text, {.max_bytes = common::kMaxRequestBytes});
     fidelity = doc.is_object() && doc.value("schema", Json()) == protocol::kFidelityRequest;
+    if (doc.is_object() && doc.value("schema", Json()) == common::kTrajectoryRequest) {
+      auto r = common::validate_trajectory_request(doc);
+      if (report) {
+        Json lengths = Json::object();
+        for (const auto& c : r.continuations) lengths[c.engine] = c.token_ids.size();
+        *report = Json{{"schema", r.schema},
+                       {"request_sha256", r.request_sha256},
+                       {"prompt_length", r.prompt_token_ids.size()},
+                       {"prompt_token_ids_sha256", common::token_ids_sha256(r.prompt_token_ids)},
+                       {"continuation_lengths", lengths}};
+      }
+      return r.request_sha256;
+    }
     if (fidelity) {
       auto r = common::validate_fidelity_request(doc);
       if (report)
@@ -153,14 +171,22 @@ std::string check_request_file(const std::string& file, const std::string& text,
   }
 }
 
-int Cli::submit(bool fidelity_only) {
+int Cli::submit(std::string_view only) {
   std::string body = read_local(o_.file, common::kMaxRequestBytes, "the request");
   bool fidelity = false;
   std::string request_sha256 = check_request_file(o_.file, body, fidelity);
-  if (fidelity_only && !fidelity)
-    throw ExitWith{kExitInvalidInput, o_.file + " is not an " +
-                                          std::string(protocol::kFidelityRequest) +
+  // Valid once check_request_file passed.
+  const bool trajectory =
+      common::parse_strict(body, {.max_bytes = common::kMaxRequestBytes}).value("schema", "") ==
+      common::kTrajectoryRequest;
+  std::string_view schema = trajectory ? common::kTrajectoryRequest
+                            : fidelity ? protocol::kFidelityRequest
+                                       : std::string_view{};
+  if (!only.empty() && schema != only)
+    throw ExitWith{kExitInvalidInput, o_.file + " is not an " + std::string(only) +
                                           " request; submit it with `assay submit`"};
+  if (trajectory && !o_.model.empty())
+    throw ExitWith{kExitUsage, "--model does not apply to a trajectory request: it has model_dir"};
   if (fidelity && !o_.model.empty())
     throw ExitWith{kExitUsage,
                    "--model does not apply to a fidelity request: it names its "
@@ -197,8 +223,10 @@ int Cli::submit(bool fidelity_only) {
     out_ << (retried           ? "resubmitted "
              : r.status == 200 ? "existing "
                                : "submitted ")
-         << (fidelity ? "fidelity job " : "job ") << id << " (" << state << ")  request "
-         << request_sha256 << "\n";
+         << (fidelity     ? "fidelity job "
+             : trajectory ? "trajectory job "
+                          : "job ")
+         << id << " (" << state << ")  request " << request_sha256 << "\n";
   }
   return kExitOk;
 }
@@ -213,6 +241,11 @@ int Cli::finished(const Json& job) {
     if (ok && job.value("request_schema", "") == protocol::kFidelityRequest) {
       out_ << describe_job(shown) << "\n"
            << fidelity_report(api_.get_json(job_path(job_id(job), "result")));
+      return kExitOk;
+    }
+    if (ok && job.value("request_schema", "") == common::kTrajectoryRequest) {
+      out_ << describe_job(shown) << "\n"
+           << trajectory_report(api_.get_json(job_path(job_id(job), "result")));
       return kExitOk;
     }
     if (ok) {
@@ -487,6 +520,47 @@ int Cli::fidelity_show() {
   return kExitOk;
 }
 
+int Cli::trajectory_show() {
+  Json job = api_.get_json(job_path(o_.id));
+  if (job.value("request_schema", "") != common::kTrajectoryRequest)
+    throw ExitWith{kExitUsage, "job " + o_.id + " is not a trajectory job (" +
+                                   job.value("request_schema", std::string("unknown")) +
+                                   "); use `assay status`"};
+  if (!state_is_success(job_state(job))) {
+    if (o_.json)
+      print_json(job);
+    else
+      out_ << describe_job(job);
+    return state_is_final(job_state(job)) ? kExitJobFailed : kExitOk;
+  }
+  Json result = api_.get_json(job_path(o_.id, "result"));
+  if (o_.json)
+    print_json(result);
+  else
+    out_ << trajectory_report(result);
+  return kExitOk;
+}
+
+// Forgets assayd's cached per-file digests of a model directory: its next job hashes every file.
+int Cli::fingerprint_refresh() {
+  if (!o_.refresh)
+    throw ExitWith{kExitUsage,
+                   "assay fingerprint: only --refresh is offered (jobs fingerprint by themselves)"};
+  std::error_code ec;
+  fs::path model = fs::absolute(o_.model, ec);
+  if (ec) throw ExitWith{kExitUsage, o_.model + ": " + ec.message()};
+  Response r = api_.request("POST", "/v1/fingerprint-cache/refresh?model_dir=" +
+                                        url_encode(model.lexically_normal().string()));
+  Json answer = common::parse_strict(r.body);
+  if (o_.json)
+    print_json(answer);
+  else
+    out_ << (answer.value("dropped", false) ? "dropped the cached digests of "
+                                            : "no cached digests for ")
+         << model.lexically_normal().string() << "; its next fingerprint hashes every file\n";
+  return kExitOk;
+}
+
 int exit_status_of(const common::Error& e) {
   if (dynamic_cast<const UnreachableError*>(&e)) return kExitUnreachable;
   if (dynamic_cast<const ApiError*>(&e)) return kExitApiError;
@@ -519,8 +593,8 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   auto* submit = app.add_subcommand("submit", "submit a request file as a job");
   submit
       ->add_option("FILE", o.file,
-                   "assay.next-token-request.v1, kiln.hf-next-token-request.v1 or "
-                   "assay.fidelity-request.v1")
+                   "assay.next-token-request.v1, kiln.hf-next-token-request.v1, "
+                   "assay.fidelity-request.v1 or assay.trajectory-request.v1")
       ->required();
   submit->add_option("--model", o.model,
                      "model directory (required for Kiln requests; overrides an assay request's)");
@@ -543,6 +617,27 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   auto* fshow = fidelity->add_subcommand(
       "show", "a fidelity job's metrics, per-context table and KL histogram (--json: the receipt)");
   fshow->add_option("ID", o.id, "job id")->required();
+
+  auto* trajectory = app.add_subcommand(
+      "trajectory",
+      "trajectory jobs: where each engine's greedy continuation first left the reference argmax");
+  trajectory->require_subcommand(1);
+  auto* tsubmit =
+      trajectory->add_subcommand("submit", "submit an assay.trajectory-request.v1 file");
+  tsubmit->add_option("FILE", o.file, "assay.trajectory-request.v1")->required();
+  tsubmit->add_flag("--wait", o.wait, "wait for the job, then print each engine's departure");
+  tsubmit->add_option("--wait-timeout", o.wait_timeout_s, "with --wait: give up after SECONDS")
+      ->check(CLI::NonNegativeNumber);
+  auto* tshow = trajectory->add_subcommand(
+      "show", "a trajectory job's departures and divergence (--json: the result)");
+  tshow->add_option("ID", o.id, "job id")->required();
+
+  auto* fingerprint = app.add_subcommand(
+      "fingerprint",
+      "the fingerprint cache: --refresh DIR forgets the cached per-file digests of a model "
+      "directory, so that its next job hashes every file");
+  fingerprint->add_option("DIR", o.model, "model directory")->required();
+  fingerprint->add_flag("--refresh", o.refresh, "forget DIR's cached digests");
 
   auto* report = app.add_subcommand(
       "report",
@@ -631,8 +726,11 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   try {
     Cli cli(o, out, err, env);
     if (*submit) return cli.submit();
-    if (*fsubmit) return cli.submit(/*fidelity_only=*/true);
+    if (*fsubmit) return cli.submit(protocol::kFidelityRequest);
     if (*fshow) return cli.fidelity_show();
+    if (*tsubmit) return cli.submit(common::kTrajectoryRequest);
+    if (*tshow) return cli.trajectory_show();
+    if (*fingerprint) return cli.fingerprint_refresh();
     if (*wait) return cli.wait(o.id);
     if (*status) return cli.status();
     if (*list) return cli.list();

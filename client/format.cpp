@@ -276,6 +276,59 @@ std::string histogram_text(const Json& h) {
 
 }  // namespace
 
+namespace {
+
+std::string top10_text(const Json& ref) {
+  std::string s;
+  for (const Json& t : ref.value("top10", Json::array()))
+    s += (s.empty() ? "" : ", ") + t.value("token_id", Json()).dump() + ":" +
+         number(t.value("logit", Json()));
+  return s;
+}
+
+}  // namespace
+
+std::string trajectory_report(const Json& r) {
+  std::ostringstream o;
+  const Json req = r.value("request", Json::object());
+  o << "trajectory job " << field(r, {"job_id"}) << "  request \"" << field(req, {"id"})
+    << "\"  prompt " << field(req, {"prompt_length"}) << " tokens\n";
+  for (const Json& e : r.value("engines", Json::array())) {
+    o << "  " << field(e, {"engine"}) << ": " << field(e, {"continuation_length"}) << " tokens, ";
+    const Json& dep = e.value("departure", Json());
+    if (!dep.is_object()) {
+      o << "follows the reference argmax throughout\n";
+      continue;
+    }
+    o << "first departure at index " << field(dep, {"index"}) << " (position "
+      << field(dep, {"position"}) << "): token " << field(dep, {"engine_token_id"}) << " rank "
+      << field(dep, {"engine_token_rank"}) << ", reference argmax "
+      << field(dep, {"argmax_token_id"}) << " margin " << number(dep.value("margin", Json()))
+      << "\n      reference top-10: " << top10_text(dep) << "\n";
+  }
+  const Json first = r.value("departed_first", Json());
+  if (first.is_object()) {
+    std::string names;
+    for (const Json& n : first.value("engines", Json::array()))
+      names += (names.empty() ? "" : ", ") + n.get<std::string>();
+    o << "departed first: " << names << " (index " << field(first, {"index"}) << ")\n";
+  } else {
+    o << "departed first: none (every engine follows the reference argmax)\n";
+  }
+  const Json d = r.value("divergence", Json());
+  if (d.is_object()) {
+    o << "engines diverge at index " << field(d, {"index"}) << " (position "
+      << field(d, {"position"}) << "): " << d.value("tokens", Json::object()).dump()
+      << "; reference argmax " << field(d, {"argmax_token_id"}) << " margin "
+      << number(d.value("margin", Json())) << " -> " << field(d, {"argmax_candidate"})
+      << (d.value("candidate_attribution_complete", false) ? "" : " (attribution incomplete)")
+      << "\n";
+  } else {
+    o << "engines: identical continuations\n";
+  }
+  return o.str();
+}
+
 std::string fidelity_report(const Json& r) {
   std::ostringstream o;
   const Json req = r.value("request", Json::object());

@@ -23,6 +23,9 @@ std::string jobs_table(const common::Json& jobs);
 // A fidelity receipt (assay.fidelity-result.v1) for people: identities, the KL metric table,
 // top-1 agreement, reproduction, a per-context table and a text histogram of token-wise KL.
 std::string fidelity_report(const common::Json& result);
+// A trajectory result as text: per engine its first departure (reference top-10 and margin
+// there), which engine departed first, and the engines' first divergence with its attribution.
+std::string trajectory_report(const common::Json& result);
 
 // One line per check: "ok  name  detail" / "FAIL  name  detail".
 std::string checks_table(const VerifyReport& report);

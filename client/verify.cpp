@@ -8,6 +8,7 @@
 #include "common/protocol.h"
 #include "common/result.h"
 #include "common/sign.h"
+#include "common/trajectory.h"
 
 namespace assay::client {
 
@@ -41,6 +42,7 @@ struct ResultKind {
 constexpr ResultKind kKinds[] = {
     {protocol::kNextTokenResult, protocol::kResultPredicateType, "reference_artifact"},
     {protocol::kFidelityResult, protocol::kFidelityPredicateType, "kl_artifact"},
+    {common::kTrajectoryResult, common::kTrajectoryPredicateType, "trajectory_artifact"},
 };
 
 const ResultKind* kind_of(const std::optional<std::string>& schema) {
@@ -102,8 +104,9 @@ VerifyReport verify_result(const VerifyInputs& in) {
     checks.add("result.schema", known != nullptr,
                "schema " + (schema ? "\"" + *schema + "\"" : std::string("missing")) +
                    (known ? ""
-                          : ", expected \"" + std::string(protocol::kNextTokenResult) + "\" or \"" +
-                                std::string(protocol::kFidelityResult) + "\""));
+                          : ", expected \"" + std::string(protocol::kNextTokenResult) + "\", \"" +
+                                std::string(protocol::kFidelityResult) + "\" or \"" +
+                                std::string(common::kTrajectoryResult) + "\""));
     std::string canon = common::canonical(result);
     checks.add("result.canonical", result_bytes == canon,
                result_bytes == canon ? "file bytes are the RFC 8785 canonical form"

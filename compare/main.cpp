@@ -12,6 +12,7 @@
 #include "common/fs.h"
 #include "common/json.h"
 #include "compare/compare.h"
+#include "compare/trajectory.h"
 
 namespace {
 
@@ -85,6 +86,7 @@ int main(int argc, char** argv) {
       "vocabulary, from logits safetensors files (F32 or BF16 [positions, vocab]).\n"
       "Worker:   assay-compare run --input input.json --workdir DIR  (writes DIR/output.json and "
       "DIR/<kl_file>)\n"
+      "Worker:   assay-compare trajectory --input input.json --workdir DIR\n"
       "Command:  assay-compare kl --reference REF --candidate CAND [--json]"};
   app.require_subcommand(1, 1);
 
@@ -92,6 +94,16 @@ int main(int argc, char** argv) {
   std::string input, workdir;
   run->add_option("--input", input, "input.json (assay.compare-input.v1)")->required();
   run->add_option("--workdir", workdir, "workspace where output.json and the kl file go")
+      ->required();
+
+  auto* trajectory = app.add_subcommand(
+      "trajectory",
+      "worker protocol (trajectory jobs): reference argmax, margin and top-10 per continuation "
+      "token, each engine's first departure and the engines' first divergence");
+  std::string tinput, tworkdir;
+  trajectory->add_option("--input", tinput, "input.json (assay.compare-trajectory-input.v1)")
+      ->required();
+  trajectory->add_option("--workdir", tworkdir, "workspace where output.json and the artifact go")
       ->required();
 
   auto* kl = app.add_subcommand(
@@ -117,6 +129,17 @@ int main(int argc, char** argv) {
       cmp::CompareInput in = read_input(input);
       cmp::Comparison c = cmp::compare(in);
       cmp::write_outputs(c, workdir, in.kl_file);
+      return 0;
+    }
+    if (*trajectory) {
+      Json doc;
+      try {
+        doc = assay::common::parse_strict(assay::common::read_file(tinput, 64 << 20));
+      } catch (const Error& e) {
+        throw Error("input.invalid", tinput + ": " + e.what());
+      }
+      cmp::TrajectoryInput in = cmp::parse_trajectory_input(doc, tinput);
+      cmp::write_trajectory_outputs(cmp::analyse_trajectory(in), tworkdir, in.artifact_file);
       return 0;
     }
     std::optional<std::string> repro;

@@ -361,7 +361,93 @@ std::vector<std::string> list_safetensors(int dirfd, const std::string& shown) {
   return names;
 }
 
+std::int64_t ns(const struct timespec& t) {
+  return static_cast<std::int64_t>(t.tv_sec) * 1'000'000'000 + t.tv_nsec;
+}
+
+CacheEntry state_of(const FileRef& f) {
+  CacheEntry e;
+  e.name = f.rel;
+  e.dev = static_cast<std::uint64_t>(f.before.st_dev);
+  e.ino = static_cast<std::uint64_t>(f.before.st_ino);
+  e.size = static_cast<std::uint64_t>(f.before.st_size);
+  e.mtime_ns = ns(f.before.st_mtim);
+  e.ctime_ns = ns(f.before.st_ctim);
+  return e;
+}
+
+// The cached digest of `f` when its entry's state equals the file's state exactly.
+const CacheEntry* cached(const std::vector<CacheEntry>& cache, const FileRef& f) {
+  CacheEntry now = state_of(f);
+  for (const CacheEntry& e : cache)
+    if (e.name == now.name && e.dev == now.dev && e.ino == now.ino && e.size == now.size &&
+        e.mtime_ns == now.mtime_ns && e.ctime_ns == now.ctime_ns)
+      return &e;
+  return nullptr;
+}
+
 }  // namespace
+
+std::vector<CacheEntry> parse_cache(const Json& value, const std::string& where,
+                                    const std::string& code) {
+  if (!value.is_array()) throw Error(code, where + ": cache is not an array");
+  std::vector<CacheEntry> out;
+  std::set<std::string> names;
+  for (std::size_t i = 0; i < value.size(); ++i) {
+    std::string w = where + ": cache[" + std::to_string(i) + "]";
+    const Json& v = value[i];
+    if (!v.is_object()) throw Error(code, w + " is not an object");
+    for (auto it = v.begin(); it != v.end(); ++it)
+      if (std::string_view k = it.key(); k != "name" && k != "dev" && k != "ino" && k != "size" &&
+                                         k != "mtime_ns" && k != "ctime_ns" && k != "sha256" &&
+                                         k != "job" && k != "at")
+        throw Error(code, w + " has an unknown field \"" + it.key() + "\"");
+    auto str = [&](const char* k) {
+      if (!v.contains(k) || !v[k].is_string() || v[k].get<std::string>().empty())
+        throw Error(code, w + "." + k + " is not a non-empty string");
+      return v[k].get<std::string>();
+    };
+    // dev, ino and the nanosecond times exceed 2^53: decimal strings, as in to_json().
+    auto decimal = [&](const char* k, bool allow_negative) {
+      std::string t = str(k);
+      std::size_t digits = t.size() - (allow_negative && t[0] == '-' ? 1 : 0);
+      if (digits < 1 || digits > 19 ||
+          !std::all_of(t.end() - static_cast<std::ptrdiff_t>(digits), t.end(),
+                       [](char c) { return c >= '0' && c <= '9'; }))
+        throw Error(code, w + "." + k + " \"" + t + "\" is not a decimal integer string");
+      return t;
+    };
+    auto u64 = [&](const char* k) { return std::stoull(decimal(k, false)); };
+    auto i64 = [&](const char* k) { return std::stoll(decimal(k, true)); };
+    auto size = [&] {
+      if (!v.contains("size") || !v["size"].is_number_integer() ||
+          v["size"].get<std::int64_t>() < 0)
+        throw Error(code, w + ".size is not a non-negative integer");
+      return v["size"].get<std::uint64_t>();
+    };
+    CacheEntry e{str("name"),     u64("dev"),    u64("ino"), size(),   i64("mtime_ns"),
+                 i64("ctime_ns"), str("sha256"), str("job"), str("at")};
+    if (!common::is_identity(e.sha256))
+      throw Error(code, w + ".sha256 \"" + e.sha256 + "\" is not sha256:<64 lowercase hex>");
+    if (!names.insert(e.name).second) throw Error(code, w + ".name \"" + e.name + "\" twice");
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
+Json to_json(const FileDigest& f) {
+  const CacheEntry& s = f.state;
+  return Json{{"name", s.name},
+              {"dev", std::to_string(s.dev)},
+              {"ino", std::to_string(s.ino)},
+              {"size", s.size},
+              {"mtime_ns", std::to_string(s.mtime_ns)},
+              {"ctime_ns", std::to_string(s.ctime_ns)},
+              {"sha256", s.sha256},
+              {"source", f.from_cache ? "cache" : "computed"},
+              {"job", f.from_cache ? Json(s.job) : Json(nullptr)},
+              {"at", f.from_cache ? Json(s.at) : Json(nullptr)}};
+}
 
 std::string content_sha256(const ModelIdentity& identity) {
   Json j = to_json(identity);
@@ -461,14 +547,22 @@ Fingerprint fingerprint_model(const std::filesystem::path& model_dir, std::strin
   struct Job {
     const FileRef* file;
     std::string digest;
+    const CacheEntry* from_cache = nullptr;
   };
   std::vector<Job> jobs;
   for (const auto& s : shards) jobs.push_back({&s, {}});
   jobs.push_back({&config, {}});
   jobs.push_back({&tokenizer, {}});
   if (jinja) jobs.push_back({&*jinja, {}});
+  // A file whose state equals its cache entry exactly keeps that digest and is not read.
   std::vector<Job*> order;
-  for (auto& j : jobs) order.push_back(&j);
+  for (auto& j : jobs) {
+    j.from_cache = cached(options.cache, *j.file);
+    if (j.from_cache)
+      j.digest = j.from_cache->sha256;
+    else
+      order.push_back(&j);
+  }
   std::stable_sort(order.begin(), order.end(), [](const Job* a, const Job* b) {
     return a->file->before.st_size > b->file->before.st_size;
   });
@@ -476,7 +570,7 @@ Fingerprint fingerprint_model(const std::filesystem::path& model_dir, std::strin
   // By default one thread per CPU, but no more than 8: beyond that storage, not SHA-256, limits.
   unsigned threads =
       options.threads ? options.threads : std::min(std::thread::hardware_concurrency(), 8u);
-  threads = std::clamp<unsigned>(threads, 1, static_cast<unsigned>(order.size()));
+  threads = std::clamp<unsigned>(threads, 1, std::max<unsigned>(1, order.size()));
   std::atomic<std::size_t> next{0};
   std::mutex error_mutex;
   std::exception_ptr first_error;
@@ -507,7 +601,20 @@ Fingerprint fingerprint_model(const std::filesystem::path& model_dir, std::strin
     auto size = static_cast<std::uint64_t>(shards[i].before.st_size);
     out.identity.weight_files.push_back({shards[i].rel, size, jobs[i].digest});
   }
-  for (const auto& j : jobs) bytes += static_cast<std::uint64_t>(j.file->before.st_size);
+  for (const auto& j : jobs) {
+    auto size = static_cast<std::uint64_t>(j.file->before.st_size);
+    FileDigest d{state_of(*j.file), j.from_cache != nullptr};
+    d.state.sha256 = j.digest;
+    if (j.from_cache) {
+      d.state.job = j.from_cache->job;
+      d.state.at = j.from_cache->at;
+      out.stats.cached_bytes += size;
+      ++out.stats.cached_files;
+    } else {
+      bytes += size;
+    }
+    out.files.push_back(std::move(d));
+  }
   out.identity.config_hash = jobs[shards.size()].digest;
   out.identity.tokenizer_hash = jobs[shards.size() + 1].digest;
   if (jinja) out.identity.chat_template_hash = jobs[shards.size() + 2].digest;
@@ -516,7 +623,7 @@ Fingerprint fingerprint_model(const std::filesystem::path& model_dir, std::strin
   out.identity.content_sha256 = content_sha256(out.identity);
 
   out.stats.bytes = bytes;
-  out.stats.files = jobs.size() + small_files;
+  out.stats.files = jobs.size() - out.stats.cached_files + small_files;
   out.stats.threads = threads;
   out.stats.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return out;

@@ -32,6 +32,25 @@ struct ModelIdentity {
   bool operator==(const ModelIdentity&) const = default;
 };
 
+// A digest a previous fingerprint computed, with the file's state then: reused only when the
+// file's (device, inode, size, mtime, ctime) now are exactly these. Whoever can set a file's
+// ctime back (root, the kernel's clock) could defeat this; an unchanged state is what it trusts.
+struct CacheEntry {
+  std::string name;  // relative to the model directory
+  std::uint64_t dev = 0, ino = 0, size = 0;
+  std::int64_t mtime_ns = 0, ctime_ns = 0;
+  std::string sha256;
+  std::string job;  // the job that computed it
+  std::string at;   // when (UTC, RFC 3339)
+  bool operator==(const CacheEntry&) const = default;
+};
+
+// Parses `cache` of the worker input: [{name, dev, ino, size, mtime_ns, ctime_ns, sha256, job,
+// at}, ...], each name once; dev, ino and the times as decimal strings (they exceed 2^53). Throws
+// Error(code) naming the entry.
+std::vector<CacheEntry> parse_cache(const common::Json& value, const std::string& where,
+                                    const std::string& code);
+
 struct Options {
   // Files hashed at once; 0 = one per CPU, at most 8. Never more threads than files.
   unsigned threads = 0;
@@ -45,11 +64,21 @@ struct Options {
   // is Error("fingerprint.missing_fd"), an optional one counts as absent, and the shard listing
   // (no index, no model.safetensors) is the listed top-level *.safetensors names.
   std::optional<std::vector<ModelFd>> model_fds;
+  // Digests known from earlier jobs; a file whose fstat matches its entry exactly is not read.
+  std::vector<CacheEntry> cache;
+};
+
+// How one hashed file's digest was obtained, with the file's state (its cache key).
+struct FileDigest {
+  CacheEntry state;  // job/at: the cache entry's when reused, empty when computed here
+  bool from_cache = false;
 };
 
 struct Stats {
   std::uint64_t bytes = 0;  // every byte read: shards, config, tokenizer, template, index
   std::size_t files = 0;
+  std::uint64_t cached_bytes = 0;  // bytes of files whose digest came from the cache (not read)
+  std::size_t cached_files = 0;
   double seconds = 0;
   unsigned threads = 0;  // threads that actually hashed
 };
@@ -59,6 +88,8 @@ struct Fingerprint {
   // Shards in the order the index names them (first occurrence), else in identity order.
   std::vector<std::string> shard_order;
   Stats stats;
+  // Shards (in shard_order), then config, tokenizer and template: every file hashed or reused.
+  std::vector<FileDigest> files;
 };
 
 // Computes the identity of `model_dir` (absolute or relative to the working directory).
@@ -73,6 +104,10 @@ Fingerprint fingerprint_model(const std::filesystem::path& model_dir, std::strin
 // The identity object: {id, config_hash, tokenizer_hash, chat_template_hash, weight_files,
 // content_sha256}.
 common::Json to_json(const ModelIdentity& identity);
+// {name, dev, ino, size, mtime_ns, ctime_ns, sha256, source: "computed"|"cache", job, at}; dev,
+// ino and the times as decimal strings; job and at are null for a digest computed in this run.
+common::Json to_json(const FileDigest& file);
+
 // sha256 of the canonical form of {id, config_hash, tokenizer_hash, chat_template_hash,
 // weight_files}.
 std::string content_sha256(const ModelIdentity& identity);

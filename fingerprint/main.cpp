@@ -47,6 +47,8 @@ std::string implementation_sha256() {
 
 Json output_document(const fp::Fingerprint& f, const std::string& model_dir, double max_rate) {
   double mib = static_cast<double>(f.stats.bytes) / 1048576.0;
+  Json files = Json::array();
+  for (const auto& d : f.files) files.push_back(fp::to_json(d));
   return {{"schema", protocol::kFingerprintOutput},
           {"model_dir", model_dir},
           {"model_identity", fp::to_json(f.identity)},
@@ -56,7 +58,10 @@ Json output_document(const fp::Fingerprint& f, const std::string& model_dir, dou
             {"seconds", f.stats.seconds},
             {"mib_per_second", f.stats.seconds > 0 ? mib / f.stats.seconds : 0.0},
             {"threads", f.stats.threads},
+            {"cached_files", f.stats.cached_files},
+            {"cached_bytes", f.stats.cached_bytes},
             {"max_read_mib_per_second", max_rate > 0 ? Json(max_rate) : Json(nullptr)}}},
+          {"files", files},
           {"implementation_sha256", implementation_sha256()}};
 }
 
@@ -72,7 +77,8 @@ Request parse_input(const std::filesystem::path& input) {
   std::string where = input.string();
   if (!j.is_object()) throw Error("fingerprint.bad_input", where + " is not a JSON object");
   assay::common::reject_unknown_fields(
-      j, {"schema", "model_dir", "id", "threads", "max_read_mib_per_second", "model_fds"}, where);
+      j, {"schema", "model_dir", "id", "threads", "max_read_mib_per_second", "model_fds", "cache"},
+      where);
   std::string schema = assay::common::require_string(j, "schema", where);
   if (schema != protocol::kFingerprintInput)
     throw Error("fingerprint.bad_input", where + ": schema '" + schema + "' is not '" +
@@ -97,6 +103,8 @@ Request parse_input(const std::filesystem::path& input) {
                   where + ": max_read_mib_per_second " + v.dump() + " is not a positive number");
     r.options.max_read_mib_per_second = v.get<double>();
   }
+  if (j.contains("cache"))
+    r.options.cache = fp::parse_cache(j["cache"], where, "fingerprint.bad_input");
   if (j.contains("model_fds"))
     r.options.model_fds = fp::parse_model_fds(j["model_fds"], where, "fingerprint.bad_input");
   return r;

@@ -1,6 +1,7 @@
 #include "common/error.h"
 #include "common/protocol.h"
 #include "common/result.h"
+#include "common/trajectory.h"
 #include "supervisor/pipelines/pipeline.h"
 
 namespace assay::supervisor {
@@ -11,6 +12,8 @@ const std::vector<JobKind>& kinds() {
   static const std::vector<JobKind> all{
       {"fidelity", protocol::kFidelityRequest, common::kKlArtifactFileName, &admit_fidelity,
        &open_fidelity},
+      {"trajectory", common::kTrajectoryRequest, common::kTrajectoryArtifactFileName,
+       &admit_trajectory, &open_trajectory},
       {"next-token", "", common::kArtifactFileName, &admit_next_token, &open_next_token},
   };
   return all;

@@ -117,5 +117,8 @@ Admission admit_next_token(const common::Json&, const SubmitContext&);
 std::unique_ptr<Pipeline> open_fidelity(const Config&, const std::filesystem::path&,
                                         const std::string&);
 Admission admit_fidelity(const common::Json&, const SubmitContext&);
+std::unique_ptr<Pipeline> open_trajectory(const Config&, const std::filesystem::path&,
+                                          const std::string&);
+Admission admit_trajectory(const common::Json&, const SubmitContext&);
 
 }  // namespace assay::supervisor

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <memory>
 #include <thread>
 
 #include <chrono>
@@ -17,6 +18,7 @@
 #include "common/identity.h"
 #include "common/protocol.h"
 #include "common/result.h"
+#include "common/time.h"
 
 namespace assay::supervisor {
 
@@ -33,6 +35,81 @@ int worker_threads() {
   return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 }
 
+namespace {
+
+constexpr std::string_view kFingerprintCacheSchema = "assay.fingerprint-cache.v1";
+
+fs::path fingerprint_cache_file(const fs::path& state_dir, const std::string& model_dir) {
+  std::string id = common::sha256_id(model_dir);  // "sha256:<hex>"
+  return state_dir / "fingerprint-cache" / (id.substr(7) + ".json");
+}
+
+// A digest the worker says came from the cache must be one the supervisor passed, for the same
+// file state: the worker cannot invent cache hits.
+void check_cache_hits(const Json& output, const Json& passed) {
+  for (const Json& f : output.value("files", Json::array())) {
+    if (f.value("source", "") != "cache") continue;
+    bool found = false;
+    for (const Json& e : passed) {
+      Json entry = f;
+      entry.erase("source");
+      found |= entry == e;
+    }
+    if (!found)
+      throw Error("worker.fingerprint_output",
+                  "the fingerprint reports a cached digest that was not passed: " + f.dump());
+  }
+}
+
+}  // namespace
+
+bool fingerprint_cache_on(const Config& config) {
+  return !config.state_dir.empty();
+}
+
+Json load_fingerprint_cache(const fs::path& state_dir, const std::string& model_dir) {
+  std::error_code ec;
+  fs::path file = fingerprint_cache_file(state_dir, model_dir);
+  if (!fs::exists(file, ec)) return Json::array();
+  try {
+    Json doc = common::parse_strict(common::read_file(file, 16 << 20));
+    if (doc.value("schema", "") != kFingerprintCacheSchema ||
+        doc.value("model_dir", "") != model_dir || !doc.value("entries", Json()).is_array())
+      return Json::array();
+    return doc["entries"];
+  } catch (const Error&) {
+    return Json::array();  // a damaged cache costs a re-hash, never a job
+  }
+}
+
+void store_fingerprint_cache(const fs::path& state_dir, const std::string& model_dir,
+                             const Json& output, const std::string& job_id, const std::string& at) {
+  Json entries = Json::array();
+  for (Json f : output.value("files", Json::array())) {
+    if (f.value("source", "") != "cache") {
+      f["job"] = job_id;
+      f["at"] = at;
+    }
+    f.erase("source");
+    entries.push_back(std::move(f));
+  }
+  fs::path file = fingerprint_cache_file(state_dir, model_dir);
+  std::error_code ec;
+  fs::create_directory(file.parent_path(), ec);
+  ::chmod(file.parent_path().c_str(), 0700);
+  common::replace_file_fast(
+      file,
+      Json{{"schema", kFingerprintCacheSchema}, {"model_dir", model_dir}, {"entries", entries}}
+              .dump() +
+          "\n",
+      0600);
+}
+
+bool drop_fingerprint_cache(const fs::path& state_dir, const std::string& model_dir) {
+  std::error_code ec;
+  return fs::remove(fingerprint_cache_file(state_dir, model_dir), ec);
+}
+
 Step fingerprint_step(const Config& config, const std::string& role, const std::string& model_dir,
                       const std::string& name, const std::optional<Json>& expected,
                       FingerprintRun& out) {
@@ -40,15 +117,25 @@ Step fingerprint_step(const Config& config, const std::string& role, const std::
              {"model_dir", model_dir},
              {"id", name},
              {"threads", config.fingerprint_threads}};
+  // The entries passed are looked up when the step starts and checked against the hits reported.
+  auto passed = std::make_shared<Json>(Json::array());
+  bool cache = fingerprint_cache_on(config);
+  fs::path state_dir = config.state_dir;
   return Step{
       role,
       config.fingerprint_worker,
       "run",
       model_dir,
       {},
-      [input] { return input; },
+      [input, passed, cache, state_dir, model_dir] {
+        Json in = input;
+        if (cache) *passed = load_fingerprint_cache(state_dir, model_dir);
+        if (!passed->empty()) in["cache"] = *passed;
+        return in;
+      },
       {},
-      [&out, expected, role](Json output, const contain::Evidence& evidence) {
+      [&out, expected, role, passed, cache, state_dir, model_dir](
+          Json output, const contain::Evidence& evidence) {
         if (output.value("schema", "") != protocol::kFingerprintOutput)
           throw Error(
               "worker.fingerprint_output",
@@ -60,6 +147,19 @@ Step fingerprint_step(const Config& config, const std::string& role, const std::
                           " differs from the request's expected identity " +
                           (*expected)["content_sha256"].dump() + "; fingerprinted: " +
                           identity.dump() + "; expected: " + expected->dump());
+        check_cache_hits(output, *passed);
+        if (cache) {
+          // The job is the workspace's parent: STATE/jobs/<id>/<role>.
+          std::string job =
+              evidence.spawn ? fs::path(evidence.spawn->workdir).parent_path().filename().string()
+                             : std::string();
+          try {
+            store_fingerprint_cache(state_dir, model_dir, output, job.empty() ? role : job,
+                                    common::now_rfc3339());
+          } catch (const Error&) {
+            // A cache that cannot be written costs the next job a re-hash, not this job.
+          }
+        }
         out.output = std::move(output);
         out.evidence = evidence;
       }};

@@ -31,6 +31,24 @@ Step fingerprint_step(const Config& config, const std::string& role, const std::
                       const std::string& name, const std::optional<common::Json>& expected,
                       FingerprintRun& out);
 
+// The fingerprint cache: per model directory, STATE/fingerprint-cache/<sha256 of the path>.json
+// holds the per-file digests of the last successful fingerprint with each file's (dev, ino,
+// size, mtime, ctime). fingerprint_step passes them to the worker (which cannot see the state
+// directory), the worker reuses a digest only on an exact match, and after a successful step the
+// file is rewritten (common::replace_file_fast: losing it only costs a re-hash).
+bool fingerprint_cache_on(const Config& config);
+// The entries known for `model_dir` ([] when none, or when the file is unreadable or malformed).
+common::Json load_fingerprint_cache(const std::filesystem::path& state_dir,
+                                    const std::string& model_dir);
+// Stores the files of a successful fingerprint output: digests computed now under `job_id` and
+// `at`, reused ones with their original job and time.
+void store_fingerprint_cache(const std::filesystem::path& state_dir, const std::string& model_dir,
+                             const common::Json& fingerprint_output, const std::string& job_id,
+                             const std::string& at);
+// Forgets `model_dir`'s entries (`assay fingerprint --refresh`): its next fingerprint reads every
+// file. Returns whether there were any.
+bool drop_fingerprint_cache(const std::filesystem::path& state_dir, const std::string& model_dir);
+
 // The oracle's report of the bytes it computed with (output "bytes_used") must equal what the
 // fingerprint worker hashed: every weight file (path, bytes, sha256), config_hash and
 // tokenizer_hash. Throws Error("job.bytes_mismatch") naming the first difference, so that no

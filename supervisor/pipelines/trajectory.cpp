@@ -1,0 +1,284 @@
+// Trajectory jobs: where each engine's greedy continuation first left the reference.
+//
+// Steps: fingerprint the model; per engine one `assay-oracle capture` over prompt + continuation
+// scoring the positions that predict the continuation's tokens ([P-1, P-1+C)), its bytes_used
+// checked against the fingerprint; then `assay-compare trajectory` over the captures (moved into
+// its workspace) reduces each row to the reference argmax, margin and the engine token's rank.
+// The result `assay.trajectory-result.v1` carries per engine the first departure, which engine
+// departed first, and the engines' first divergence with its attribution; the artifact holds
+// argmax and margin per position (and the full logits only at departure rows).
+#include <algorithm>
+
+#include "common/error.h"
+#include "common/fs.h"
+#include "common/identity.h"
+#include "common/protocol.h"
+#include "common/result.h"
+#include "common/time.h"
+#include "common/trajectory.h"
+#include "supervisor/pipelines/admission.h"
+#include "supervisor/pipelines/documents.h"
+#include "supervisor/pipelines/pipeline.h"
+#include "supervisor/pipelines/steps.h"
+
+#ifndef ASSAY_VERSION
+#define ASSAY_VERSION "0.0.0"
+#endif
+
+namespace assay::supervisor {
+
+using common::Error;
+using common::Json;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kCompareRole = "compare";
+
+struct CaptureRun {
+  Json output;  // assay.oracle-capture-output.v1
+  std::optional<contain::Evidence> evidence;
+};
+
+class TrajectoryPipeline final : public Pipeline {
+ public:
+  TrajectoryPipeline(const Config& config, fs::path job_dir)
+      : config_(config),
+        job_dir_(std::move(job_dir)),
+        r_(common::validate_trajectory_request(read_request(job_dir_))),
+        vocab_(read_vocab_size(r_.model_dir)),
+        captures_(r_.continuations.size()) {}
+
+  std::uint64_t required_bytes() override { return estimate_required_bytes(r_.model_dir); }
+  common::RequestLimits limits() const override { return r_.limits; }
+
+  std::vector<Step> plan() override {
+    std::string name = r_.model_identity ? (*r_.model_identity)["id"].get<std::string>()
+                                         : fs::path(r_.model_dir).filename().string();
+    std::vector<Step> steps;
+    steps.push_back(fingerprint_step(config_, "fingerprint", r_.model_dir, name, r_.model_identity,
+                                     fingerprint_));
+    for (std::size_t i = 0; i < r_.continuations.size(); ++i) steps.push_back(capture(i));
+    steps.push_back(compare());
+    return steps;
+  }
+
+  Sealed assemble(const RunFacts& facts) override {
+    const Json& cmp = compare_output_;
+    fs::path artifact = take_artifact(job_dir_ / kCompareRole / common::kTrajectoryArtifactFileName,
+                                      job_dir_ / common::kTrajectoryArtifactFileName);
+    std::string artifact_sha = common::sha256_file_id(artifact);
+    if (cmp.value("artifact_sha256", "") != artifact_sha)
+      throw Error("worker.compare_output", "the trajectory artifact hashes to " + artifact_sha +
+                                               ", the comparison reported " +
+                                               cmp.value("artifact_sha256", Json()).dump());
+    Json engines = Json::array();
+    for (std::size_t i = 0; i < r_.continuations.size(); ++i) {
+      const auto& c = r_.continuations[i];
+      Json e = cmp["engines"][i];
+      e["continuation_token_ids_sha256"] = common::token_ids_sha256(c.token_ids);
+      Json capture = captures_[i].output;
+      for (const char* k : {"schema", "peak_rss_bytes"}) capture.erase(k);
+      for (Json& x : capture["captures"]) x.erase("file");
+      capture["process"] = captures_[i].evidence->to_json();
+      e["capture"] = std::move(capture);
+      engines.push_back(std::move(e));
+    }
+    const contain::Evidence& first = *captures_.front().evidence;
+    Json result{{"schema", common::kTrajectoryResult},
+                {"created_at_utc", common::now_rfc3339()},
+                {"duration_seconds", common::now_unix() - facts.started_unix},
+                {"job_id", facts.job_id},
+                {"supervisor", {{"version", ASSAY_VERSION}, {"key_id", facts.key_id}}},
+                {"request",
+                 {{"schema", r_.schema},
+                  {"id", r_.id},
+                  {"sha256", r_.request_sha256},
+                  {"model_dir", r_.model_dir},
+                  {"prompt_length", r_.prompt_token_ids.size()},
+                  {"prompt_token_ids_sha256", common::token_ids_sha256(r_.prompt_token_ids)}}},
+                {"model_identity", fingerprint_.identity()},
+                {"model_fingerprint",
+                 {{"implementation_sha256",
+                   fingerprint_.output.value("implementation_sha256", Json(nullptr))},
+                  {"files", fingerprint_.output.value("files", Json(nullptr))},
+                  {"process", fingerprint_.evidence->to_json()}}},
+                {"engines", engines},
+                {"departed_first", cmp["departed_first"]},
+                {"divergence", cmp["divergence"]},
+                {"comparison",
+                 {{"estimator_sha256", cmp.value("estimator_sha256", Json(nullptr))},
+                  {"seconds", cmp.value("seconds", Json(nullptr))},
+                  {"process", compare_evidence_->to_json()}}},
+                {"containment",
+                 {{"host_memory", facts.host_memory},
+                  {"backend", facts.backend},
+                  {"network", first.network ? first.network->to_json() : Json("host")}}},
+                {"trajectory_artifact",
+                 {{"name", common::kTrajectoryArtifactFileName},
+                  {"bytes", fs::file_size(artifact)},
+                  {"sha256", artifact_sha}}}};
+    std::string message = "succeeded: ";
+    for (const Json& e : cmp["engines"])
+      message +=
+          e["engine"].get<std::string>() + " departs at " +
+          (e["first_departure"].is_null() ? std::string("never") : e["first_departure"].dump()) +
+          "; ";
+    const Json& d = cmp["divergence"];
+    message += d.is_null() ? std::string("the continuations are equal")
+                           : "they diverge at " + d["index"].dump() + " -> " +
+                                 d["argmax_candidate"].get<std::string>();
+    return Sealed{std::move(result),
+                  artifact,
+                  artifact_sha,
+                  std::string(common::kTrajectoryArtifactFileName),
+                  std::string(common::kTrajectoryPredicateType),
+                  message};
+  }
+
+ private:
+  std::string capture_role(std::size_t i) const { return "capture-" + std::to_string(i); }
+
+  Json capture_input(std::size_t i) const {
+    const auto& c = r_.continuations[i];
+    std::int64_t first = r_.first_scored();
+    Json contexts = Json::array({Json{
+        {"id", c.engine},
+        {"token_ids", r_.sequence(i)},
+        {"positions", Json::array({Json::array(
+                          {first, first + static_cast<std::int64_t>(c.token_ids.size())})})}}});
+    return Json{{"schema", protocol::kOracleCaptureInput},
+                {"model_dir", r_.model_dir},
+                {"contexts", contexts},
+                {"block_positions", r_.block_positions},
+                {"execution",
+                 {{"device", config_.oracle_device},
+                  {"dtype", execution_dtype(r_.model_dir)},
+                  {"threads", worker_threads()}}}};
+  }
+
+  void check_capture_output(const Json& out, std::size_t i) const {
+    const auto& c = r_.continuations[i];
+    auto bad = [&](const std::string& m) {
+      throw Error("worker.capture_output", "capture of \"" + c.engine + "\": " + m);
+    };
+    if (out.value("schema", "") != protocol::kOracleCaptureOutput)
+      bad("output.json has schema " + out.value("schema", std::string("(none)")));
+    if (out.value("vocab_size", std::int64_t{-1}) != vocab_)
+      bad("vocab_size " + out.value("vocab_size", Json()).dump() + ", expected " +
+          std::to_string(vocab_));
+    const Json& caps = common::require(out, "captures", "capture output");
+    if (!caps.is_array() || caps.size() != 1) bad("not exactly one capture");
+    const Json& x = caps[0];
+    if (x.value("id", "") != c.engine ||
+        x.value("scored_positions", std::int64_t{-1}) !=
+            static_cast<std::int64_t>(c.token_ids.size()) ||
+        x.value("file", "") != "capture-0.safetensors" ||
+        x.value("input_token_ids_sha256", "") != common::token_ids_sha256(r_.sequence(i)) ||
+        !common::is_identity(x.value("logits_sha256", "")))
+      bad("the capture does not match the request: " + x.dump().substr(0, 300));
+  }
+
+  Step capture(std::size_t i) {
+    return Step{capture_role(i),
+                config_.oracle_worker,
+                "capture",
+                r_.model_dir,
+                {},
+                [this, i] { return capture_input(i); },
+                {},
+                [this, i](Json output, const contain::Evidence& evidence) {
+                  check_capture_output(output, i);
+                  check_bytes_used(output, fingerprint_, capture_role(i));
+                  captures_[i] = CaptureRun{std::move(output), evidence};
+                }};
+  }
+
+  Json compare_input(std::vector<std::pair<fs::path, std::string>>* move_in) const {
+    Json engines = Json::array();
+    for (std::size_t i = 0; i < r_.continuations.size(); ++i) {
+      std::string name = "engine-" + std::to_string(i) + ".safetensors";
+      if (move_in)
+        move_in->emplace_back(job_dir_ / capture_role(i) / "capture-0.safetensors", name);
+      engines.push_back(Json{{"engine", r_.continuations[i].engine},
+                             {"token_ids", r_.continuations[i].token_ids},
+                             {"logits", name}});
+    }
+    return Json{{"schema", common::kCompareTrajectoryInput},
+                {"vocab_size", vocab_},
+                {"prompt_length", r_.prompt_token_ids.size()},
+                {"artifact_file", common::kTrajectoryArtifactFileName},
+                {"engines", engines}};
+  }
+
+  Step compare() {
+    return Step{kCompareRole,
+                config_.compare_worker,
+                "trajectory",
+                "",
+                {},
+                [this] { return compare_input(nullptr); },
+                [this] {
+                  std::vector<std::pair<fs::path, std::string>> move_in;
+                  compare_input(&move_in);
+                  return move_in;
+                },
+                [this](Json output, const contain::Evidence& evidence) {
+                  check_compare_output(output);
+                  compare_output_ = std::move(output);
+                  compare_evidence_ = evidence;
+                }};
+  }
+
+  // The comparison read the very logits the captures wrote, for the engines asked, in order.
+  void check_compare_output(const Json& out) const {
+    auto bad = [](const std::string& m) { throw Error("worker.compare_output", m); };
+    if (out.value("schema", "") != common::kCompareTrajectoryOutput)
+      bad("compare output.json has schema " + out.value("schema", std::string("(none)")));
+    const Json& engines = common::require(out, "engines", "compare output");
+    if (!engines.is_array() || engines.size() != r_.continuations.size())
+      bad("compare output covers " + std::to_string(engines.size()) + " engines, not " +
+          std::to_string(r_.continuations.size()));
+    for (std::size_t i = 0; i < engines.size(); ++i) {
+      const Json& want = captures_[i].output["captures"][0]["logits_sha256"];
+      if (engines[i].value("engine", "") != r_.continuations[i].engine ||
+          engines[i].value("logits_sha256", Json()) != want)
+        bad("engine " + std::to_string(i) + ": the comparison read " +
+            engines[i].value("logits_sha256", Json()).dump() + " for \"" +
+            engines[i].value("engine", std::string("?")) + "\" but " + want.dump() +
+            " was captured for \"" + r_.continuations[i].engine + "\"");
+    }
+  }
+
+  const Config& config_;
+  fs::path job_dir_;
+  common::TrajectoryRequest r_;
+  std::int64_t vocab_;
+  FingerprintRun fingerprint_;
+  std::vector<CaptureRun> captures_;  // by engine
+  Json compare_output_;
+  std::optional<contain::Evidence> compare_evidence_;
+};
+
+}  // namespace
+
+Admission admit_trajectory(const Json& document, const SubmitContext& context) {
+  common::TrajectoryRequest r = common::validate_trajectory_request(document);
+  check_request_limits(r.limits, context.config);
+  std::string model_dir = check_model_dir(r.model_dir, context.peer);
+  if (model_dir != r.model_dir)
+    throw Error("request.bad_model",
+                "model_dir \"" + r.model_dir + "\" is not normalised (as " + model_dir + ")");
+  r.check_vocab(read_vocab_size(model_dir));
+  if (auto max_positions = read_max_positions(model_dir)) r.check_context_length(*max_positions);
+  return Admission{common::sha256_canonical_id(
+                       Json{{"request_sha256", r.request_sha256}, {"kind", "trajectory"}}),
+                   r.request_sha256, r.schema, r.id, model_dir};
+}
+
+std::unique_ptr<Pipeline> open_trajectory(const Config& config, const fs::path& job_dir,
+                                          const std::string&) {
+  return std::make_unique<TrajectoryPipeline>(config, job_dir);
+}
+
+}  // namespace assay::supervisor

@@ -1,0 +1,208 @@
+// The fingerprint cache: a digest is reused only when the file's (dev, inode, size, mtime,
+// ctime) equal its entry's exactly; anything else is read and hashed again.
+#include <doctest/doctest.h>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <set>
+
+#include "common/error.h"
+#include "common/fs.h"
+#include "common/json.h"
+#include "fingerprint/fingerprint.h"
+#include "tests/fingerprint/util.h"
+
+namespace assay::fingerprint::test {
+namespace {
+
+const std::map<std::string, std::size_t> kShards = {{"model-a.safetensors", 300000},
+                                                    {"model-b.safetensors", 70000}};
+
+// The entries a supervisor would store after `f`, all computed by job "j1".
+std::vector<CacheEntry> entries_of(const Fingerprint& f, const std::string& job = "j1") {
+  std::vector<CacheEntry> out;
+  for (const FileDigest& d : f.files) {
+    CacheEntry e = d.state;
+    if (!d.from_cache) {
+      e.job = job;
+      e.at = "2025-01-01T00:00:00.000Z";
+    }
+    out.push_back(e);
+  }
+  return out;
+}
+
+Options with_cache(std::vector<CacheEntry> cache, std::set<std::string>* read = nullptr) {
+  Options o;
+  o.cache = std::move(cache);
+  if (read) o.after_read = [read](const std::string& rel) { read->insert(rel); };
+  return o;
+}
+
+const FileDigest& file(const Fingerprint& f, const std::string& name) {
+  for (const auto& d : f.files)
+    if (d.state.name == name) return d;
+  FAIL("no file " << name);
+  throw;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "an unchanged model is not read again: every digest comes from the cache, same identity") {
+  TempDir dir;
+  make_model(dir.path(), kShards);
+  Fingerprint first = fingerprint_model(dir.path(), "m");
+  REQUIRE(first.files.size() == 4);
+  for (const auto& d : first.files) CHECK_FALSE(d.from_cache);
+  CHECK(first.stats.cached_files == 0);
+
+  std::set<std::string> read;
+  Fingerprint second = fingerprint_model(dir.path(), "m", with_cache(entries_of(first), &read));
+  CHECK(second.identity == first.identity);
+  CHECK(read.empty());
+  CHECK(second.stats.bytes == 0);
+  CHECK(second.stats.cached_files == 4);
+  CHECK(second.stats.cached_bytes ==
+        300000 + 70000 + first.files[2].state.size + first.files[3].state.size);
+  for (const auto& d : second.files) {
+    CHECK(d.from_cache);
+    CHECK(d.state.job == "j1");
+    CHECK(d.state.at == "2025-01-01T00:00:00.000Z");
+  }
+  common::Json j = to_json(second.files[0]);
+  CHECK(j["source"] == "cache");
+  CHECK(j["job"] == "j1");
+  CHECK(to_json(first.files[0])["job"].is_null());
+  CHECK(to_json(first.files[0])["source"] == "computed");
+}
+
+TEST_CASE("a rewritten shard is hashed again even with its old mtime put back (ctime moved)") {
+  TempDir dir;
+  make_model(dir.path(), kShards);
+  Fingerprint first = fingerprint_model(dir.path(), "m");
+  fs::path shard = dir.path() / "model-b.safetensors";
+  struct stat before {};
+  REQUIRE(::stat(shard.c_str(), &before) == 0);
+  ::usleep(20000);  // a later ctime on coarse-grained clocks too
+  // Same size, other bytes, written in place (same inode), then the old mtime restored.
+  {
+    common::UniqueFd fd(::open(shard.c_str(), O_WRONLY | O_CLOEXEC));
+    std::string other = random_bytes(70000, 99);
+    REQUIRE(::pwrite(fd.get(), other.data(), other.size(), 0) == 70000);
+  }
+  struct timespec times[2] = {before.st_atim, before.st_mtim};
+  REQUIRE(::utimensat(AT_FDCWD, shard.c_str(), times, 0) == 0);
+
+  std::set<std::string> read;
+  Fingerprint second = fingerprint_model(dir.path(), "m", with_cache(entries_of(first), &read));
+  CHECK(read == std::set<std::string>{"model-b.safetensors"});
+  CHECK_FALSE(file(second, "model-b.safetensors").from_cache);
+  CHECK(file(second, "model-a.safetensors").from_cache);
+  CHECK(file(second, "model-b.safetensors").state.sha256 !=
+        file(first, "model-b.safetensors").state.sha256);
+  CHECK(second.identity.content_sha256 != first.identity.content_sha256);
+  // Without the cache the same identity comes out: the cache changed nothing but the work.
+  CHECK(fingerprint_model(dir.path(), "m").identity == second.identity);
+}
+
+TEST_CASE("each key field must match: another inode, size, mtime or name is hashed again") {
+  TempDir dir;
+  make_model(dir.path(), kShards);
+  Fingerprint first = fingerprint_model(dir.path(), "m");
+  for (int field = 0; field < 5; ++field) {
+    CAPTURE(field);
+    std::vector<CacheEntry> cache = entries_of(first);
+    for (auto& e : cache) {
+      if (e.name != "config.json") continue;
+      if (field == 0) e.ino += 1;
+      if (field == 1) e.size += 1;
+      if (field == 2) e.mtime_ns += 1;
+      if (field == 3) e.ctime_ns -= 1;
+      if (field == 4) e.dev += 1;
+    }
+    std::set<std::string> read;
+    Fingerprint f = fingerprint_model(dir.path(), "m", with_cache(cache, &read));
+    CHECK(read == std::set<std::string>{"config.json"});
+    CHECK(f.stats.cached_files == 3);
+  }
+}
+
+TEST_CASE("cache entries are parsed strictly") {
+  common::Json ok = common::Json::array({{{"name", "config.json"},
+                                          {"dev", "1"},
+                                          {"ino", "2"},
+                                          {"size", 3},
+                                          {"mtime_ns", "1796142391146889191"},
+                                          {"ctime_ns", "-5"},
+                                          {"sha256", "sha256:" + std::string(64, 'a')},
+                                          {"job", "j"},
+                                          {"at", "t"}}});
+  CHECK(parse_cache(ok, "in", "c").size() == 1);
+  common::Json bad = ok;
+  bad[0]["extra"] = 1;
+  CHECK_THROWS_WITH_AS(parse_cache(bad, "in", "c"), doctest::Contains("extra"), common::Error);
+  bad = ok;
+  bad[0]["sha256"] = "sha256:xyz";
+  CHECK_THROWS_WITH_AS(parse_cache(bad, "in", "c"), doctest::Contains("cache[0].sha256"),
+                       common::Error);
+  bad = ok;
+  bad.push_back(ok[0]);
+  CHECK_THROWS_WITH_AS(parse_cache(bad, "in", "c"), doctest::Contains("twice"), common::Error);
+  bad = ok;
+  bad[0]["ino"] = "-1";
+  CHECK_THROWS_WITH_AS(parse_cache(bad, "in", "c"), doctest::Contains("cache[0].ino"),
+                       common::Error);
+  bad = ok;
+  bad[0]["dev"] = 1;
+  CHECK_THROWS_AS(parse_cache(bad, "in", "c"), common::Error);
+  CHECK(parse_cache(ok, "in", "c")[0].mtime_ns == 1796142391146889191);
+  CHECK(parse_cache(ok, "in", "c")[0].ctime_ns == -5);
+}
+
+TEST_CASE("the worker reuses the input's cache and says so in output.json, both valid documents") {
+  TempDir dir, work;
+  make_model(dir.path() / "m", kShards);
+  auto run = [&](const common::Json& input) {
+    common::atomic_write_file(work.path() / "input.json", input.dump());
+    auto r = run_command(std::string(ASSAY_FINGERPRINT_BIN) + " run --input " +
+                         quote((work.path() / "input.json").string()) + " --workdir " +
+                         quote(work.path().string()) + " 2>&1");
+    REQUIRE_MESSAGE(r.status == 0, r.out);
+    return common::parse_strict(common::read_file(work.path() / "output.json", 1 << 20));
+  };
+  common::Json input{{"schema", "assay.fingerprint-input.v1"},
+                     {"model_dir", (dir.path() / "m").string()},
+                     {"id", "m"}};
+  common::Json first = run(input);
+  common::Json cache = common::Json::array();
+  for (common::Json f : first["files"]) {
+    CHECK(f["source"] == "computed");
+    f.erase("source");
+    f["job"] = "job-1";
+    f["at"] = "2025-01-01T00:00:00.000Z";
+    cache.push_back(f);
+  }
+  input["cache"] = cache;
+  common::Json second = run(input);
+  CHECK(second["model_identity"] == first["model_identity"]);
+  CHECK(second["stats"]["cached_files"] == 4);
+  CHECK(second["stats"]["files"] == 0);
+  for (const auto& f : second["files"]) {
+    CHECK(f["source"] == "cache");
+    CHECK(f["job"] == "job-1");
+  }
+  auto validate = [&](const char* schema, const fs::path& doc) {
+    auto r = run_command(std::string(ASSAY_PYTHON3) + " " + ASSAY_SOURCE_DIR +
+                         "/tests/tools/validate_schema.py " + ASSAY_SOURCE_DIR + "/schemas/" +
+                         schema + " " + quote(doc.string()) + " 2>&1");
+    INFO(r.out);
+    CHECK(r.status == 0);
+  };
+  validate("fingerprint-input.schema.json", work.path() / "input.json");
+  validate("fingerprint-output.schema.json", work.path() / "output.json");
+}
+
+}  // namespace assay::fingerprint::test

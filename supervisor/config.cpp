@@ -87,6 +87,7 @@ void Config::load_file(const std::filesystem::path& path) {
                                  "delegated",
                                  "worker_user",
                                  "allow_root_workers",
+                                 "fingerprint_cache",
                                  "oracle_device",
                                  "device_slots",
                                  "max_queue",
@@ -125,6 +126,12 @@ void Config::load_file(const std::filesystem::path& path) {
     containment.delegated = it->get<bool>();
   }
   take_string(j, "worker_user", worker_user);
+  if (auto it = j.find("fingerprint_cache"); it != j.end()) {
+    if (!it->is_boolean() && !(it->is_string() && (*it == "on" || *it == "off")))
+      throw Error("config.invalid",
+                  "config.fingerprint_cache must be on|off or a boolean, got " + it->dump());
+    fingerprint_cache = it->is_boolean() ? it->get<bool>() : *it == "on";
+  }
   if (auto it = j.find("allow_root_workers"); it != j.end()) {
     if (!it->is_boolean())
       throw Error("config.invalid", "config.allow_root_workers must be a boolean");

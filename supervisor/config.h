@@ -49,6 +49,9 @@ struct Config {
   std::size_t max_event_streams = 256;            // open /events streams, all users together
   std::size_t max_buffered_bytes = 256ull << 20;  // request bodies in memory, all connections
   int fingerprint_threads = 2;
+  // Per-file digests kept in STATE/fingerprint-cache/ keyed by (device, inode, size, mtime,
+  // ctime): an unchanged model is not hashed again. false: every job hashes every file.
+  bool fingerprint_cache = true;
   std::uint32_t preflight_retry_ms = 2000;
 
   // JSON keys are the field names above; "containment" is "auto|v2|v1|none".

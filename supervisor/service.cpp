@@ -14,6 +14,8 @@
 #include "common/result.h"
 #include "common/text.h"
 #include "common/time.h"
+#include "supervisor/pipelines/admission.h"
+#include "supervisor/pipelines/steps.h"
 
 #ifndef ASSAY_VERSION
 #define ASSAY_VERSION "0.0.0"
@@ -222,6 +224,11 @@ std::uint64_t Service::watch(const std::string& id, const Peer& peer, Watchers::
 
 void Service::unwatch(const std::string& id, std::uint64_t handle) {
   watchers_.unwatch(id, handle);
+}
+
+Json Service::refresh_fingerprint(const std::string& model_dir, const Peer& peer) {
+  std::string dir = check_model_dir(model_dir, peer);
+  return Json{{"model_dir", dir}, {"dropped", drop_fingerprint_cache(config_.state_dir, dir)}};
 }
 
 Json Service::health() const {

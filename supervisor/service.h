@@ -55,6 +55,9 @@ class Service {
   std::uint64_t watch(const std::string& id, const Peer& peer, Watchers::Sink sink);
   void unwatch(const std::string& id, std::uint64_t handle);
 
+  // Drops the cached digests of a model directory the peer may read (`assay fingerprint
+  // --refresh`): its next fingerprint hashes every file. {"model_dir", "dropped"}.
+  common::Json refresh_fingerprint(const std::string& model_dir, const Peer& peer);
   common::Json health() const;
   common::Json info() const;
   const Config& config() const { return config_; }

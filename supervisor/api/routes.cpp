@@ -97,6 +97,14 @@ const std::vector<Route>& routes() {
            return a;
          }
        }},
+      {{"v1", "fingerprint-cache", "refresh"},
+       "POST",
+       [](const Call& c) {
+         auto it = c.target.query.find("model_dir");
+         if (it == c.target.query.end() || c.target.query.size() != 1)
+           throw Error("api.bad_query", "POST /v1/fingerprint-cache/refresh takes model_dir= only");
+         return json_answer(200, c.service.refresh_fingerprint(it->second, c.peer));
+       }},
       {{"v1", "jobs"},
        "GET",
        [](const Call& c) {

@@ -185,9 +185,9 @@ void Engine::step_done(const std::string& id, const std::string& role, contain::
   try {
     Json output;
     try {
-      output =
-          common::parse_strict(common::read_file(ws / protocol::kOutputFile, kMaxWorkerOutputBytes),
-                               // A statistic may be a double past 2^53 that canonical JSON writes without a fraction.
+      output = common::parse_strict(
+          common::read_file(ws / protocol::kOutputFile, kMaxWorkerOutputBytes),
+          // A statistic may be a double past 2^53 that canonical JSON writes without a fraction.
           {.max_bytes = kMaxWorkerOutputBytes, .exact_integers = false});
     } catch (const Error& e) {
       throw Error("worker." + role + "_output",

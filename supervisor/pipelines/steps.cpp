@@ -64,7 +64,7 @@ void check_cache_hits(const Json& output, const Json& passed) {
 }  // namespace
 
 bool fingerprint_cache_on(const Config& config) {
-  return !config.state_dir.empty();
+  return config.fingerprint_cache && !config.state_dir.empty();
 }
 
 Json load_fingerprint_cache(const fs::path& state_dir, const std::string& model_dir) {

@@ -88,12 +88,13 @@ Json perplexity(std::span<const double> ref, std::span<const double> cand) {
   const double ppl_r = r["ppl"].get<double>(), ppl_c = c["ppl"].get<double>();
   Json difference{{"value", ppl_c - ppl_r}, {"standard_error", nullptr}};
   if (n >= 2) {
-    const double cov =
-        co_moment(cand, mc, ref, mr) / static_cast<double>(n) / static_cast<double>(n - 1);
-    const double se_r = r["ppl_standard_error"].get<double>();
-    const double se_c = c["ppl_standard_error"].get<double>();
-    difference["standard_error"] =
-        std::sqrt(std::max(0.0, se_c * se_c + se_r * se_r - 2.0 * ppl_c * ppl_r * cov));
+    // The delta method's se_c^2 + se_r^2 - 2 ppl_c ppl_r cov, computed as the standard error of
+    // the per-token series ppl_c nll_c - ppl_r nll_r: algebraically equal, but without the
+    // cancellation of three numbers of order ppl^2 (a perplexity of e^40 left 2e17 of rounding
+    // where two equal sides must give exactly 0).
+    std::vector<double> w(n);
+    for (std::size_t i = 0; i < n; ++i) w[i] = ppl_c * cand[i] - ppl_r * ref[i];
+    difference["standard_error"] = nullable(standard_error(w));
   }
   return {{"tokens", n},
           {"reference", r},

@@ -209,9 +209,12 @@ struct HashCost {
 
 // sha256 of a regular file, read through one descriptor (so the hashed bytes are the stat'ed
 // file's), cached by its identity: the daemon is single-threaded and LibTorch is ~0.5 GB.
-Json hash_file(const fs::path& path, HashCost& cost) {
+// `follow`: an executable is hashed as exec runs it, through symlinks (and /proc/self/exe, a
+// magic link to the running image); a library a worker reported is opened without following.
+Json hash_file(const fs::path& path, HashCost& cost, bool follow) {
   static std::map<FileKey, std::string> cache;
-  common::UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
+  common::UniqueFd fd(
+      ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | (follow ? 0 : O_NOFOLLOW)));
   if (fd.get() < 0)
     common::throw_errno("job.implementation", "cannot open " + path.string(), errno);
   struct stat st {};
@@ -276,7 +279,7 @@ Json implementation_section(const std::vector<std::pair<std::string, fs::path>>&
   Json exes = Json::object();
   for (const auto& [role, path] : executables) {
     // /proc/self/exe names the running image even when its path was replaced since.
-    exes[role] = hash_file(path, cost);
+    exes[role] = hash_file(path, cost, true);
     if (path == "/proc/self/exe") exes[role]["path"] = fs::read_symlink(path).string();
   }
   Json libs = Json::array();
@@ -290,7 +293,7 @@ Json implementation_section(const std::vector<std::pair<std::string, fs::path>>&
         throw Error("worker.oracle_output",
                     "oracle loaded_libraries entry " + l.dump() +
                         " is not the absolute path of a LibTorch or runtime shared object");
-      libs.push_back(hash_file(l.get<std::string>(), cost));
+      libs.push_back(hash_file(l.get<std::string>(), cost, false));
     }
   }
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

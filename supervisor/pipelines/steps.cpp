@@ -84,8 +84,26 @@ Json load_fingerprint_cache(const fs::path& state_dir, const std::string& model_
 
 void store_fingerprint_cache(const fs::path& state_dir, const std::string& model_dir,
                              const Json& output, const std::string& job_id, const std::string& at) {
+  // A file changed within the same tick of the kernel's coarse clock as the write before it
+  // keeps its mtime and ctime: like git's "racily clean" entries, a digest of a file changed
+  // less than kRacySeconds before now is not kept, so that the next job hashes it again.
+  constexpr double kRacySeconds = 2.0;
+  const auto recent_ns = static_cast<long long>((common::now_unix() - kRacySeconds) * 1e9);
+  auto racy = [&](const Json& f) {
+    for (const char* k : {"mtime_ns", "ctime_ns"}) {
+      const Json& v = f.value(k, Json());
+      if (!v.is_string()) return true;
+      try {
+        if (std::stoll(v.get<std::string>()) >= recent_ns) return true;
+      } catch (const std::exception&) {
+        return true;
+      }
+    }
+    return false;
+  };
   Json entries = Json::array();
   for (Json f : output.value("files", Json::array())) {
+    if (racy(f)) continue;
     if (f.value("source", "") != "cache") {
       f["job"] = job_id;
       f["at"] = at;

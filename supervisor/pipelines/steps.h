@@ -41,7 +41,8 @@ bool fingerprint_cache_on(const Config& config);
 common::Json load_fingerprint_cache(const std::filesystem::path& state_dir,
                                     const std::string& model_dir);
 // Stores the files of a successful fingerprint output: digests computed now under `job_id` and
-// `at`, reused ones with their original job and time.
+// `at`, reused ones with their original job and time; a file whose mtime or ctime is less than
+// 2 s old is left out (it could change again within the same timestamp tick).
 void store_fingerprint_cache(const std::filesystem::path& state_dir, const std::string& model_dir,
                              const common::Json& fingerprint_output, const std::string& job_id,
                              const std::string& at);

@@ -39,7 +39,7 @@ def main(assay):
     check(v.returncode == 0, "the fidelity fixture validates as a receipt: " + v.stdout + v.stderr)
     cases = [("result.json", ["Next-token oracle verdict", "produced the reference argmax",
                               "Top-10 reference logits", "kiln", "vllm", "Containment evidence"]),
-             ("fidelity-result.json", ["Fidelity receipt", "Gates", "min_top1_agreement", "FAILED",
+             ("fidelity-result.json", ["Fidelity receipt", "Gates", "min_top1_agreement", "Gates: passed",
                                        "weights_identity_equal", "Token-wise KL along positions",
                                        "KL cumulative distribution", "Same top p"])]
     with tempfile.TemporaryDirectory(prefix="assay-report-") as tmp:

@@ -186,6 +186,9 @@ void Config::finalize() {
     fingerprint_worker = find_worker("assay-fingerprint", "fingerprint");
   if (oracle_worker.empty()) oracle_worker = find_worker("assay-oracle", "worker");
   if (compare_worker.empty()) compare_worker = find_worker("assay-compare", "compare");
+  // Workers are exec'd by absolute path (the worker's cwd is its workspace).
+  for (auto* w : {&fingerprint_worker, &oracle_worker, &compare_worker})
+    if (!w->is_absolute()) *w = std::filesystem::absolute(*w);
   if (device_slots < 1 || device_slots > 64)
     throw Error("config.invalid",
                 "device_slots must be in 1..64, got " + std::to_string(device_slots));

@@ -267,6 +267,7 @@ int run_next_token(const std::string& input_path, const std::string& workdir) {
   LoadedModel loaded = load_model(files, options, io_threads());
   double load_seconds = seconds_since(t0);
   check_candidates(in.candidates, tokenizer, loaded.model->vocab_size());
+  check_prefix_texts(in.continuation_prefix, tokenizer);
   Forward f = run_forward(in.model_dir, in.input_token_ids, options, loaded);
   at::Tensor last = f.logits[-1].contiguous();
   std::span<const float> values(last.data_ptr<float>(), static_cast<std::size_t>(last.numel()));

@@ -46,9 +46,10 @@ Execution parse_execution(const Json& ex, const std::string& w) {
 OracleInput parse_oracle_input(const Json& doc) {
   const std::string where = "input.json";
   if (!doc.is_object()) throw Error("input.invalid", where + ": not an object");
-  common::reject_unknown_fields(
-      doc, {"schema", "model_dir", "model_fds", "input_token_ids", "candidate_tokens", "execution"},
-      where);
+  common::reject_unknown_fields(doc,
+                                {"schema", "model_dir", "model_fds", "input_token_ids",
+                                 "candidate_tokens", "continuation_prefix", "execution"},
+                                where);
   std::string schema = common::require_string(doc, "schema", where);
   if (schema != protocol::kOracleInput) {
     throw Error("input.invalid", where + ": schema \"" + schema + "\" is not \"" +
@@ -87,8 +88,46 @@ OracleInput parse_oracle_input(const Json& doc) {
     c.text = common::require_string(cands[i], "text", w);
     in.candidates.push_back(std::move(c));
   }
+  if (auto it = doc.find("continuation_prefix"); it != doc.end()) {
+    if (!it->is_array())
+      throw Error("input.invalid", where + ": continuation_prefix must be an array");
+    for (std::size_t i = 0; i < it->size(); ++i) {
+      std::string w = where + " continuation_prefix[" + std::to_string(i) + "]";
+      const Json& t = (*it)[i];
+      if (!t.is_object()) throw Error("input.invalid", w + ": not an object");
+      common::reject_unknown_fields(t, {"token_id", "text"}, w);
+      Candidate c;
+      c.token_id = common::require_int(t, "token_id", w);
+      c.text = common::require_string(t, "text", w);
+      in.continuation_prefix.push_back(std::move(c));
+    }
+  }
   in.execution = parse_execution(common::require(doc, "execution", where), where + " execution");
   return in;
+}
+
+namespace {
+
+// A token's text for a message: decoding one byte-level token may give part of a character.
+std::string shown_text(const std::string& text) {
+  return Json(text).dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
+}  // namespace
+
+void check_prefix_texts(const std::vector<Candidate>& prefix, const Tokenizer& tokenizer) {
+  for (std::size_t i = 0; i < prefix.size(); ++i) {
+    const Candidate& t = prefix[i];
+    std::string what = "continuation_prefix[" + std::to_string(i) + "]";
+    std::string decoded =
+        tokenizer.knows(t.token_id) ? tokenizer.decode_one(t.token_id) : std::string();
+    if (!tokenizer.knows(t.token_id) || decoded != t.text)
+      throw Error("request.token_text_mismatch",
+                  what + ": token_id " + std::to_string(t.token_id) + " claims text " +
+                      shown_text(t.text) + " but decodes to " +
+                      (tokenizer.knows(t.token_id) ? shown_text(decoded)
+                                                   : std::string("nothing (no tokenizer entry)")));
+  }
 }
 
 void check_token_ids(std::span<const std::int64_t> ids, std::int64_t vocab_size,
@@ -115,8 +154,8 @@ void check_candidates(const std::vector<Candidate>& candidates, const Tokenizer&
     std::string decoded = tokenizer.decode_one(c.token_id);
     if (decoded != c.text) {
       throw Error("request.candidate_text_mismatch",
-                  what + ": text " + Json(c.text).dump() + " is not the decoding of token_id " +
-                      std::to_string(c.token_id) + ", which is " + Json(decoded).dump());
+                  what + ": text " + shown_text(c.text) + " is not the decoding of token_id " +
+                      std::to_string(c.token_id) + ", which is " + shown_text(decoded));
     }
   }
 }

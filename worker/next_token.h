@@ -38,6 +38,9 @@ struct OracleInput {
   ModelFds model_fds;
   std::vector<std::int64_t> input_token_ids;
   std::vector<Candidate> candidates;
+  // Kiln's continuation_prefix: ids the engine generated before the dispute, with the text it
+  // says each decodes to (engine is empty). Checked against the tokenizer like candidates.
+  std::vector<Candidate> continuation_prefix;
   Execution execution;
 };
 
@@ -54,6 +57,9 @@ void check_token_ids(std::span<const std::int64_t> ids, std::int64_t vocab_size,
 
 // Throws Error("request.candidate_text_mismatch") when a candidate's text is not what its
 // token id decodes to, Error("request.invalid_token_id") when the id is out of range.
+// Throws common::Error("request.token_text_mismatch") naming the index, the id, the claimed and
+// the decoded text of the first continuation_prefix token whose text is not its decoding.
+void check_prefix_texts(const std::vector<Candidate>& prefix, const Tokenizer& tokenizer);
 void check_candidates(const std::vector<Candidate>& candidates, const Tokenizer& tokenizer,
                       std::int64_t vocab_size);
 

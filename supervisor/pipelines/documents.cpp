@@ -92,11 +92,19 @@ std::uint64_t estimate_required_bytes(const std::filesystem::path& model_dir) {
 Json oracle_input(const std::string& model_dir, const common::NextTokenRequest& request,
                   const Json& candidates, const std::string& device, int threads) {
   std::string dtype = execution_dtype(model_dir);
-  return Json{{"schema", protocol::kOracleInput},
-              {"model_dir", model_dir},
-              {"input_token_ids", request.input_token_ids},
-              {"candidate_tokens", candidates},
-              {"execution", {{"device", device}, {"dtype", dtype}, {"threads", threads}}}};
+  Json input{{"schema", protocol::kOracleInput},
+             {"model_dir", model_dir},
+             {"input_token_ids", request.input_token_ids},
+             {"candidate_tokens", candidates},
+             {"execution", {{"device", device}, {"dtype", dtype}, {"threads", threads}}}};
+  // Kiln's prefix texts are checked against the tokenizer where the tokenizer is: the worker.
+  if (!request.continuation_prefix.empty()) {
+    Json prefix = Json::array();
+    for (const auto& t : request.continuation_prefix)
+      prefix.push_back(Json{{"token_id", t.token_id}, {"text", t.text}});
+    input["continuation_prefix"] = std::move(prefix);
+  }
+  return input;
 }
 
 std::string oracle_artifact_name(const Json& output) {

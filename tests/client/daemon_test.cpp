@@ -363,4 +363,20 @@ TEST_CASE("a Kiln request in Kiln's own format runs end to end on a fixture mode
   CHECK(result["request"]["input_token_ids_sha256"] == doc["input_token_ids_sha256"]);
   CHECK(result["request"]["source"] == doc["source"]);
   CHECK(result["model_identity"]["content_sha256"] == doc["model_identity"]["content_sha256"]);
+
+  // A copy whose prefix text is not its token's decoding fails in the oracle, naming the id,
+  // the claimed and the decoded text.
+  doc["id"] = "kiln-wrong-prefix-text";
+  doc["continuation_prefix"][0]["text"] = "0";
+  std::string bad = d.dir().write("kiln-bad-prefix.json", doc.dump(2));
+  auto failed =
+      run({"submit", bad, "--model", model, "--wait", "--wait-timeout", "300", "--json"}, d.env());
+  CHECK(failed.status == 5);
+  Json job = common::parse_strict(failed.out);
+  CHECK(job["state"] == "failed");
+  std::string message = job["error"]["message"];
+  CAPTURE(message);
+  CHECK(message.find("request.token_text_mismatch") != std::string::npos);
+  CHECK(message.find("continuation_prefix[0]: token_id 111 claims text \"0\" but decodes to "
+                     "\"o\"") != std::string::npos);
 }

@@ -1,0 +1,86 @@
+// What a contained run's evidence says, summed up: the normalised memory counters and whether
+// the worker succeeded (and why not). Derived from the typed Evidence, never from JSON.
+#include <algorithm>
+#include <string>
+
+#include "supervisor/contain/evidence.h"
+
+namespace assay::contain {
+
+NormalisedEvidence Evidence::normalised() const {
+  NormalisedEvidence n;
+  auto find = [&](const std::string& file) -> const Counter* {
+    if (!counters) return nullptr;
+    auto it = counters->find(file);
+    return it == counters->end() ? nullptr : &it->second;
+  };
+  // Sets `field` from a single-number file, recording the source when the kernel offered it.
+  auto from_value = [&](std::optional<std::uint64_t>& field, const char* name,
+                        const std::string& file) {
+    const Counter* c = find(file);
+    if (field || !c || !c->value) return;
+    field = c->value;
+    n.sources[name] = file;
+  };
+  auto from_key = [&](std::optional<std::uint64_t>& field, const char* name,
+                      const std::string& file, const std::string& key) {
+    const Counter* c = find(file);
+    if (field || !c || !c->keys) return;
+    auto it = c->keys->find(key);
+    if (it == c->keys->end() || !it->second) return;
+    field = it->second;
+    n.sources[name] = file + ":" + key;
+  };
+  // cgroup v2
+  from_key(n.memory_high_events, "memory_high_events", "memory.events", "high");
+  from_key(n.memory_max_events, "memory_max_events", "memory.events", "max");
+  from_key(n.memory_oom_events, "memory_oom_events", "memory.events", "oom");
+  from_key(n.memory_oom_kill_events, "memory_oom_kill_events", "memory.events", "oom_kill");
+  from_value(n.memory_peak_bytes, "memory_peak_bytes", "memory.peak");
+  from_value(n.memory_swap_bytes, "memory_swap_bytes", "memory.swap.peak");
+  from_value(n.memory_swap_bytes, "memory_swap_bytes", "memory.swap.current");
+  // cgroup v1: no memory.high and no count of OOM invocations (oom_control has under_oom, a
+  // state); failcnt counts the charges that hit the limit; swap is memory+swap minus memory.
+  from_value(n.memory_max_events, "memory_max_events", "memory.failcnt");
+  from_key(n.memory_oom_kill_events, "memory_oom_kill_events", "memory.oom_control", "oom_kill");
+  from_value(n.memory_peak_bytes, "memory_peak_bytes", "memory.max_usage_in_bytes");
+  const Counter* memsw = find("memory.memsw.usage_in_bytes");
+  const Counter* usage = find("memory.usage_in_bytes");
+  if (!n.memory_swap_bytes && memsw && memsw->value && usage && usage->value) {
+    // Two reads, not one snapshot: never below 0.
+    n.memory_swap_bytes = *memsw->value > *usage->value ? *memsw->value - *usage->value : 0;
+    n.sources["memory_swap_bytes"] = "memory.memsw.usage_in_bytes-memory.usage_in_bytes";
+  }
+  if (wall_usec) {
+    n.elapsed_seconds = static_cast<double>(*wall_usec) / 1e6;
+    n.sources["elapsed_seconds"] = "wall_usec";
+  }
+  if (limits) {
+    n.timeout_seconds = static_cast<double>(limits->timeout.count()) / 1e3;
+    n.sources["timeout_seconds"] = "limits.timeout_ms";
+  }
+  if (exit && exit->code) {
+    n.exit_code = exit->code;
+    n.sources["exit_code"] = "exit.code";
+  }
+  return n;
+}
+
+bool Evidence::succeeded() const {
+  return exit && exit->code == 0 && !timed_out && oom_killed != true;
+}
+
+std::string Evidence::failure_reason() const {
+  if (timed_out) return "timed out and was killed";
+  if (oom_killed == true) return "was OOM-killed (memory limit reached)";
+  if (exit && exit->signal) {
+    return "was killed by signal " + exit->signal_name.value_or(std::to_string(*exit->signal));
+  }
+  if (exit && exit->code == 0) return "";
+  if (exit && exit->code) return "exited with code " + std::to_string(*exit->code);
+  std::string reason = "left no exit status in its evidence";
+  for (std::size_t i = 0; i < errors.size(); ++i) reason += (i ? "; " : ": ") + errors[i];
+  return reason;
+}
+
+}  // namespace assay::contain

@@ -17,6 +17,7 @@
 #include "common/protocol.h"
 #include "common/result.h"
 #include "common/time.h"
+#include "common/trajectory.h"
 
 namespace assay::supervisor {
 
@@ -147,6 +148,8 @@ bool Job::is_fidelity() const {
 }
 
 std::string Job::artifact_name() const {
+  if (request_schema == common::kTrajectoryRequest)
+    return std::string(common::kTrajectoryArtifactFileName);
   return is_fidelity() ? std::string(common::kKlArtifactFileName)
                        : std::string(common::kArtifactFileName);
 }

@@ -44,7 +44,8 @@ struct Job {
   std::string rendered;
 
   bool is_fidelity() const;  // an assay.fidelity-request.v1 job (else a next-token job)
-  // The artifact its result names: logits.safetensors, or kl.safetensors for fidelity jobs.
+  // The artifact its result names: logits.safetensors, kl.safetensors for fidelity jobs,
+  // trajectory.safetensors for trajectory jobs.
   std::string artifact_name() const;
 
   common::Json to_json() const;

@@ -136,6 +136,10 @@ TEST_CASE(
   CHECK(statement["subject"][1]["name"] == "trajectory.safetensors");
   fs::path artifact = dir / "trajectory.safetensors";
   CHECK(statement["subject"][1]["digest"]["sha256"] == common::sha256_file_id(artifact).substr(7));
+  // The API serves the same artifact.
+  auto served = request_get(d, "/v1/jobs/" + id + "/artifact");
+  CHECK(served.status == 200);
+  CHECK(common::sha256_id(served.body) == common::sha256_file_id(artifact));
   auto a = common::SafetensorsFile::open(artifact);
   const auto* argmax = a.find("engine1.argmax");
   REQUIRE(argmax != nullptr);

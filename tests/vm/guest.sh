@@ -84,6 +84,17 @@ jq_true() { jq -e "$@" >/dev/null; }
 check "memory.events present, no OOM kill ($events)" jq_true '.oracle.process.counters["memory.events"].oom_kill == 0' $r
 eq "oracle cgroup was removed" "$(jq -r .oracle.process.cgroup.removed $r)" true
 echo "oracle cgroup: $(jq -r .oracle.process.cgroup.path $r), verdict: $(jq -c .verdict $r)"
+# Issue 15's evidence, measured on cgroup v2: normalised counters from memory.events and
+# memory.peak, the source tree, the implementation and the oracle's configuration.
+check "normalised: memory_peak_bytes from memory.peak" jq_true \
+  '.oracle.process.normalised.memory_peak_bytes > 0 and .oracle.process.normalised.sources.memory_peak_bytes == "memory.peak"' $r
+check "normalised: memory_oom_kill_events 0, memory_high_events a number" jq_true \
+  '.oracle.process.normalised.memory_oom_kill_events == 0 and (.oracle.process.normalised.memory_high_events | type) == "number"' $r
+check "implementation: the oracle executable hashed" jq_true \
+  '.implementation.executables["assay-oracle"].sha256 | startswith("sha256:")' $r
+check "oracle configuration_sha256 and runtime" jq_true \
+  '(.oracle.configuration_sha256 | startswith("sha256:")) and (.oracle.runtime.torch_version | type) == "string"' $r
+echo "source: $(jq -c .source $r); normalised: $(jq -c .oracle.process.normalised $r)"
 
 # 3b. a fidelity job as alice: five contained workers, a verified receipt
 out=$(as_alice assay --json fidelity submit "$work/fidelity.json" --wait --wait-timeout 900 2>&1)

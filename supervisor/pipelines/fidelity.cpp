@@ -380,14 +380,13 @@ class FidelityPipeline final : public Pipeline {
   // The comparison read the very bytes the captures wrote and the user named.
   void check_compare_output(const Json& output) const {
     if (output.value("schema", "") != protocol::kCompareOutput)
-      throw Error("worker_.compare_output", "compare output.json has schema " +
-                                                output.value("schema", std::string("(none)")));
+      throw Error("worker.compare_output", "compare output.json has schema " +
+                                               output.value("schema", std::string("(none)")));
     // The comparison read the very bytes the captures wrote and the user named.
     const Json& ctx = common::require(output, "contexts", "compare output");
     if (!ctx.is_array() || ctx.size() != r_.panel.size())
-      throw Error("worker_.compare_output", "compare output covers " + std::to_string(ctx.size()) +
-                                                " contexts, not " +
-                                                std::to_string(r_.panel.size()));
+      throw Error("worker.compare_output", "compare output covers " + std::to_string(ctx.size()) +
+                                               " contexts, not " + std::to_string(r_.panel.size()));
     auto ref = capture_digests(captures_.at("reference").output);
     auto cand = r_.candidate_model ? capture_digests(captures_.at("candidate").output)
                                    : std::vector<std::string>{};
@@ -397,7 +396,7 @@ class FidelityPipeline final : public Pipeline {
     for (std::size_t i = 0; i < r_.panel.size(); ++i) {
       auto mismatch = [&](const std::string& what, const Json& got, const std::string& want) {
         if (got != Json(want))
-          throw Error("worker_.compare_output",
+          throw Error("worker.compare_output",
                       "context \"" + r_.panel[i].id + "\": the comparison read " + what + " " +
                           got.dump() + " but " + want + " was captured or named");
       };

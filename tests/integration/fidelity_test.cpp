@@ -587,3 +587,27 @@ TEST_CASE(
     CHECK(show.find("failed") != std::string::npos);
   }
 }
+
+TEST_CASE("fidelity: a comparison whose output.json is not compare output fails the job by code") {
+  if (!have_workers()) return;
+  TempDir tmp;
+  fs::path model = fixture_model(tmp.path / "llama-tiny");
+  // A stand-in comparison that exits 0 with a document of another schema.
+  fs::path liar = tmp.path / "lying-compare";
+  spit(liar, "#!/bin/sh\necho '{\"schema\":\"assay.something-else.v1\"}' > output.json\n");
+  ::chmod(liar.c_str(), 0755);
+  Daemon d(tmp.path / "state", tmp.path / "assayd.sock",
+           {"--containment", containment(), "--fingerprint-worker", kFingerprint, "--oracle-worker",
+            kOracle, "--compare-worker", liar.string()});
+  REQUIRE_MESSAGE(d.start(), d.log());
+  Json request{{"schema", "assay.fidelity-request.v1"},
+               {"id", "liar"},
+               {"reference", {{"model_dir", model.string()}}},
+               {"candidate", {{"model_dir", model.string()}}},
+               {"panel", {{"contexts", {{{"token_ids", kIdsA}}}}}}};
+  Json job = run_job(d, request);
+  CHECK(job["state"] == "failed");
+  CHECK(job["error"]["code"] == "worker.compare_output");
+  CHECK(job["error"]["message"].get<std::string>().find("assay.something-else.v1") !=
+        std::string::npos);
+}

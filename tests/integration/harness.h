@@ -385,10 +385,11 @@ inline std::string containment() {
   static std::string mode = [] {
     std::string wanted = ASSAY_IT_CONTAINMENT;
     if (wanted == "none") return wanted;
-    std::string cmd = std::string(ASSAYD_PATH) + " contain --mode " + wanted +
-                      " -- /bin/true > /dev/null 2>&1";
+    std::string cmd =
+        std::string(ASSAYD_PATH) + " contain --mode " + wanted + " -- /bin/true > /dev/null 2>&1";
     if (std::system(cmd.c_str()) == 0) return wanted;
-    MESSAGE("containment \"" << wanted << "\" is unavailable on this host: real jobs run with none");
+    MESSAGE("containment \"" << wanted
+                             << "\" is unavailable on this host: real jobs run with none");
     return std::string("none");
   }();
   return mode;

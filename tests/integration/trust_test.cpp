@@ -59,8 +59,7 @@ TEST_SUITE("trust") {
     ::chmod(swap.c_str(), 0666);
     fs::path wrapper =
         script(tmp.path / "fingerprint-then-swap",
-               "\"" + kFingerprint + "\" \"$@\"; rc=$?\nmv -f \"" +
-                   swap.string() + "\" \"" +
+               "\"" + kFingerprint + "\" \"$@\"; rc=$?\nmv -f \"" + swap.string() + "\" \"" +
                    (model / "model.safetensors").string() + "\" || exit 99\nexit $rc\n");
     Daemon d(tmp.path / "state", tmp.path / "assayd.sock",
              {"--containment", containment(), "--fingerprint-worker", wrapper.string(),

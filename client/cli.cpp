@@ -76,6 +76,7 @@ class Cli {
   int submit(std::string_view only = {});
   int fidelity_show();
   int trajectory_show();
+  int show_result(std::string_view schema, const char* kind, std::string (*report)(const Json&));
   int fingerprint_refresh();
   int wait(const std::string& id);
   int status();
@@ -499,10 +500,13 @@ int Cli::report() {
   return kExitOk;
 }
 
-int Cli::fidelity_show() {
+// `assay fidelity show` / `assay trajectory show`: the job while it is not done, then its result
+// as `report` renders it (or as JSON).
+int Cli::show_result(std::string_view schema, const char* kind,
+                     std::string (*report)(const Json&)) {
   Json job = api_.get_json(job_path(o_.id));
-  if (job.value("request_schema", "") != protocol::kFidelityRequest)
-    throw ExitWith{kExitUsage, "job " + o_.id + " is not a fidelity job (" +
+  if (job.value("request_schema", "") != schema)
+    throw ExitWith{kExitUsage, "job " + o_.id + " is not a " + kind + " job (" +
                                    job.value("request_schema", std::string("unknown")) +
                                    "); use `assay status`"};
   if (!state_is_success(job_state(job))) {
@@ -516,29 +520,16 @@ int Cli::fidelity_show() {
   if (o_.json)
     print_json(result);
   else
-    out_ << fidelity_report(result);
+    out_ << report(result);
   return kExitOk;
 }
 
+int Cli::fidelity_show() {
+  return show_result(protocol::kFidelityRequest, "fidelity", &fidelity_report);
+}
+
 int Cli::trajectory_show() {
-  Json job = api_.get_json(job_path(o_.id));
-  if (job.value("request_schema", "") != common::kTrajectoryRequest)
-    throw ExitWith{kExitUsage, "job " + o_.id + " is not a trajectory job (" +
-                                   job.value("request_schema", std::string("unknown")) +
-                                   "); use `assay status`"};
-  if (!state_is_success(job_state(job))) {
-    if (o_.json)
-      print_json(job);
-    else
-      out_ << describe_job(job);
-    return state_is_final(job_state(job)) ? kExitJobFailed : kExitOk;
-  }
-  Json result = api_.get_json(job_path(o_.id, "result"));
-  if (o_.json)
-    print_json(result);
-  else
-    out_ << trajectory_report(result);
-  return kExitOk;
+  return show_result(common::kTrajectoryRequest, "trajectory", &trajectory_report);
 }
 
 // Forgets assayd's cached per-file digests of a model directory: its next job hashes every file.

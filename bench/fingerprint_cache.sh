@@ -191,6 +191,7 @@ print("| file | bytes |\n|---|---|")
 for f in files:
     print("| %s | %s |" % (f, format(sizes[f], ",")))
 print("| **total** | **%s** |\n" % format(sum(sizes.values()), ","))
+print("Model identity (all three jobs): `%s`.\n" % first["content_sha256"])
 print("Each job: next-token request, 1 input token, 2 candidates; fingerprint then oracle. "
       "Fingerprint time = the fingerprint "
       "worker's wall time in the job's containment evidence (`model_fingerprint.process.wall_usec`: "
@@ -216,7 +217,7 @@ print("\n**Second job (cache on) / first job: %.2f%%** (goal < 5%%). Second job 
 print("What the cached fingerprint still does: start a contained process, read "
       "`model.safetensors.index.json` and `tokenizer_config.json` (they say which files count), "
       "`fstat` every file, and hash its own executable. The whole second job is not 5% of the "
-      "first: the oracle still maps the model, hashes every byte it computes with (`bytes_used`, "
+      "first: the oracle still reads the model into memory, hashes every byte it computes with (`bytes_used`, "
       "always afresh, in background threads while it loads and runs the forward) and runs the "
       "forward; its times move with the machine's load (2 CPUs shared).")
 print("\nThe per-file provenance (`source: computed | cache`, with the job and time a cached digest "

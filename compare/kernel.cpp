@@ -20,7 +20,12 @@ typedef std::uint16_t V4h __attribute__((vector_size(8)));
 typedef double V8d __attribute__((vector_size(64)));
 typedef std::int64_t V8l __attribute__((vector_size(64)));
 typedef std::uint64_t V8u __attribute__((vector_size(64)));
-// Pass 1's 16 lanes of floats (one AVX-512 register; two or four narrower ones).
+// Pass 1's floats, as wide as each clone's registers (and their int32, uint32, uint16 lanes).
+typedef std::int32_t V4i __attribute__((vector_size(16)));
+typedef float V8f __attribute__((vector_size(32)));
+typedef std::int32_t V8i __attribute__((vector_size(32)));
+typedef std::uint32_t V8w __attribute__((vector_size(32)));
+typedef std::uint16_t V8h __attribute__((vector_size(16)));
 typedef float V16f __attribute__((vector_size(64)));
 typedef std::int32_t V16i __attribute__((vector_size(64)));
 typedef std::uint32_t V16w __attribute__((vector_size(64)));
@@ -113,6 +118,10 @@ namespace clones {
 namespace baseline {
 using VW = V4d;
 constexpr std::size_t kW = 4;
+using VF = V4f;
+using VFI = V4i;
+using VFW = V4w;
+using VFH = V4h;
 #define KERNEL_FN
 #define KERNEL_INLINE inline __attribute__((always_inline))
 #include "compare/kernel_impl.inc"
@@ -123,6 +132,10 @@ constexpr std::size_t kW = 4;
 namespace avx2 {
 using VW = V4d;
 constexpr std::size_t kW = 4;
+using VF = V8f;
+using VFI = V8i;
+using VFW = V8w;
+using VFH = V8h;
 #define KERNEL_AVX2
 #define KERNEL_FN __attribute__((target("avx2,fma")))
 #define KERNEL_INLINE inline __attribute__((always_inline, target("avx2,fma")))
@@ -138,6 +151,10 @@ constexpr std::size_t kW = 4;
 namespace avx512 {
 using VW = V8d;
 constexpr std::size_t kW = 8;
+using VF = V16f;
+using VFI = V16i;
+using VFW = V16w;
+using VFH = V16h;
 #define KERNEL_AVX2
 #define KERNEL_AVX512
 #define KERNEL_FN __attribute__((target("avx2,fma,avx512f")))

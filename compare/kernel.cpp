@@ -145,9 +145,8 @@ using VFH = V8h;
 #undef KERNEL_AVX2
 }  // namespace avx2
 
-// AVX-512: 8 lanes for the arithmetic (the same IEEE operations per lane), the sums still in
-// 4 lanes in the 4-lane clones' order, so its results are bitwise those of the other two. The
-// AVX2 loads/conversions are used for the 4-element remainder and the tail.
+// AVX-512: 8 lanes for the arithmetic (the same IEEE operations per lane), each 16-lane sum in
+// two registers, so its results are bitwise those of the other two; exp's table read by permutes.
 namespace avx512 {
 using VW = V8d;
 constexpr std::size_t kW = 8;

@@ -72,8 +72,8 @@ print(f"seconds {time.perf_counter() - t0:.6f}")
 PY
 
 # The binary as packaging/build-deb installs it (cmake --install --strip): assay-compare hashes
-# its own executable for the estimator identity on every run, 19 MB with debug info in a
-# RelWithDebInfo build tree, about 1 MB stripped.
+# its own executable for the estimator identity on every run, about 8 MB with (zlib-compressed)
+# debug info in a RelWithDebInfo build tree, about 1 MB stripped.
 stripped=$work/assay-compare
 strip -o "$stripped" "$bin"
 
@@ -129,9 +129,10 @@ load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 clone=$("$bin" kl --json --no-digests --reference "$ref" --candidate "$cand" | grep -oE '"kernel": "[a-z0-9]+"' | head -1 | cut -d'"' -f4)
 
 "$py" - "$results" "$root/bench/compare.md" "$positions" "$vocab" "$runs" "$load_before" \
-  "$load_after" "$agreement" "$clone" "$("$py" -c 'import numpy; print(numpy.__version__)')" <<'PY'
+  "$load_after" "$agreement" "$clone" "$("$py" -c 'import numpy; print(numpy.__version__)')" \
+  "$(stat -c %s "$bin")" "$(stat -c %s "$stripped")" <<'PY'
 import datetime, os, platform, statistics, sys
-results, out, n, vocab, runs, load_before, load_after, agreement, clone, npv = sys.argv[1:]
+results, out, n, vocab, runs, load_before, load_after, agreement, clone, npv, size_bin, size_stripped = sys.argv[1:]
 n = int(n)
 rows = {}
 for line in open(results):
@@ -190,7 +191,9 @@ lines += [
     f"The AVX2 clone (same bits) runs at {w_np / w_v2:.2f}x ({c_np / med['assay_avx2'][2]:.2f}x). "
     f"The stripped binary, as the package installs it, runs at **{w_np / med['assay_stripped'][0]:.2f}x** "
     f"({c_np / med['assay_stripped'][2]:.2f}x): hashing its own executable (the estimator identity, outside "
-    f"the tool's timer) costs {1000 * (w_nd - med['assay_stripped'][0]):.0f} ms more per run in the build tree.",
+    f"the tool's timer; {int(size_bin) / 1e6:.1f} MB in the build tree, debug info compressed, "
+    f"{int(size_stripped) / 1e6:.1f} MB stripped) costs {1000 * (w_nd - med['assay_stripped'][0]):.0f} ms "
+    f"more per run in the build tree.",
 ]
 lines += ["", "Raw runs (tool wall cpu compute):", "", "```"] + [l.rstrip() for l in open(results)] + ["```", ""]
 open(out, "w").write("\n".join(lines))

@@ -12,6 +12,9 @@
 #include <memory>
 #include <set>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include "common/error.h"
 #include "common/fs.h"
 #include "common/identity.h"
@@ -407,6 +410,57 @@ CompareInput parse_input(const Json& doc, const std::string& where) {
   return in;
 }
 
+namespace {
+
+bool usable_shape(const std::vector<std::int64_t>& shape) {
+  return shape.size() == 2 && shape[0] >= 1 && shape[1] >= 1 && shape[1] <= kMaxVocab;
+}
+
+// The [rows, vocab] shape of the tensor a Logits would take ("logits", else the only one), from
+// the file's header alone: mapping the whole file only to read its shape costs as much as the
+// comparison maps it again (populating and tearing down every page table entry). compare()
+// validates the whole file; nullopt whenever the header is not plainly usable, and the caller
+// then opens the file fully, which reports what is wrong with it.
+std::optional<std::vector<std::int64_t>> header_shape(const std::string& path) {
+  common::UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
+  if (fd.get() < 0) return std::nullopt;
+  unsigned char len[8];
+  if (::pread(fd.get(), len, sizeof len, 0) != static_cast<ssize_t>(sizeof len))
+    return std::nullopt;
+  std::uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | len[i];
+  if (n == 0 || n > (1u << 20)) return std::nullopt;
+  std::string header(n, '\0');
+  if (::pread(fd.get(), header.data(), n, 8) != static_cast<ssize_t>(n)) return std::nullopt;
+  try {
+    const Json h = common::parse_strict(header);
+    if (!h.is_object()) return std::nullopt;
+    const Json* t = nullptr;
+    if (h.contains("logits")) {
+      t = &h.at("logits");
+    } else {
+      for (auto it = h.begin(); it != h.end(); ++it) {
+        if (it.key() == "__metadata__") continue;
+        if (t) return std::nullopt;
+        t = &it.value();
+      }
+    }
+    if (!t || !t->is_object() || !t->contains("shape") || !t->at("shape").is_array())
+      return std::nullopt;
+    std::vector<std::int64_t> shape;
+    for (const Json& d : t->at("shape")) {
+      if (!d.is_number_integer()) return std::nullopt;
+      shape.push_back(d.get<std::int64_t>());
+    }
+    if (!usable_shape(shape)) return std::nullopt;
+    return shape;
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+}  // namespace
+
 CompareInput input_for_files(const std::string& reference, const std::string& candidate,
                              const std::optional<std::string>& reproduction) {
   auto ref = [](const std::string& p) {
@@ -417,15 +471,18 @@ CompareInput input_for_files(const std::string& reference, const std::string& ca
   ctx.reference = ref(reference);
   ctx.candidate = ref(candidate);
   if (reproduction) ctx.reproduction = ref(*reproduction);
-  Logits r(ctx.reference, "reference", ctx.id);
-  if (r.tensor.shape.size() != 2 || r.tensor.shape[0] < 1 || r.tensor.shape[1] < 1 ||
-      r.tensor.shape[1] > kMaxVocab)
-    throw Error("compare.bad_shape", r.what + ": tensor \"" + r.tensor.name + "\" has shape " +
-                                         r.shape_text() +
-                                         ", expected [positions >= 1, vocab in 1..2^24]");
-  ctx.positions.push_back({0, r.tensor.shape[0]});
+  std::optional<std::vector<std::int64_t>> shape = header_shape(ctx.reference.path);
+  if (!shape) {
+    Logits r(ctx.reference, "reference", ctx.id);
+    if (!usable_shape(r.tensor.shape))
+      throw Error("compare.bad_shape", r.what + ": tensor \"" + r.tensor.name + "\" has shape " +
+                                           r.shape_text() +
+                                           ", expected [positions >= 1, vocab in 1..2^24]");
+    shape = r.tensor.shape;
+  }
+  ctx.positions.push_back({0, (*shape)[0]});
   CompareInput in;
-  in.vocab_size = r.tensor.shape[1];
+  in.vocab_size = (*shape)[1];
   in.kl_file = "kl.safetensors";
   in.contexts.push_back(std::move(ctx));
   return in;
@@ -549,8 +606,11 @@ Comparison compare(const CompareInput& input, const Options& options) {
     std::size_t row = 0;
     for (const Range& range : o.spec->positions) {
       for (std::int64_t pos = range.begin; pos < range.end; ++pos, ++row) {
+        // The next row pair is read ahead while this one's arithmetic runs (a hint).
+        const bool more = pos + 1 < range.end || &range != &o.spec->positions.back();
         RowResult r = kl_row(o.reference->row(row, vocab), o.candidate->row(row, vocab), vocab,
-                             scratch.data());
+                             scratch.data(), more ? o.reference->row(row + 1, vocab).data : nullptr,
+                             more ? o.candidate->row(row + 1, vocab).data : nullptr);
         check_finite(r, *o.reference, *o.candidate, row, pos);
         kl.push_back(r.kl);
         series.same_top.push_back(r.reference_argmax == r.candidate_argmax);
@@ -587,7 +647,8 @@ Comparison compare(const CompareInput& input, const Options& options) {
         agree += r.reference_argmax == r.candidate_argmax;
         if (o.reproduction) {
           RowResult p = kl_row(o.reference->row(row, vocab), o.reproduction->row(row, vocab), vocab,
-                               scratch.data());
+                               scratch.data(), nullptr,
+                               more ? o.reproduction->row(row + 1, vocab).data : nullptr);
           check_finite(p, *o.reference, *o.reproduction, row, pos);
           repro_kl.push_back(p.kl);
           repro_argmax.push_back(p.candidate_argmax);

@@ -20,6 +20,16 @@ typedef std::uint16_t V4h __attribute__((vector_size(8)));
 typedef double V8d __attribute__((vector_size(64)));
 typedef std::int64_t V8l __attribute__((vector_size(64)));
 typedef std::uint64_t V8u __attribute__((vector_size(64)));
+// Pass 1's floats, as wide as each clone's registers (and their int32, uint32, uint16 lanes).
+typedef std::int32_t V4i __attribute__((vector_size(16)));
+typedef float V8f __attribute__((vector_size(32)));
+typedef std::int32_t V8i __attribute__((vector_size(32)));
+typedef std::uint32_t V8w __attribute__((vector_size(32)));
+typedef std::uint16_t V8h __attribute__((vector_size(16)));
+typedef float V16f __attribute__((vector_size(64)));
+typedef std::int32_t V16i __attribute__((vector_size(64)));
+typedef std::uint32_t V16w __attribute__((vector_size(64)));
+typedef std::uint16_t V16h __attribute__((vector_size(32)));
 
 // The integer vectors of the same lane count as a double vector.
 template <class V>
@@ -35,24 +45,47 @@ struct Lanes<V8d> {
   using U = V8u;
 };
 
-constexpr std::size_t kBlock = 1024;  // elements per partial sum (a multiple of 4)
+constexpr std::size_t kGroup = 16;    // lanes of every sum (see kernel_impl.inc)
+constexpr std::size_t kBlock = 1024;  // elements per partial sum (a multiple of kGroup)
 
 constexpr double kLog2e = 0x1.71547652b82fep0;
 // fdlibm's split of ln 2: kLn2Hi has 32 significant bits, so k * kLn2Hi is exact for |k| < 2^21.
 constexpr double kLn2Hi = 0x1.62e42feep-1;
 constexpr double kLn2Lo = 0x1.a39ef35793c76p-33;
+// exp's reduction to 1/16 of ln 2 (each scaled by 16 exactly).
+constexpr double kExpScale = 16 * kLog2e;
+constexpr double kLn2Hi16 = kLn2Hi / 16;
+constexpr double kLn2Lo16 = kLn2Lo / 16;
 constexpr double kExpMinArg = -708.0;
-// 1/2!, 1/3!, ..., 1/13! (each quotient correctly rounded; the factorials are exact doubles).
-constexpr double kExpPoly[12] = {
-    1.0 / 2,     1.0 / 6,      1.0 / 24,      1.0 / 120,      1.0 / 720,       1.0 / 5040,
-    1.0 / 40320, 1.0 / 362880, 1.0 / 3628800, 1.0 / 39916800, 1.0 / 479001600, 1.0 / 6227020800.0};
-
-constexpr V4d splat(double x) {
-  return V4d{x, x, x, x};
-}
-constexpr V4l splat_l(std::int64_t x) {
-  return V4l{x, x, x, x};
-}
+// The constants of exp (kernel_impl.inc), printed by compare/exp_tables.py:
+// kExpPoly: q(r) = c0 + c1 r + ... + c4 r^4, the minimax approximation (Remez) of
+// (exp(r) - 1 - r) / r^2 on |r| <= ln2/32, so that exp(r) = 1 + r + r^2 q(r) to 2.9e-17 relative.
+constexpr double kExpPoly[5] = {0x1.0000000000001p-1, 0x1.55555554dd44bp-3, 0x1.55555554b9412p-5,
+                                0x1.11120af72645ap-7, 0x1.6c181f4668aedp-10};
+// kExp2Scale[j]: the bits of the double nearest to 2^(j/16), less j << 48, so that adding k << 48
+// (k = 16 m + j) gives 2^m times that double. kExp2Tail[j]: the rest relative to it,
+// 2^(j/16) / hi - 1, rounded (hi * (1 + tail) is 2^(j/16) to about 2^-106).
+alignas(64) constexpr double kExp2Scale[16] = {
+    0x1.0000000000000p+0, 0x1.fb5586cf9890fp-1, 0x1.f72b83c7d517bp-1, 0x1.f387a6e756238p-1,
+    0x1.f06fe0a31b715p-1, 0x1.edea64c123422p-1, 0x1.ebfdad5362a27p-1, 0x1.eab07dd485429p-1,
+    0x1.ea09e667f3bcdp-1, 0x1.ea11473eb0187p-1, 0x1.eace5422aa0dbp-1, 0x1.ec49182a3f090p-1,
+    0x1.ee89f995ad3adp-1, 0x1.f199bdd85529cp-1, 0x1.f5818dcfba487p-1, 0x1.fa4afa2a490dap-1};
+alignas(64) constexpr double kExp2Tail[16] = {0x0.0p+0,
+                                              0x1.79aa65d837b6dp-54,
+                                              -0x1.01b15eaa59348p-55,
+                                              0x1.68efde3a8a894p-54,
+                                              0x1.34d754db0abb6p-55,
+                                              0x1.59f48a72a4c6dp-55,
+                                              0x1.690cebb7aafb0p-56,
+                                              0x1.063e1e21c5409p-54,
+                                              -0x1.3b3efbf5e2228p-54,
+                                              -0x1.b32dcb94da51dp-56,
+                                              0x1.db72fc1f0eab4p-55,
+                                              0x1.1affc2b91ce27p-56,
+                                              0x1.c1a7792cb3387p-55,
+                                              0x1.36eae30af0cb3p-56,
+                                              0x1.4a385a63d07a7p-56,
+                                              -0x1.ff7128fd391f0p-55};
 
 // log(x) for a positive normal x, from basic IEEE operations only: libm's log has CPU-specific
 // variants (glibc picks an FMA one at run time), and the two row log-sums must not differ
@@ -85,6 +118,10 @@ namespace clones {
 namespace baseline {
 using VW = V4d;
 constexpr std::size_t kW = 4;
+using VF = V4f;
+using VFI = V4i;
+using VFW = V4w;
+using VFH = V4h;
 #define KERNEL_FN
 #define KERNEL_INLINE inline __attribute__((always_inline))
 #include "compare/kernel_impl.inc"
@@ -95,6 +132,10 @@ constexpr std::size_t kW = 4;
 namespace avx2 {
 using VW = V4d;
 constexpr std::size_t kW = 4;
+using VF = V8f;
+using VFI = V8i;
+using VFW = V8w;
+using VFH = V8h;
 #define KERNEL_AVX2
 #define KERNEL_FN __attribute__((target("avx2,fma")))
 #define KERNEL_INLINE inline __attribute__((always_inline, target("avx2,fma")))
@@ -104,12 +145,15 @@ constexpr std::size_t kW = 4;
 #undef KERNEL_AVX2
 }  // namespace avx2
 
-// AVX-512: 8 lanes for the arithmetic (the same IEEE operations per lane), the sums still in
-// 4 lanes in the 4-lane clones' order, so its results are bitwise those of the other two. The
-// AVX2 loads/conversions are used for the 4-element remainder and the tail.
+// AVX-512: 8 lanes for the arithmetic (the same IEEE operations per lane), each 16-lane sum in
+// two registers, so its results are bitwise those of the other two; exp's table read by permutes.
 namespace avx512 {
 using VW = V8d;
 constexpr std::size_t kW = 8;
+using VF = V16f;
+using VFI = V16i;
+using VFW = V16w;
+using VFH = V16h;
 #define KERNEL_AVX2
 #define KERNEL_AVX512
 #define KERNEL_FN __attribute__((target("avx2,fma,avx512f")))
@@ -131,14 +175,17 @@ bool cpu_has_avx512() {
   return cpu_has_avx2() && __builtin_cpu_supports("avx512f");
 }
 
-RowResult kl_row_baseline(Row reference, Row candidate, std::size_t vocab, double* scratch) {
-  return baseline::kl_row(reference, candidate, vocab, scratch);
+RowResult kl_row_baseline(Row reference, Row candidate, std::size_t vocab, double* scratch,
+                          const void* next_reference, const void* next_candidate) {
+  return baseline::kl_row(reference, candidate, vocab, scratch, next_reference, next_candidate);
 }
-RowResult kl_row_avx2(Row reference, Row candidate, std::size_t vocab, double* scratch) {
-  return avx2::kl_row(reference, candidate, vocab, scratch);
+RowResult kl_row_avx2(Row reference, Row candidate, std::size_t vocab, double* scratch,
+                      const void* next_reference, const void* next_candidate) {
+  return avx2::kl_row(reference, candidate, vocab, scratch, next_reference, next_candidate);
 }
-RowResult kl_row_avx512(Row reference, Row candidate, std::size_t vocab, double* scratch) {
-  return avx512::kl_row(reference, candidate, vocab, scratch);
+RowResult kl_row_avx512(Row reference, Row candidate, std::size_t vocab, double* scratch,
+                        const void* next_reference, const void* next_candidate) {
+  return avx512::kl_row(reference, candidate, vocab, scratch, next_reference, next_candidate);
 }
 void exp_baseline(const double* x, double* y, std::size_t n) {
   baseline::exp_array(x, y, n);
@@ -169,17 +216,21 @@ const Clone kClone = pick_clone();
 }  // namespace
 
 std::size_t scratch_size(std::size_t vocab) {
-  return (vocab + 3) & ~std::size_t{3};
+  return (vocab + kGroup - 1) / kGroup * kGroup;
 }
 
-RowResult kl_row(Row reference, Row candidate, std::size_t vocab, double* scratch) {
+RowResult kl_row(Row reference, Row candidate, std::size_t vocab, double* scratch,
+                 const void* next_reference, const void* next_candidate) {
   switch (kClone) {
     case Clone::kAvx512:
-      return clones::kl_row_avx512(reference, candidate, vocab, scratch);
+      return clones::kl_row_avx512(reference, candidate, vocab, scratch, next_reference,
+                                   next_candidate);
     case Clone::kAvx2:
-      return clones::kl_row_avx2(reference, candidate, vocab, scratch);
+      return clones::kl_row_avx2(reference, candidate, vocab, scratch, next_reference,
+                                 next_candidate);
     default:
-      return clones::kl_row_baseline(reference, candidate, vocab, scratch);
+      return clones::kl_row_baseline(reference, candidate, vocab, scratch, next_reference,
+                                     next_candidate);
   }
 }
 

@@ -4,11 +4,12 @@
 // Determinism: the kernel is compiled three times from one source (kernel_impl.inc), as a
 // baseline x86-64 (SSE2) clone, an AVX2 (+FMA) clone and an AVX-512 clone, with
 // -ffp-contract=off: the only fused multiply-adds are the explicit ones of exp, which are
-// correctly rounded everywhere (the FMA instruction; libm's fma in the baseline clone). So all
-// clones do the same IEEE operations lane by lane and add them in the same order
-// (the AVX-512 clone computes 8 lanes at once but keeps its sums in 4 lanes, added low half then
-// high half): bitwise identical results on every x86-64 host. The widest clone the CPU has is
-// chosen at run time (ASSAY_COMPARE_KERNEL=baseline|avx2 asks for a narrower one).
+// correctly rounded everywhere (the FMA instruction; libm's fma in the baseline clone), and
+// exp's table lookups fetch the same values however they are done. So all clones do the same
+// IEEE operations lane by lane and add them in the same order (every sum is kept in 16 lanes,
+// whatever the vector width: 2 x 8 or 4 x 4): bitwise identical results on every x86-64 host.
+// The widest clone the CPU has is chosen at run time (ASSAY_COMPARE_KERNEL=baseline|avx2 asks
+// for a narrower one).
 #pragma once
 
 #include <cstddef>
@@ -39,11 +40,15 @@ struct RowResult {
 };
 
 // scratch: at least scratch_size(vocab) doubles, reused across rows.
+// next_reference / next_candidate: where the next row pair's data starts (the same element types
+// and vocab), or null: a prefetch hint only, read ahead while this row's arithmetic runs; it
+// changes no result.
 std::size_t scratch_size(std::size_t vocab);
-RowResult kl_row(Row reference, Row candidate, std::size_t vocab, double* scratch);
+RowResult kl_row(Row reference, Row candidate, std::size_t vocab, double* scratch,
+                 const void* next_reference = nullptr, const void* next_candidate = nullptr);
 
-// exp for x <= 0 as the kernel computes it: within 2 ulp of exp for -708 <= x <= 0, exactly 0
-// below -708 (see kernel_impl.inc). x must not be NaN.
+// exp for x <= 0 as the kernel computes it: within 2 ulp of exp for -708 <= x <= 0 (about 0.6 ulp
+// by construction), exactly 0 below -708 and for -inf (see kernel_impl.inc). x must not be NaN.
 void exp_nonpositive(const double* x, double* y, std::size_t n);
 
 // The clone that kl_row and exp_nonpositive use here: "avx512", "avx2" or "baseline".
@@ -54,11 +59,15 @@ const char* active_clone();
 namespace clones {
 bool cpu_has_avx2();    // AVX2 and FMA
 bool cpu_has_avx512();  // AVX2 and AVX-512F
-RowResult kl_row_baseline(Row reference, Row candidate, std::size_t vocab, double* scratch);
-RowResult kl_row_avx2(Row reference, Row candidate, std::size_t vocab, double* scratch);
+RowResult kl_row_baseline(Row reference, Row candidate, std::size_t vocab, double* scratch,
+                          const void* next_reference = nullptr,
+                          const void* next_candidate = nullptr);
+RowResult kl_row_avx2(Row reference, Row candidate, std::size_t vocab, double* scratch,
+                      const void* next_reference = nullptr, const void* next_candidate = nullptr);
 void exp_baseline(const double* x, double* y, std::size_t n);
 void exp_avx2(const double* x, double* y, std::size_t n);
-RowResult kl_row_avx512(Row reference, Row candidate, std::size_t vocab, double* scratch);
+RowResult kl_row_avx512(Row reference, Row candidate, std::size_t vocab, double* scratch,
+                        const void* next_reference = nullptr, const void* next_candidate = nullptr);
 void exp_avx512(const double* x, double* y, std::size_t n);
 }  // namespace clones
 

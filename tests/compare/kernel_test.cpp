@@ -138,7 +138,7 @@ TEST_CASE("the AVX2 and baseline KL clones agree bit for bit on random rows") {
   }
   std::uint64_t seed = 100;
   std::size_t rows_checked = 0;
-  for (std::size_t vocab : {1ul, 3ul, 4ul, 5ul, 1001ul, 4096ul, 65539ul, 248320ul}) {
+  for (std::size_t vocab : {1ul, 3ul, 4ul, 5ul, 17ul, 1001ul, 1040ul, 4096ul, 65539ul, 248320ul}) {
     for (float sigma : {3.0f, 200.0f}) {  // 200: many terms below exp's -708 cut-off
       auto base = random_logits(1, vocab, ++seed, sigma);
       auto cand = noisy(base, ++seed, 0.5f);
@@ -159,7 +159,30 @@ TEST_CASE("the AVX2 and baseline KL clones agree bit for bit on random rows") {
         }
     }
   }
-  CHECK(rows_checked == 64);
+  CHECK(rows_checked == 80);
+}
+
+TEST_CASE("the next-row prefetch hint changes no bit of any result") {
+  const std::size_t vocab = 4099;
+  auto base = random_logits(2, vocab, 400);
+  auto cand = noisy(base, 401, 0.5f);
+  for (Element e : {Element::kF32, Element::kBF16}) {
+    StoredRow r = stored(base, e), c = stored(cand, e);
+    const std::size_t size = e == Element::kF32 ? 4 : 2;
+    auto next = [&](const StoredRow& s) {
+      return static_cast<const unsigned char*>(s.row().data) + vocab * size;
+    };
+    Row r0{r.row().data, e}, c0{c.row().data, e};
+    std::vector<double> s1(scratch_size(vocab)), s2(scratch_size(vocab));
+    RowResult plain = kl_row(r0, c0, vocab, s1.data());
+    RowResult hinted = kl_row(r0, c0, vocab, s2.data(), next(r), next(c));
+    CHECK(bits(plain.kl) == bits(hinted.kl));
+    CHECK(bits(plain.reference_log_sum) == bits(hinted.reference_log_sum));
+    CHECK(bits(plain.candidate_log_sum) == bits(hinted.candidate_log_sum));
+    CHECK(plain.reference_argmax == hinted.reference_argmax);
+    CHECK(plain.candidate_argmax == hinted.candidate_argmax);
+    CHECK(plain.kl > 0);
+  }
 }
 
 TEST_CASE("kl_row agrees with long-double arithmetic to 1e-12 relative, argmaxes exactly") {
@@ -306,9 +329,10 @@ TEST_CASE("the AVX-512 and baseline KL clones agree bit for bit on random rows")
   }
   std::uint64_t seed = 300;
   std::size_t rows_checked = 0;
-  // Vocabularies around the 8-lane, 4-lane and 1024-element block boundaries.
+  // Vocabularies around the 8-lane, 16-element group and 1024-element block boundaries.
   for (std::size_t vocab :
-       {1ul, 3ul, 4ul, 5ul, 8ul, 12ul, 15ul, 1001ul, 1028ul, 4096ul, 65539ul, 248320ul}) {
+       {1ul,  3ul,    4ul,    5ul,    8ul,    12ul,   15ul,   16ul,   17ul,    31ul,
+        33ul, 1001ul, 1023ul, 1024ul, 1028ul, 1039ul, 1040ul, 4096ul, 65539ul, 248320ul}) {
     for (float sigma : {3.0f, 200.0f}) {
       auto base = random_logits(1, vocab, ++seed, sigma);
       auto cand = noisy(base, ++seed, 0.5f);
@@ -330,7 +354,7 @@ TEST_CASE("the AVX-512 and baseline KL clones agree bit for bit on random rows")
         }
     }
   }
-  CHECK(rows_checked == 96);
+  CHECK(rows_checked == 160);
   // A NaN in the 8-lane part and one in the tail are found at their columns.
   std::vector<float> row(1029, 1.0f);
   for (std::size_t at : {9ul, 1027ul}) {

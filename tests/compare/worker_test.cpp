@@ -527,6 +527,63 @@ TEST_CASE("kl compares two files directly and prints the same metrics as the wor
   CHECK(contains(bad.out, "[compare.bad_file]"));
 }
 
+TEST_CASE(
+    "kl takes the shape from the reference's header; a reference it cannot use fails by name") {
+  TempDir d;
+  auto a = random_logits(3, 40, 21);
+  auto b = random_logits(3, 40, 22);
+  write_logits(d / "cand.safetensors", b, 3, 40);
+  auto kl = [&](const fs::path& ref) {
+    return run_command(kBin + " kl --json --no-digests --reference " + quote(ref.string()) +
+                       " --candidate " + quote((d / "cand.safetensors").string()) + " 2>&1");
+  };
+  // "logits" among other tensors (the header names several): that one is compared.
+  std::vector<float> other(7, 1.0f);
+  common::write_safetensors(
+      d / "several.safetensors",
+      {{"logits", common::Dtype::kF32, {3, 40}, std::as_bytes(std::span<const float>(a))},
+       {"zeta", common::Dtype::kF32, {7}, std::as_bytes(std::span<const float>(other))}});
+  write_logits(d / "plain.safetensors", a, 3, 40);
+  auto several = kl(d / "several.safetensors");
+  auto plain = kl(d / "plain.safetensors");
+  INFO(several.out);
+  REQUIRE(several.status == 0);
+  REQUIRE(plain.status == 0);
+  Json s = common::parse_strict(several.out), p = common::parse_strict(plain.out);
+  CHECK(s["positions"] == 3);
+  CHECK(s["vocab_size"] == 40);
+  CHECK(s["metrics"] == p["metrics"]);
+
+  // A header that reads well but data cut short: the full validation still refuses it.
+  std::string image = common::read_file(d / "plain.safetensors", 1 << 20);
+  common::atomic_write_file(d / "short.safetensors", image.substr(0, image.size() - 4));
+  auto cut = kl(d / "short.safetensors");
+  CHECK(cut.status == 2);
+  CHECK(contains(cut.out, "[compare.bad_file]"));
+  CHECK(contains(cut.out, "reference logits"));
+  // Three dimensions, two tensors and no "logits", a header that is no JSON: as without the probe.
+  common::write_safetensors(
+      d / "cube.safetensors",
+      {{"logits", common::Dtype::kF32, {3, 4, 10}, std::as_bytes(std::span<const float>(a))}});
+  auto cube = kl(d / "cube.safetensors");
+  CHECK(cube.status == 2);
+  CHECK(contains(cube.out, "[compare.bad_shape]"));
+  CHECK(contains(cube.out, "has shape [3, 4, 10], expected [positions >= 1, vocab in 1..2^24]"));
+  common::write_safetensors(
+      d / "two.safetensors",
+      {{"x", common::Dtype::kF32, {3, 40}, std::as_bytes(std::span<const float>(a))},
+       {"y", common::Dtype::kF32, {7}, std::as_bytes(std::span<const float>(other))}});
+  auto two = kl(d / "two.safetensors");
+  CHECK(two.status == 2);
+  CHECK(contains(two.out, "[compare.missing_tensor]"));
+  std::string garbled = image;
+  garbled[8] = '[';
+  common::atomic_write_file(d / "garbled.safetensors", garbled);
+  auto g = kl(d / "garbled.safetensors");
+  CHECK(g.status == 2);
+  CHECK(contains(g.out, "[compare.bad_file]"));
+}
+
 TEST_CASE("--help works everywhere and a usage error exits 2") {
   for (const char* args : {" --help", " run --help", " kl --help"}) {
     auto r = run_command(kBin + args + " 2>&1");

@@ -11,9 +11,11 @@
 #include <CLI/CLI.hpp>
 
 #include "client/api.h"
+#include "client/batch.h"
 #include "client/format.h"
 #include "client/report.h"
 #include "client/verify.h"
+#include "common/batch.h"
 #include "common/error.h"
 #include "common/fidelity.h"
 #include "common/fs.h"
@@ -58,6 +60,7 @@ struct Options {
   std::string file, id, output, model, envelope, pubkey, artifact, state;
   bool wait = false;
   bool retry = false;
+  bool batch = false;  // submit: FILE is JSONL, one next-token request per line
   double wait_timeout_s = 0;
   bool refresh = false;
 };
@@ -140,6 +143,14 @@ std::string check_request_file(const std::string& file, const std::string& text,
   try {
     Json doc = common::parse_strict(text, {.max_bytes = common::kMaxRequestBytes});
     fidelity = doc.is_object() && doc.value("schema", Json()) == protocol::kFidelityRequest;
+    if (doc.is_object() && doc.value("schema", Json()) == protocol::kNextTokenBatchRequest) {
+      auto b = common::validate_batch_request(doc);
+      if (report)
+        *report = Json{{"schema", b.schema},
+                       {"request_sha256", b.request_sha256},
+                       {"states", b.states.size()}};
+      return b.request_sha256;
+    }
     if (doc.is_object() && doc.value("schema", Json()) == common::kTrajectoryRequest) {
       auto r = common::validate_trajectory_request(doc);
       if (report) {
@@ -175,11 +186,23 @@ std::string check_request_file(const std::string& file, const std::string& text,
 int Cli::submit(std::string_view only) {
   std::string body = read_local(o_.file, common::kMaxRequestBytes, "the request");
   bool fidelity = false;
-  std::string request_sha256 = check_request_file(o_.file, body, fidelity);
-  // Valid once check_request_file passed.
-  const bool trajectory =
-      common::parse_strict(body, {.max_bytes = common::kMaxRequestBytes}).value("schema", "") ==
-      common::kTrajectoryRequest;
+  std::string request_sha256;
+  if (o_.batch) {
+    try {
+      BatchDocument b = batch_from_jsonl(body, fs::path(o_.file).stem().string());
+      body = std::move(b.body);
+      request_sha256 = b.request_sha256;
+    } catch (const common::Error& e) {
+      throw ExitWith{kExitInvalidInput, o_.file + ": " + e.what() + " [" + e.code() + "]"};
+    }
+  } else {
+    request_sha256 = check_request_file(o_.file, body, fidelity);
+  }
+  // Valid once checked.
+  const std::string schema_name =
+      common::parse_strict(body, {.max_bytes = common::kMaxRequestBytes}).value("schema", "");
+  const bool trajectory = schema_name == common::kTrajectoryRequest;
+  const bool batch = schema_name == protocol::kNextTokenBatchRequest;
   std::string_view schema = trajectory ? common::kTrajectoryRequest
                             : fidelity ? protocol::kFidelityRequest
                                        : std::string_view{};
@@ -226,6 +249,7 @@ int Cli::submit(std::string_view only) {
                                : "submitted ")
          << (fidelity     ? "fidelity job "
              : trajectory ? "trajectory job "
+             : batch      ? "batch job "
                           : "job ")
          << id << " (" << state << ")  request " << request_sha256 << "\n";
   }
@@ -242,6 +266,11 @@ int Cli::finished(const Json& job) {
     if (ok && job.value("request_schema", "") == protocol::kFidelityRequest) {
       out_ << describe_job(shown) << "\n"
            << fidelity_report(api_.get_json(job_path(job_id(job), "result")));
+      return kExitOk;
+    }
+    if (ok && job.value("request_schema", "") == protocol::kNextTokenBatchRequest) {
+      out_ << describe_job(shown) << "\n"
+           << batch_report(api_.get_json(job_path(job_id(job), "result")));
       return kExitOk;
     }
     if (ok && job.value("request_schema", "") == common::kTrajectoryRequest) {
@@ -585,10 +614,15 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   submit
       ->add_option("FILE", o.file,
                    "assay.next-token-request.v1, kiln.hf-next-token-request.v1, "
-                   "assay.fidelity-request.v1 or assay.trajectory-request.v1")
+                   "assay.next-token-batch-request.v1, assay.fidelity-request.v1 or "
+                   "assay.trajectory-request.v1 (with --batch: JSONL of next-token requests)")
       ->required();
   submit->add_option("--model", o.model,
                      "model directory (required for Kiln requests; overrides an assay request's)");
+  submit->add_flag("--batch", o.batch,
+                   "FILE is JSONL: one next-token request per line (assay's or Kiln's), all on "
+                   "one model; submitted as one batch job (one model load, a signed result per "
+                   "state, a signed summary), its id FILE's name without the extension");
   submit->add_flag("--wait", o.wait, "wait for the job to finish (as `assay wait`)");
   submit->add_flag(
       "--retry", o.retry,

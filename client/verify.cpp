@@ -43,6 +43,7 @@ constexpr ResultKind kKinds[] = {
     {protocol::kNextTokenResult, protocol::kResultPredicateType, "reference_artifact"},
     {protocol::kFidelityResult, protocol::kFidelityPredicateType, "kl_artifact"},
     {common::kTrajectoryResult, common::kTrajectoryPredicateType, "trajectory_artifact"},
+    {protocol::kNextTokenBatchResult, protocol::kBatchPredicateType, "states_artifact"},
 };
 
 const ResultKind* kind_of(const std::optional<std::string>& schema) {
@@ -105,8 +106,9 @@ VerifyReport verify_result(const VerifyInputs& in) {
                "schema " + (schema ? "\"" + *schema + "\"" : std::string("missing")) +
                    (known ? ""
                           : ", expected \"" + std::string(protocol::kNextTokenResult) + "\", \"" +
-                                std::string(protocol::kFidelityResult) + "\" or \"" +
-                                std::string(common::kTrajectoryResult) + "\""));
+                                std::string(protocol::kFidelityResult) + "\", \"" +
+                                std::string(common::kTrajectoryResult) + "\" or \"" +
+                                std::string(protocol::kNextTokenBatchResult) + "\""));
     std::string canon = common::canonical(result);
     checks.add("result.canonical", result_bytes == canon,
                result_bytes == canon ? "file bytes are the RFC 8785 canonical form"

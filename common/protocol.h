@@ -22,6 +22,12 @@ inline constexpr std::string_view kOracleCaptureInput = "assay.oracle-capture-in
 inline constexpr std::string_view kOracleCaptureOutput = "assay.oracle-capture-output.v1";
 inline constexpr std::string_view kCompareInput = "assay.compare-input.v1";
 inline constexpr std::string_view kCompareOutput = "assay.compare-output.v1";
+// Batch jobs: many next-token states on one model, one oracle worker.
+inline constexpr std::string_view kNextTokenBatchRequest = "assay.next-token-batch-request.v1";
+inline constexpr std::string_view kNextTokenBatchResult = "assay.next-token-batch-result.v1";
+inline constexpr std::string_view kBatchPredicateType = "https://assay.dev/next-token-batch/v1";
+inline constexpr std::string_view kOracleBatchInput = "assay.oracle-batch-input.v1";
+inline constexpr std::string_view kOracleBatchOutput = "assay.oracle-batch-output.v1";
 
 // Worker protocol: WORKER <mode> --input input.json --workdir DIR; writes output.json, exit 0.
 inline constexpr std::string_view kInputFile = "input.json";

@@ -13,6 +13,8 @@ inline constexpr std::string_view kResultFileName = "result.json";
 inline constexpr std::string_view kEnvelopeFileName = "result.dsse.json";
 inline constexpr std::string_view kArtifactFileName = "logits.safetensors";
 inline constexpr std::string_view kKlArtifactFileName = "kl.safetensors";  // fidelity jobs
+// Batch jobs: one line per state, {index, job_id, state, result_sha256 | error}, in index order.
+inline constexpr std::string_view kBatchArtifactFileName = "states.jsonl";
 
 // sha256 of the canonical form of `result` without its "result_sha256" field.
 std::string compute_result_sha256(const Json& result);

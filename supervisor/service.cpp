@@ -108,13 +108,13 @@ Submitted Service::submit(const Json& document, const std::map<std::string, std:
     for (const auto& [k, v] : options) {
       if (k == "retry") {
         retry = v == "1" || v == "true";
-      } else if ((k == "model_dir" || k == "model") && kind.request_schema.empty()) {
+      } else if ((k == "model_dir" || k == "model") && kind.model_dir_query) {
         context.query_model_dir = v;
       } else {
-        throw Error("api.bad_query",
-                    "query parameter \"" + common::printable(k, 64) + "\" is not allowed for a " +
-                        std::string(kind.name) + " request (only " +
-                        (kind.request_schema.empty() ? "model_dir=, " : "") + "retry=)");
+        throw Error("api.bad_query", "query parameter \"" + common::printable(k, 64) +
+                                         "\" is not allowed for a " + std::string(kind.name) +
+                                         " request (only " +
+                                         (kind.model_dir_query ? "model_dir=, " : "") + "retry=)");
       }
     }
     admission = kind.admit(document, context);

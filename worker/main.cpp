@@ -22,10 +22,12 @@
 #include "common/identity.h"
 #include "common/protocol.h"
 #include "common/safetensors.h"
+#include "worker/batch.h"
 #include "worker/capture.h"
 #include "worker/loader.h"
 #include "worker/model_files.h"
 #include "worker/next_token.h"
+#include "worker/run.h"
 #include "worker/runtime.h"
 #include "worker/tokenizer.h"
 
@@ -34,77 +36,6 @@ namespace {
 
 using common::Error;
 using common::Json;
-using Clock = std::chrono::steady_clock;
-
-const Clock::time_point kStart = Clock::now();
-
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
-std::int64_t peak_rss_bytes() {
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
-  return static_cast<std::int64_t>(usage.ru_maxrss) * 1024;
-}
-
-// Deterministic algorithms, no TF32, a fixed number of threads. Must run before any ATen work.
-void make_deterministic(int threads) {
-  setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
-  at::set_num_interop_threads(1);
-  at::set_num_threads(threads);
-  auto& ctx = at::globalContext();
-  ctx.setDeterministicAlgorithms(true, /*warn_only=*/false);
-  ctx.setAllowTF32CuBLAS(false);
-  ctx.setAllowTF32CuDNN(false);
-  ctx.setBenchmarkCuDNN(false);
-  ctx.setDeterministicCuDNN(true);
-  ctx.setFloat32MatmulPrecision("highest");
-}
-
-c10::ScalarType parse_dtype(const std::string& requested, const Json& config) {
-  std::string name = requested.empty() ? declared_dtype(config) : requested;
-  if (name == "bfloat16") return at::kBFloat16;
-  if (name == "float32") return at::kFloat;
-  if (requested.empty()) {
-    throw Error("model.unsupported",
-                "config.json declares dtype \"" + name +
-                    "\"; pass --dtype bfloat16 or --dtype float32 to choose one");
-  }
-  throw Error("input.invalid", "dtype \"" + name + "\" is not bfloat16 or float32");
-}
-
-c10::Device parse_device(const std::string& name) {
-  if (name != "cpu" && name != "cuda" && !name.starts_with("cuda:")) {
-    throw Error("input.invalid", "device \"" + name + "\" is not cpu, cuda or cuda:N");
-  }
-  c10::Device device(name);
-  if (device.is_cuda() && !at::hasCUDA()) {
-    throw Error("oracle.device_unavailable",
-                "device \"" + name + "\" requested but this LibTorch build has no usable CUDA");
-  }
-  return device;
-}
-
-std::string device_name(const c10::Device& device) {
-#ifdef ASSAY_ORACLE_CUDA
-  if (device.is_cuda()) {
-    return at::cuda::getDeviceProperties(device.has_index() ? device.index() : 0)->name;
-  }
-#endif
-  if (device.is_cpu()) {
-    std::ifstream cpuinfo("/proc/cpuinfo");
-    std::string line;
-    while (std::getline(cpuinfo, line)) {
-      if (line.starts_with("model name")) {
-        auto colon = line.find(':');
-        if (colon != std::string::npos) return line.substr(line.find_first_not_of(' ', colon + 1));
-      }
-    }
-    return "cpu";
-  }
-  return device.str();
-}
 
 std::vector<std::int64_t> parse_token_ids(const std::string& text) {
   std::vector<std::int64_t> ids;
@@ -124,59 +55,6 @@ std::vector<std::int64_t> parse_token_ids(const std::string& text) {
     pos = comma + 1;
   }
   return ids;
-}
-
-struct Forward {
-  at::Tensor logits;  // F32 [T, vocab] on CPU, contiguous
-  double load_seconds = 0, forward_seconds = 0;
-  std::string architecture, attention, linear_attention;
-};
-
-Forward run_forward(const std::filesystem::path& model_dir, std::span<const std::int64_t> ids,
-                    const ExecOptions& options, const LoadedModel& loaded) {
-  Forward out;
-  out.architecture = loaded.model->architecture();
-  out.attention = loaded.model->attention_implementation();
-  out.linear_attention = loaded.model->linear_attention_implementation();
-  check_token_ids(ids, loaded.model->vocab_size(), "input_token_ids");
-  auto t0 = Clock::now();
-  c10::InferenceMode guard;
-  at::Tensor input = at::tensor(std::vector<std::int64_t>(ids.begin(), ids.end()), at::kLong)
-                         .unsqueeze(0)
-                         .to(options.device);
-  at::Tensor logits = loaded.model->forward(input);
-  auto t = static_cast<std::int64_t>(ids.size());
-  if (logits.dim() != 3 || logits.size(0) != 1 || logits.size(1) != t ||
-      logits.size(2) != loaded.model->vocab_size() || logits.scalar_type() != options.dtype) {
-    throw Error("oracle.internal", model_dir.string() + ": forward returned logits " +
-                                       logits.toString() + " of the wrong shape or dtype");
-  }
-  out.logits = logits[0].to(at::kFloat).to(at::kCPU).contiguous();
-  out.forward_seconds = seconds_since(t0);
-  return out;
-}
-
-void write_logits(const std::filesystem::path& path, std::span<const std::int64_t> ids,
-                  const at::Tensor& logits, const std::map<std::string, std::string>& metadata) {
-  std::vector<std::int64_t> logits_shape(logits.sizes().begin(), logits.sizes().end());
-  common::write_safetensors(path,
-                            {{"input_ids",
-                              common::Dtype::kI64,
-                              {1, static_cast<std::int64_t>(ids.size())},
-                              std::as_bytes(ids)},
-                             {"logits",
-                              common::Dtype::kF32,
-                              logits_shape,
-                              {reinterpret_cast<const std::byte*>(logits.data_ptr<float>()),
-                               static_cast<std::size_t>(logits.numel()) * sizeof(float)}}},
-                            metadata);
-}
-
-std::map<std::string, std::string> logits_metadata(const Forward& f, const ExecOptions& o) {
-  return {{"architecture", f.architecture},
-          {"dtype", o.dtype == at::kBFloat16 ? "bfloat16" : "float32"},
-          {"device", o.device.str()},
-          {"torch_version", TORCH_VERSION}};
 }
 
 struct LogitsArgs {
@@ -211,51 +89,6 @@ int run_logits(const LogitsArgs& a) {
   return 0;
 }
 
-std::string executable_sha256() {
-  return common::sha256_file_id(std::filesystem::read_symlink("/proc/self/exe"));
-}
-
-// What every worker-protocol output says about how it ran.
-void add_execution_report(Json& out, const ExecOptions& options, int threads,
-                          const std::string& attention, const std::string& linear_attention) {
-  out["device"] = options.device.str();
-  out["device_name"] = device_name(options.device);
-  out["dtype"] = options.dtype == at::kBFloat16 ? "bfloat16" : "float32";
-  out["torch_version"] = TORCH_VERSION;
-  out["threads"] = threads;
-  out["deterministic_algorithms"] = at::globalContext().deterministicAlgorithms();
-  out["tf32_allowed"] =
-      at::globalContext().allowTF32CuBLAS() || at::globalContext().allowTF32CuDNN();
-  out["attention_implementation"] = attention;
-  out["linear_attention_implementation"] = linear_attention;
-  out["gdn_variant"] = options.gdn_variant;
-  out["executable_sha256"] = executable_sha256();
-  Json configuration = execution_configuration(options, attention, linear_attention);
-  out["configuration_sha256"] = common::sha256_canonical_id(configuration);
-  out["configuration"] = std::move(configuration);
-  out["runtime"] = runtime_report(options.device);
-  out["loaded_libraries"] = loaded_libraries();
-}
-
-ModelFiles open_model_files(const std::filesystem::path& dir, const ModelFds& fds) {
-  return fds ? ModelFiles::from_fds(dir, *fds) : ModelFiles::from_directory(dir);
-}
-
-// The worker-protocol "execution" object as options, after making ATen deterministic (which
-// must come before any ATen work).
-ExecOptions prepare_execution(const Execution& e, ModelFiles& files) {
-  if (e.gdn_variant != "current" && e.gdn_variant != "legacy") {
-    throw Error("input.invalid",
-                "execution.gdn_variant \"" + e.gdn_variant + "\" is not current or legacy");
-  }
-  make_deterministic(e.threads);
-  ExecOptions options;
-  options.device = parse_device(e.device);
-  options.dtype = parse_dtype(e.dtype, read_config(files));
-  options.gdn_variant = e.gdn_variant;
-  return options;
-}
-
 int run_next_token(const std::string& input_path, const std::string& workdir) {
   Json doc = common::parse_strict(common::read_file(input_path, 64u << 20));
   OracleInput in = parse_oracle_input(doc);
@@ -269,20 +102,9 @@ int run_next_token(const std::string& input_path, const std::string& workdir) {
   check_candidates(in.candidates, tokenizer, loaded.model->vocab_size());
   check_prefix_texts(in.continuation_prefix, tokenizer);
   Forward f = run_forward(in.model_dir, in.input_token_ids, options, loaded);
-  at::Tensor last = f.logits[-1].contiguous();
-  std::span<const float> values(last.data_ptr<float>(), static_cast<std::size_t>(last.numel()));
-
   std::filesystem::path dir(workdir);
-  write_logits(dir / "logits.safetensors", in.input_token_ids, last, logits_metadata(f, options));
-  Json out = rank_logits(values, tokenizer, in.candidates);
-  out["schema"] = protocol::kOracleOutput;
-  out["architecture"] = f.architecture;
-  out["model_type"] = loaded.model_type;
-  out["vocab_size"] = loaded.model->vocab_size();
-  out["logits_file"] = "logits.safetensors";
-  out["logits_sha256"] = common::sha256_id(values.data(), values.size_bytes());
-  out["input_token_count"] = in.input_token_ids.size();
-  out["input_token_ids_sha256"] = common::sha256_canonical_id(Json(in.input_token_ids));
+  Json out = next_token_output(dir, "logits.safetensors", in.input_token_ids, in.candidates, f,
+                               options, loaded, tokenizer);
   out["bytes_used"] = bytes_used(files, loaded.weight_files);
   add_execution_report(out, options, in.execution.threads, f.attention, f.linear_attention);
   out["load_seconds"] = load_seconds;
@@ -431,10 +253,20 @@ int main(int argc, char** argv) {
   capture->add_option("--input", capture_input, "input.json")->required();
   capture->add_option("--workdir", capture_workdir, "workspace directory")->required();
 
+  std::string batch_input, batch_workdir;
+  auto* batch = app.add_subcommand(
+      "next-token-batch",
+      "Worker protocol (batch jobs): read input.json (assay.oracle-batch-input.v1), load the model "
+      "once and write state-<index>.json and state-<index>.safetensors for every state in turn, "
+      "then output.json (assay.oracle-batch-output.v1)");
+  batch->add_option("--input", batch_input, "input.json")->required();
+  batch->add_option("--workdir", batch_workdir, "workspace directory")->required();
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (*logits) return run_logits(la);
     if (*capture) return run_capture(capture_input, capture_workdir);
+    if (*batch) return run_next_token_batch(batch_input, batch_workdir);
     return run_next_token(input, workdir);
   } catch (const assay::common::Error& e) {
     std::cerr << "assay-oracle: error [" << e.code() << "]: " << e.what() << "\n";

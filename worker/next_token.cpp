@@ -43,6 +43,54 @@ Execution parse_execution(const Json& ex, const std::string& w) {
   return out;
 }
 
+namespace {
+
+// The fields a single input and each state of a batch input share.
+void parse_dispute(const Json& doc, const std::string& where, Dispute& d) {
+  const Json& ids = common::require(doc, "input_token_ids", where);
+  if (!ids.is_array() || ids.empty()) {
+    throw Error("input.invalid", where + ": input_token_ids must be a non-empty array");
+  }
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    if (!ids[i].is_number_integer()) {
+      throw Error("input.invalid", where + ": input_token_ids[" + std::to_string(i) +
+                                       "] is not an integer: " + ids[i].dump());
+    }
+    d.input_token_ids.push_back(ids[i].get<std::int64_t>());
+  }
+  const Json& cands = common::require(doc, "candidate_tokens", where);
+  if (!cands.is_array() || cands.size() < 2) {
+    throw Error("input.invalid", where + ": candidate_tokens must be an array of two or more");
+  }
+  for (std::size_t i = 0; i < cands.size(); ++i) {
+    std::string w = where + " candidate_tokens[" + std::to_string(i) + "]";
+    if (!cands[i].is_object()) throw Error("input.invalid", w + ": not an object");
+    common::reject_unknown_fields(cands[i], {"engine", "token_id", "text"}, w);
+    Candidate c;
+    c.engine = common::require_string(cands[i], "engine", w);
+    if (c.engine.empty()) throw Error("input.invalid", w + ": engine is empty");
+    c.token_id = common::require_int(cands[i], "token_id", w);
+    c.text = common::require_string(cands[i], "text", w);
+    d.candidates.push_back(std::move(c));
+  }
+  if (auto it = doc.find("continuation_prefix"); it != doc.end()) {
+    if (!it->is_array())
+      throw Error("input.invalid", where + ": continuation_prefix must be an array");
+    for (std::size_t i = 0; i < it->size(); ++i) {
+      std::string w = where + " continuation_prefix[" + std::to_string(i) + "]";
+      const Json& t = (*it)[i];
+      if (!t.is_object()) throw Error("input.invalid", w + ": not an object");
+      common::reject_unknown_fields(t, {"token_id", "text"}, w);
+      Candidate c;
+      c.token_id = common::require_int(t, "token_id", w);
+      c.text = common::require_string(t, "text", w);
+      d.continuation_prefix.push_back(std::move(c));
+    }
+  }
+}
+
+}  // namespace
+
 OracleInput parse_oracle_input(const Json& doc) {
   const std::string where = "input.json";
   if (!doc.is_object()) throw Error("input.invalid", where + ": not an object");
@@ -62,45 +110,41 @@ OracleInput parse_oracle_input(const Json& doc) {
                 where + ": model_dir \"" + in.model_dir.string() + "\" must be an absolute path");
   }
   in.model_fds = parse_optional_model_fds(doc, where);
-  const Json& ids = common::require(doc, "input_token_ids", where);
-  if (!ids.is_array() || ids.empty()) {
-    throw Error("input.invalid", where + ": input_token_ids must be a non-empty array");
-  }
-  for (std::size_t i = 0; i < ids.size(); ++i) {
-    if (!ids[i].is_number_integer()) {
-      throw Error("input.invalid", where + ": input_token_ids[" + std::to_string(i) +
-                                       "] is not an integer: " + ids[i].dump());
-    }
-    in.input_token_ids.push_back(ids[i].get<std::int64_t>());
-  }
-  const Json& cands = common::require(doc, "candidate_tokens", where);
-  if (!cands.is_array() || cands.size() < 2) {
-    throw Error("input.invalid", where + ": candidate_tokens must be an array of two or more");
-  }
-  for (std::size_t i = 0; i < cands.size(); ++i) {
-    std::string w = where + " candidate_tokens[" + std::to_string(i) + "]";
-    if (!cands[i].is_object()) throw Error("input.invalid", w + ": not an object");
-    common::reject_unknown_fields(cands[i], {"engine", "token_id", "text"}, w);
-    Candidate c;
-    c.engine = common::require_string(cands[i], "engine", w);
-    if (c.engine.empty()) throw Error("input.invalid", w + ": engine is empty");
-    c.token_id = common::require_int(cands[i], "token_id", w);
-    c.text = common::require_string(cands[i], "text", w);
-    in.candidates.push_back(std::move(c));
-  }
-  if (auto it = doc.find("continuation_prefix"); it != doc.end()) {
-    if (!it->is_array())
-      throw Error("input.invalid", where + ": continuation_prefix must be an array");
-    for (std::size_t i = 0; i < it->size(); ++i) {
-      std::string w = where + " continuation_prefix[" + std::to_string(i) + "]";
-      const Json& t = (*it)[i];
-      if (!t.is_object()) throw Error("input.invalid", w + ": not an object");
-      common::reject_unknown_fields(t, {"token_id", "text"}, w);
-      Candidate c;
-      c.token_id = common::require_int(t, "token_id", w);
-      c.text = common::require_string(t, "text", w);
-      in.continuation_prefix.push_back(std::move(c));
-    }
+  parse_dispute(doc, where, in);
+  in.execution = parse_execution(common::require(doc, "execution", where), where + " execution");
+  return in;
+}
+
+OracleBatchInput parse_oracle_batch_input(const Json& doc) {
+  const std::string where = "input.json";
+  if (!doc.is_object()) throw Error("input.invalid", where + ": not an object");
+  common::reject_unknown_fields(doc, {"schema", "model_dir", "model_fds", "states", "execution"},
+                                where);
+  std::string schema = common::require_string(doc, "schema", where);
+  if (schema != protocol::kOracleBatchInput)
+    throw Error("input.invalid", where + ": schema \"" + schema + "\" is not \"" +
+                                     std::string(protocol::kOracleBatchInput) + "\"");
+  OracleBatchInput in;
+  in.model_dir = common::require_string(doc, "model_dir", where);
+  if (!in.model_dir.is_absolute())
+    throw Error("input.invalid",
+                where + ": model_dir \"" + in.model_dir.string() + "\" must be an absolute path");
+  in.model_fds = parse_optional_model_fds(doc, where);
+  const Json& states = common::require(doc, "states", where);
+  if (!states.is_array() || states.empty())
+    throw Error("input.invalid", where + ": states must be a non-empty array");
+  for (std::size_t i = 0; i < states.size(); ++i) {
+    std::string w = where + " states[" + std::to_string(i) + "]";
+    const Json& s = states[i];
+    if (!s.is_object()) throw Error("input.invalid", w + ": not an object");
+    common::reject_unknown_fields(
+        s, {"index", "input_token_ids", "candidate_tokens", "continuation_prefix"}, w);
+    BatchState state;
+    std::int64_t index = common::require_int(s, "index", w);
+    if (index < 0) throw Error("input.invalid", w + ": index " + std::to_string(index) + " < 0");
+    state.index = static_cast<std::size_t>(index);
+    parse_dispute(s, w, state);
+    in.states.push_back(std::move(state));
   }
   in.execution = parse_execution(common::require(doc, "execution", where), where + " execution");
   return in;

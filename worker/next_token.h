@@ -33,14 +33,30 @@ struct Execution {
 using ModelFds = std::optional<std::vector<fingerprint::ModelFd>>;
 ModelFds parse_optional_model_fds(const common::Json& doc, const std::string& where);
 
-struct OracleInput {
-  std::filesystem::path model_dir;
-  ModelFds model_fds;
+// What a next-token dispute asks of the model: a single input holds one, a batch input many.
+struct Dispute {
   std::vector<std::int64_t> input_token_ids;
   std::vector<Candidate> candidates;
   // Kiln's continuation_prefix: ids the engine generated before the dispute, with the text it
   // says each decodes to (engine is empty). Checked against the tokenizer like candidates.
   std::vector<Candidate> continuation_prefix;
+};
+
+struct OracleInput : Dispute {
+  std::filesystem::path model_dir;
+  ModelFds model_fds;
+  Execution execution;
+};
+
+// One state of an assay.oracle-batch-input.v1: its index in the batch request.
+struct BatchState : Dispute {
+  std::size_t index = 0;
+};
+
+struct OracleBatchInput {
+  std::filesystem::path model_dir;
+  ModelFds model_fds;
+  std::vector<BatchState> states;
   Execution execution;
 };
 
@@ -49,6 +65,7 @@ Execution parse_execution(const common::Json& ex, const std::string& where);
 
 // Throws common::Error("input.invalid" / "json.unknown_field") naming the field.
 OracleInput parse_oracle_input(const common::Json& doc);
+OracleBatchInput parse_oracle_batch_input(const common::Json& doc);
 
 // Throws Error("request.invalid_token_id") naming the position and value when an id is
 // outside [0, vocab_size).

@@ -99,6 +99,9 @@ contain::SpawnSpec Engine::worker_spec(const JobRun& run, const Step& step,
   spec.allow_root = config_.allow_root_workers;
   spec.limits = worker_limits(config_, run.pipeline->limits(), run.required_bytes,
                               runtime_.backend() == "cgroup-v2");
+  spec.limits.timeout = std::chrono::milliseconds(
+      static_cast<long long>(static_cast<double>(spec.limits.timeout.count()) *
+                             std::max(1.0, step.timeout_factor ? step.timeout_factor() : 1.0)));
   return spec;
 }
 
@@ -138,8 +141,8 @@ void Engine::start_step(JobRun& run, Step& step) {
     if (::access(step.worker.c_str(), X_OK) != 0)
       throw Error("worker.missing",
                   "worker executable " + step.worker.string() + " is missing or not executable");
-    contain::SpawnSpec spec = worker_spec(run, step, ws);
     Json input = step.input();
+    contain::SpawnSpec spec = worker_spec(run, step, ws);
     run.model_fds.clear();
     if (!step.model_dir.empty()) open_model_files(run, step.model_dir, input, spec);
     for (const auto& path : step.open_files) {
@@ -154,6 +157,10 @@ void Engine::start_step(JobRun& run, Step& step) {
       metrics_.durations[role].add(common::now_unix() - t0);
       step_done(id, role, std::move(evidence));
     });
+    if (step.progress) {
+      run.progress_timer = std::make_unique<boost::asio::steady_timer>(io_);
+      poll_progress(id, role);
+    }
   } catch (const Error& e) {
     fail(id, e.code(), "cannot start the " + role + " worker: " + e.what());
   } catch (const std::exception& e) {
@@ -167,6 +174,7 @@ void Engine::step_done(const std::string& id, const std::string& role, contain::
   JobRun& run = *it->second;
   run.process.reset();
   run.model_fds.clear();
+  run.progress_timer.reset();
   fs::path ws = store_.job_dir(id) / role;
   try {
     common::replace_file_fast(ws / "evidence.json", common::canonical(evidence.to_json()), 0600);
@@ -175,13 +183,18 @@ void Engine::step_done(const std::string& id, const std::string& role, contain::
   }
   if (evidence.oom_killed.value_or(false)) ++metrics_.oom_kills;
   if (evidence.timed_out) ++metrics_.timeouts;
+  Step& step = run.steps[run.next_step - 1];
+  if (step.harvest) {
+    bool again = false;
+    if (!harvest_step(run, step, ws, evidence, again)) return;
+    return again ? start_step(run, step) : next_step(run);
+  }
   if (run.cancel_requested)
     return finish(id, JobState::kCancelled, "cancelled while the " + role + " worker ran");
   if (!evidence.succeeded())
     return fail(id, "worker." + role + "_failed",
                 role + " worker " + evidence.failure_reason() +
                     "; stderr: " + tail_file(ws / protocol::kStderrFile, 2000));
-  Step& step = run.steps[run.next_step - 1];
   try {
     Json output;
     try {

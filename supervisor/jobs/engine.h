@@ -39,6 +39,7 @@ struct JobRun {
   common::Json host_memory;  // the preflight's record, for the result
   std::shared_ptr<contain::Running> process;
   std::vector<common::UniqueFd> model_fds;  // the running step's model files, opened by assayd
+  std::unique_ptr<boost::asio::steady_timer> progress_timer;  // a step with Step::progress
 };
 
 class Engine {
@@ -66,6 +67,16 @@ class Engine {
   bool preflight(JobRun& run);
   void arm_retry();
   void release(const std::string& id);
+
+  // parts.cpp: a batch's states, each recorded as a job of its own (pipeline.h, Part)
+  // Hands the pipeline the parts an earlier run recorded.
+  void restore_parts(JobRun& run);
+  // After a run of a harvesting step: records the parts it ended, then runs the step again or
+  // goes on. Returns false when the job ended (failed or cancelled).
+  bool harvest_step(JobRun& run, Step& step, const std::filesystem::path& ws,
+                    const contain::Evidence& evidence, bool& again);
+  void record_part(JobRun& run, Part& part);
+  void poll_progress(const std::string& id, const std::string& role);
 
   // engine.cpp
   void next_step(JobRun& run);

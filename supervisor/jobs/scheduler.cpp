@@ -118,6 +118,7 @@ void Engine::begin(const std::string& id) {
   try {
     const JobKind& kind = kind_for_schema(job->request_schema);
     r.pipeline = kind.open(config_, store_.job_dir(id), job->model_dir);
+    restore_parts(r);
     r.required_bytes = r.pipeline->required_bytes();
   } catch (const Error& e) {
     return fail(id, e.code() == "json.invalid" ? "job.bad_request" : e.code(), e.what());

@@ -43,7 +43,9 @@ void rename_or_throw(const fs::path& from, const fs::path& to) {
 // place once the files and the directory are on disk: a crash leaves no job or a whole one, and
 // the three fsyncs run at once instead of two temp-file commits and a directory fsync in a row.
 void create_dir_durably(const fs::path& dir,
-                        const std::vector<std::pair<std::string, std::string>>& files) {
+                        const std::vector<std::pair<std::string, std::string>>& files,
+                        const std::vector<std::pair<fs::path, std::string>>& moved = {},
+                        mode_t mode = 0600) {
   fs::path staging = staging_path(dir);
   std::error_code ec;
   fs::remove_all(staging, ec);  // a leftover of a submission that failed or was cut off
@@ -51,8 +53,12 @@ void create_dir_durably(const fs::path& dir,
     if (::mkdir(staging.c_str(), 0700) != 0)
       common::throw_errno("fs.mkdir", "mkdir " + staging.string(), errno);
     std::vector<fs::path> to_sync;
+    for (const auto& [source, name] : moved) {
+      rename_or_throw(source, staging / name);
+      to_sync.push_back(staging / name);
+    }
     for (const auto& [name, content] : files) {
-      common::write_unsynced(staging / name, content, 0600);
+      common::write_unsynced(staging / name, content, name == "job.json" ? 0600 : mode);
       to_sync.push_back(staging / name);
     }
     to_sync.push_back(staging);
@@ -119,6 +125,7 @@ Json Job::to_json() const {
          {"error", error ? *error : Json(nullptr)},
          {"waiting_reason", waiting_reason.empty() ? Json(nullptr) : Json(waiting_reason)},
          {"events", events}};
+  if (batch) j["batch"] = *batch;
   return j;
 }
 
@@ -140,6 +147,7 @@ Job Job::from_json(const Json& j) {
   if (auto e = j.find("error"); e != j.end() && !e->is_null()) job.error = *e;
   if (auto w = j.find("waiting_reason"); w != j.end() && w->is_string()) job.waiting_reason = *w;
   job.events = common::require(j, "events", "job");
+  if (auto b = j.find("batch"); b != j.end() && b->is_object()) job.batch = *b;
   return job;
 }
 
@@ -150,6 +158,8 @@ bool Job::is_fidelity() const {
 std::string Job::artifact_name() const {
   if (request_schema == common::kTrajectoryRequest)
     return std::string(common::kTrajectoryArtifactFileName);
+  if (request_schema == protocol::kNextTokenBatchRequest)
+    return std::string(common::kBatchArtifactFileName);
   return is_fidelity() ? std::string(common::kKlArtifactFileName)
                        : std::string(common::kArtifactFileName);
 }
@@ -241,6 +251,21 @@ Job& JobStore::create(Job job, const std::string& request_canonical) {
   } else {
     create_dir_durably(dir, {{"request.json", request_canonical}, {"job.json", job_json}});
   }
+  common::fsync_directory(jobs_dir_);
+  by_key_[job.key] = job.id;
+  auto [it, inserted] = jobs_.insert_or_assign(job.id, std::move(job));
+  return it->second;
+}
+
+Job& JobStore::create_finished(Job job, const std::string& request_canonical,
+                               const CommitFiles& files,
+                               const std::vector<std::pair<fs::path, std::string>>& moved) {
+  auto dir = job_dir(job.id);
+  if (std::error_code ec; fs::exists(dir, ec)) fs::remove_all(dir, ec);  // a job that did not load
+  std::vector<std::pair<std::string, std::string>> all{{"request.json", request_canonical}};
+  all.insert(all.end(), files.write.begin(), files.write.end());
+  all.emplace_back("job.json", common::canonical(job.to_json()));
+  create_dir_durably(dir, all, moved, 0644);
   common::fsync_directory(jobs_dir_);
   by_key_[job.key] = job.id;
   auto [it, inserted] = jobs_.insert_or_assign(job.id, std::move(job));

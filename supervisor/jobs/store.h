@@ -39,6 +39,8 @@ struct Job {
   int attempts = 0;                   // pipeline starts, including ones cut off by a restart
   std::optional<common::Json> error;  // {"code","message"} once failed
   std::string waiting_reason;         // why a queued job is not started (preflight)
+  // A batch's state: {"id": the batch job, "index"}; such a job is recorded terminal at once.
+  std::optional<common::Json> batch;
   common::Json events = common::Json::array();  // every phase change, in order
   // GET /v1/jobs/{id} as rendered since the last save(); status requests far outnumber changes.
   std::string rendered;
@@ -79,6 +81,12 @@ class JobStore {
   // Writes request.json and job.json of a new job durably, then indexes it. Throws
   // Error("fs.no_space") when the disk is full, leaving nothing of the job behind.
   Job& create(Job job, const std::string& request_canonical);
+  // Writes a job that is terminal from the start (a batch's state) as one new directory:
+  // request.json, `files.write`, the files `moved` in (source, name: renamed, not copied) and
+  // job.json, all fsynced before the directory is renamed into place, so that a crash leaves
+  // the whole job or nothing of it. Throws Error("fs.no_space") etc., leaving nothing behind.
+  Job& create_finished(Job job, const std::string& request_canonical, const CommitFiles& files,
+                       const std::vector<std::pair<std::filesystem::path, std::string>>& moved);
   // Rewrites job.json atomically after `job` was changed; durably (fsync of file and directory)
   // unless `durable` is false, which is for changes nobody relies on across a crash: a restart
   // re-runs a running job whatever its phase, so losing one of those to a power cut is harmless.

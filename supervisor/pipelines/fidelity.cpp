@@ -256,9 +256,7 @@ class FidelityPipeline final : public Pipeline {
     return Json{
         {"model_dir", side == "reference" ? r_.reference.model_dir : r_.candidate_model->model_dir},
         {"model_identity", fp.identity()},
-        {"model_fingerprint",
-         {{"implementation_sha256", fp.output.value("implementation_sha256", Json(nullptr))},
-          {"process", fp.evidence->to_json()}}},
+        {"model_fingerprint", fingerprint_section(fp)},
         {"capture", capture_section(cap.output, *cap.evidence)}};
   }
 

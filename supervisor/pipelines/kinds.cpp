@@ -1,4 +1,5 @@
 #include "common/error.h"
+#include "common/identity.h"
 #include "common/protocol.h"
 #include "common/result.h"
 #include "common/trajectory.h"
@@ -10,13 +11,20 @@ const std::vector<JobKind>& kinds() {
   // Explicit, no static registration: the first kind whose schema matches, else the last (the
   // next-token kind reads both of its request schemas itself).
   static const std::vector<JobKind> all{
-      {"fidelity", protocol::kFidelityRequest, common::kKlArtifactFileName, &admit_fidelity,
+      {"fidelity", protocol::kFidelityRequest, common::kKlArtifactFileName, false, &admit_fidelity,
        &open_fidelity},
-      {"trajectory", common::kTrajectoryRequest, common::kTrajectoryArtifactFileName,
+      {"trajectory", common::kTrajectoryRequest, common::kTrajectoryArtifactFileName, false,
        &admit_trajectory, &open_trajectory},
-      {"next-token", "", common::kArtifactFileName, &admit_next_token, &open_next_token},
+      {"next-token-batch", protocol::kNextTokenBatchRequest, common::kBatchArtifactFileName, true,
+       &admit_batch, &open_batch},
+      {"next-token", "", common::kArtifactFileName, true, &admit_next_token, &open_next_token},
   };
   return all;
+}
+
+std::string part_job_id(const std::string& job_id, std::size_t index) {
+  std::string digest = common::sha256_canonical_id(common::Json{{"job", job_id}, {"index", index}});
+  return "j-" + digest.substr(7, 24);
 }
 
 const JobKind& kind_for_schema(std::string_view schema) {

@@ -10,6 +10,7 @@
 #include "common/time.h"
 #include "supervisor/pipelines/admission.h"
 #include "supervisor/pipelines/documents.h"
+#include "supervisor/pipelines/next_token.h"
 #include "supervisor/pipelines/pipeline.h"
 #include "supervisor/pipelines/steps.h"
 
@@ -68,43 +69,10 @@ class NextTokenPipeline final : public Pipeline {
     // The reference artifact moves out of the worker's workspace into the job directory.
     fs::path artifact = take_artifact(facts.job_dir / "oracle" / oracle_artifact_name(oracle_),
                                       facts.job_dir / common::kArtifactFileName);
-    std::string artifact_sha = common::sha256_file_id(artifact);
-    Json verdict = make_verdict(request_, oracle_);
-    Json network = oracle_evidence_->network ? oracle_evidence_->network->to_json() : Json("host");
-    Json result{
-        {"schema", protocol::kNextTokenResult},
-        {"created_at_utc", common::now_rfc3339()},
-        {"duration_seconds", common::now_unix() - facts.started_unix},
-        {"job_id", facts.job_id},
-        {"supervisor", {{"version", ASSAY_VERSION}, {"key_id", facts.key_id}}},
-        {"source", source_section()},
-        {"implementation",
-         implementation_section({{"assayd-serve", "/proc/self/exe"},
-                                 {"assay-fingerprint", config_.fingerprint_worker},
-                                 {"assay-oracle", config_.oracle_worker}},
-                                oracle_.value("loaded_libraries", Json(nullptr)))},
-        {"request",
-         {{"schema", request_.schema},
-          {"id", request_.id},
-          {"sha256", request_.request_sha256},
-          {"input_token_ids_sha256", request_.input_token_ids_sha256},
-          {"source", request_.source}}},
-        {"model_identity", fingerprint_.output["model_identity"]},
-        {"model_fingerprint",
-         {{"implementation_sha256",
-           fingerprint_.output.value("implementation_sha256", Json(nullptr))},
-          {"process", fingerprint_.evidence->to_json()}}},
-        {"containment",
-         {{"host_memory", facts.host_memory}, {"backend", facts.backend}, {"network", network}}},
-        {"oracle", oracle_section(oracle_, oracle_evidence_->to_json())},
-        {"reference_artifact",
-         {{"name", common::kArtifactFileName},
-          {"bytes", fs::file_size(artifact)},
-          {"sha256", artifact_sha}}},
-        {"verdict", verdict}};
-    std::string message = "succeeded: reference argmax " +
-                          std::to_string(verdict["argmax_token_id"].get<std::int64_t>()) + " -> " +
-                          verdict["argmax_candidate"].get<std::string>();
+    Json result = next_token_result(config_, facts, request_, fingerprint_, oracle_,
+                                    *oracle_evidence_, artifact);
+    std::string message = next_token_message(result);
+    std::string artifact_sha = result["reference_artifact"]["sha256"];
     return Sealed{std::move(result),
                   artifact,
                   artifact_sha,
@@ -124,6 +92,48 @@ class NextTokenPipeline final : public Pipeline {
 };
 
 }  // namespace
+
+Json next_token_result(const Config& config, const RunFacts& facts,
+                       const common::NextTokenRequest& request, const FingerprintRun& fingerprint,
+                       const Json& oracle, const contain::Evidence& oracle_evidence,
+                       const fs::path& artifact) {
+  Json verdict = make_verdict(request, oracle);
+  Json network = oracle_evidence.network ? oracle_evidence.network->to_json() : Json("host");
+  return Json{
+      {"schema", protocol::kNextTokenResult},
+      {"created_at_utc", common::now_rfc3339()},
+      {"duration_seconds", common::now_unix() - facts.started_unix},
+      {"job_id", facts.job_id},
+      {"supervisor", {{"version", ASSAY_VERSION}, {"key_id", facts.key_id}}},
+      {"source", source_section()},
+      {"implementation", implementation_section({{"assayd-serve", "/proc/self/exe"},
+                                                 {"assay-fingerprint", config.fingerprint_worker},
+                                                 {"assay-oracle", config.oracle_worker}},
+                                                oracle.value("loaded_libraries", Json(nullptr)))},
+      {"request",
+       {{"schema", request.schema},
+        {"id", request.id},
+        {"sha256", request.request_sha256},
+        {"input_token_ids_sha256", request.input_token_ids_sha256},
+        {"source", request.source}}},
+      {"model_identity", fingerprint.output["model_identity"]},
+      {"model_fingerprint", fingerprint_section(fingerprint)},
+      {"containment",
+       {{"host_memory", facts.host_memory}, {"backend", facts.backend}, {"network", network}}},
+      {"oracle", oracle_section(oracle, oracle_evidence.to_json())},
+      {"reference_artifact",
+       {{"name", common::kArtifactFileName},
+        {"bytes", fs::file_size(artifact)},
+        {"sha256", common::sha256_file_id(artifact)}}},
+      {"verdict", verdict}};
+}
+
+std::string next_token_message(const Json& result) {
+  const Json& verdict = result["verdict"];
+  return "succeeded: reference argmax " +
+         std::to_string(verdict["argmax_token_id"].get<std::int64_t>()) + " -> " +
+         verdict["argmax_candidate"].get<std::string>();
+}
 
 Admission admit_next_token(const Json& document, const SubmitContext& context) {
   auto request = common::validate_request(document);

@@ -46,6 +46,9 @@ struct SubmitContext {
   std::string query_model_dir;  // ?model_dir= (next-token requests only)
 };
 
+struct Part;
+struct RunFacts;
+
 struct Step {
   std::string role;              // workspace name: "fingerprint", "capture-reference", ...
   std::filesystem::path worker;  // executable
@@ -63,6 +66,21 @@ struct Step {
   std::function<std::vector<std::pair<std::filesystem::path, std::string>>()> move_in;
   // Checks and keeps the worker's output; throws common::Error to fail the job.
   std::function<void(common::Json output, const contain::Evidence& evidence)> accept;
+
+  // A step whose worker ends parts of the job one by one (a batch's states) has `harvest`
+  // instead of `accept`: called after every run of its worker, whatever the exit, with the
+  // workspace and the evidence; returns the parts that run ended (the engine records each as a
+  // job of its own) and sets `again` when the step must run once more for parts still to do (a
+  // fresh workspace, input() rebuilt). Throws common::Error to fail the job.
+  std::function<std::vector<Part>(const RunFacts& facts, const std::filesystem::path& workspace,
+                                  const contain::Evidence& evidence, bool& again)>
+      harvest = nullptr;
+  // Polled while the worker runs: a progress message when there is news, else nullopt.
+  std::function<std::optional<std::string>(const std::filesystem::path& workspace)> progress =
+      nullptr;
+  // The worker's timeout is the configured (or requested) one times this (called after input();
+  // unset: 1), e.g. per state of a batch.
+  std::function<double()> timeout_factor = nullptr;
 };
 
 // What the engine seals: the result document (without result_sha256) and its artifact.
@@ -74,6 +92,31 @@ struct Sealed {
   std::string predicate_type;
   std::string message;  // the terminal event
 };
+
+// A part of a job that ends before the job does (a batch's state). The engine keeps it as a job
+// of its own, part_job_id(job, index), terminal from the start, with the request, the sealed
+// result and the artifact a single job of that request would have (or its error): every tool
+// that reads a job reads it.
+struct Part {
+  std::size_t index = 0;
+  common::Json request;  // the part's request document, its request.json
+  Admission admission;   // the part's request identity (its key is made unique by the engine)
+  std::optional<Sealed> sealed;       // a success: its result's job_id is part_job_id(...)
+  std::optional<common::Json> error;  // else {"code", "message"}
+  std::string message;                // its terminal event
+};
+
+// What the store holds of a recorded part, handed back to the pipeline.
+struct PartRecord {
+  std::size_t index = 0;
+  std::string job_id;
+  bool succeeded = false;
+  common::Json result;  // the sealed result of a success (with result_sha256), else null
+  common::Json error;   // {"code", "message"} of a failure, else null
+};
+
+// The id of a job's part: "j-" and 24 hex digits of sha256({job, index}).
+std::string part_job_id(const std::string& job_id, std::size_t index);
 
 // Facts the engine hands to assemble().
 struct RunFacts {
@@ -95,6 +138,11 @@ class Pipeline {
   virtual std::vector<Step> plan() = 0;
   // After the last step: moves the artifact into the job directory and builds the result.
   virtual Sealed assemble(const RunFacts& facts) = 0;
+  // Parts (Part): how many this job has (0 for kinds without), and each the store holds, handed
+  // back before plan() (those an earlier run recorded before a restart cut it off) and as each
+  // is recorded.
+  virtual std::size_t part_count() const { return 0; }
+  virtual void part_recorded(const PartRecord&) {}
 };
 
 // One entry per job kind; a new kind is a new file plus one line in kinds().
@@ -102,6 +150,7 @@ struct JobKind {
   std::string_view name;
   std::string_view request_schema;  // empty: the default kind (next-token, two schemas)
   std::string_view artifact_name;
+  bool model_dir_query = false;  // takes ?model_dir= (its requests may lack a model_dir)
   Admission (*admit)(const common::Json& document, const SubmitContext& context);
   std::unique_ptr<Pipeline> (*open)(const Config& config, const std::filesystem::path& job_dir,
                                     const std::string& model_dir);
@@ -120,5 +169,8 @@ Admission admit_fidelity(const common::Json&, const SubmitContext&);
 std::unique_ptr<Pipeline> open_trajectory(const Config&, const std::filesystem::path&,
                                           const std::string&);
 Admission admit_trajectory(const common::Json&, const SubmitContext&);
+std::unique_ptr<Pipeline> open_batch(const Config&, const std::filesystem::path&,
+                                     const std::string&);
+Admission admit_batch(const common::Json&, const SubmitContext&);
 
 }  // namespace assay::supervisor

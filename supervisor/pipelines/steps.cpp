@@ -63,6 +63,12 @@ void check_cache_hits(const Json& output, const Json& passed) {
 
 }  // namespace
 
+Json fingerprint_section(const FingerprintRun& run) {
+  return Json{{"implementation_sha256", run.output.value("implementation_sha256", Json(nullptr))},
+              {"files", run.output.value("files", Json(nullptr))},
+              {"process", run.evidence->to_json()}};
+}
+
 bool fingerprint_cache_on(const Config& config) {
   return config.fingerprint_cache && !config.state_dir.empty();
 }

@@ -25,6 +25,9 @@ struct FingerprintRun {
   std::optional<contain::Evidence> evidence;
   const common::Json& identity() const { return output["model_identity"]; }
 };
+// A result's "model_fingerprint": {implementation_sha256, files (each computed in this job or
+// taken from the fingerprint cache, with the job and time that computed it), process}.
+common::Json fingerprint_section(const FingerprintRun& run);
 // Fingerprints `model_dir` into `out`; fails the job with Error("job.identity_mismatch") when
 // `expected` is given and its content_sha256 differs. `out` must outlive the step.
 Step fingerprint_step(const Config& config, const std::string& role, const std::string& model_dir,

@@ -148,3 +148,45 @@ TEST_CASE("candidates must decode to their recorded text and be inside the vocab
     CHECK(std::string(e.what()).find("= 6") != std::string::npos);
   }
 }
+
+TEST_CASE("oracle batch input: states with their indices, each parsed as a single input's") {
+  Json single = valid_input();
+  Json s0{{"index", 3},
+          {"input_token_ids", single["input_token_ids"]},
+          {"candidate_tokens", single["candidate_tokens"]}};
+  Json s1 = s0;
+  s1["index"] = 7;
+  s1["continuation_prefix"] = {{{"token_id", 2}, {"text", "c"}}};
+  Json doc{{"schema", "assay.oracle-batch-input.v1"},
+           {"model_dir", "/models/tiny"},
+           {"execution", single["execution"]},
+           {"states", {s0, s1}}};
+  OracleBatchInput in = parse_oracle_batch_input(doc);
+  REQUIRE(in.states.size() == 2);
+  CHECK(in.states[0].index == 3);
+  CHECK(in.states[1].index == 7);
+  CHECK(in.states[1].input_token_ids == std::vector<std::int64_t>{1, 2, 3});
+  CHECK(in.states[1].continuation_prefix.size() == 1);
+  CHECK(in.execution.threads == 2);
+
+  auto code = [](const Json& d) {
+    try {
+      parse_oracle_batch_input(d);
+    } catch (const Error& e) {
+      return e.code();
+    }
+    return std::string("accepted");
+  };
+  Json bad = doc;
+  bad["states"][1]["index"] = -1;
+  CHECK(code(bad) == "input.invalid");
+  bad = doc;
+  bad["states"] = Json::array();
+  CHECK(code(bad) == "input.invalid");
+  bad = doc;
+  bad["states"][0]["limits"] = Json::object();
+  CHECK(code(bad) == "json.unknown_field");
+  bad = doc;
+  bad["schema"] = "assay.oracle-input.v1";
+  CHECK(code(bad) == "input.invalid");
+}

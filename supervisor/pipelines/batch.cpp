@@ -1,0 +1,359 @@
+// Batch jobs: many next-token states on one model. One fingerprint, then one oracle worker that
+// loads the model once and runs every state in turn (assay-oracle next-token-batch). Each state
+// ends as a job of its own whose result is a single job's plus "batch" (pipeline.h, Part); a
+// worker that dies part-way is run again for the states not yet done; the batch's own result is
+// a signed summary whose artifact lists every state's result digest.
+#include <map>
+#include <set>
+
+#include "common/batch.h"
+#include "common/error.h"
+#include "common/fs.h"
+#include "common/identity.h"
+#include "common/protocol.h"
+#include "common/result.h"
+#include "common/time.h"
+#include "supervisor/pipelines/admission.h"
+#include "supervisor/pipelines/documents.h"
+#include "supervisor/pipelines/next_token.h"
+#include "supervisor/pipelines/pipeline.h"
+#include "supervisor/pipelines/steps.h"
+
+#ifndef ASSAY_VERSION
+#define ASSAY_VERSION "0.0.0"
+#endif
+
+namespace assay::supervisor {
+
+using common::Error;
+using common::Json;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr std::size_t kMaxStateOutputBytes = 64 * 1024 * 1024;
+// Runs of the worker in a row that end no state before a state is failed alone.
+constexpr int kFruitlessRunsPerState = 2;
+
+std::string state_file(std::size_t index, const char* extension) {
+  return "state-" + std::to_string(index) + extension;
+}
+
+class BatchPipeline final : public Pipeline {
+ public:
+  BatchPipeline(const Config& config, fs::path job_dir, std::string model_dir)
+      : config_(config),
+        job_dir_(std::move(job_dir)),
+        job_id_(job_dir_.filename().string()),
+        model_dir_(std::move(model_dir)),
+        request_(common::validate_batch_request(read_request(job_dir_))),
+        documents_(read_request(job_dir_)["states"]) {}
+
+  std::uint64_t required_bytes() override { return estimate_required_bytes(model_dir_); }
+  common::RequestLimits limits() const override { return request_.limits; }
+  std::size_t part_count() const override { return request_.states.size(); }
+  void part_recorded(const PartRecord& record) override {
+    records_[record.index] = record;
+    // Runs of the worker are numbered across restarts: a new run follows the last recorded one.
+    if (record.succeeded) attempt_ = std::max(attempt_, record.result["batch"].value("attempt", 0));
+  }
+
+  std::vector<Step> plan() override {
+    std::string name = request_.model_identity ? (*request_.model_identity)["id"].get<std::string>()
+                                               : fs::path(model_dir_).filename().string();
+    std::vector<Step> steps;
+    steps.push_back(fingerprint_step(config_, "fingerprint", model_dir_, name,
+                                     request_.model_identity, fingerprint_));
+    // A restart after the last state was recorded has only the summary left to make.
+    if (records_.size() < request_.states.size()) steps.push_back(oracle_step());
+    return steps;
+  }
+
+  Sealed assemble(const RunFacts& facts) override;
+
+ private:
+  std::vector<std::size_t> pending() const {
+    std::vector<std::size_t> out;
+    for (std::size_t i = 0; i < request_.states.size(); ++i)
+      if (!records_.contains(i)) out.push_back(i);
+    return out;
+  }
+
+  Step oracle_step() {
+    Step step{"oracle", config_.oracle_worker, "next-token-batch", model_dir_, {}, {}, {}, {}};
+    step.input = [this] { return oracle_input(); };
+    step.timeout_factor = [this] { return static_cast<double>(running_.size()); };
+    step.harvest = [this](const RunFacts& facts, const fs::path& ws,
+                          const contain::Evidence& evidence,
+                          bool& again) { return harvest(facts, ws, evidence, again); };
+    step.progress = [this](const fs::path& ws) { return progress(ws); };
+    return step;
+  }
+
+  Json oracle_input() {
+    ++attempt_;
+    running_ = pending();
+    seen_ = 0;
+    Json states = Json::array();
+    for (std::size_t i : running_) {
+      const common::NextTokenRequest& r = request_.states[i];
+      Json candidates = Json::array();
+      for (const auto& c : r.candidates)
+        candidates.push_back(
+            Json{{"engine", c.engine}, {"token_id", c.token_id}, {"text", c.text}});
+      Json single = supervisor::oracle_input(model_dir_, r, candidates, config_.oracle_device,
+                                             worker_threads());
+      Json state{{"index", i},
+                 {"input_token_ids", single["input_token_ids"]},
+                 {"candidate_tokens", single["candidate_tokens"]}};
+      if (single.contains("continuation_prefix"))
+        state["continuation_prefix"] = single["continuation_prefix"];
+      states.push_back(std::move(state));
+    }
+    Json input = supervisor::oracle_input(model_dir_, request_.states[running_.front()],
+                                          Json::array(), config_.oracle_device, worker_threads());
+    return Json{{"schema", protocol::kOracleBatchInput},
+                {"model_dir", model_dir_},
+                {"execution", input["execution"]},
+                {"states", std::move(states)}};
+  }
+
+  // States end in order: the first of this run's states without a file is the one running.
+  std::optional<std::string> progress(const fs::path& ws) {
+    std::size_t before = seen_;
+    while (seen_ < running_.size() && fs::exists(ws / state_file(running_[seen_], ".json")))
+      ++seen_;
+    if (seen_ == before) return std::nullopt;
+    return "oracle: " + std::to_string(records_.size() + seen_) + "/" +
+           std::to_string(request_.states.size()) + " states done";
+  }
+
+  std::vector<Part> harvest(const RunFacts& facts, const fs::path& ws,
+                            const contain::Evidence& evidence, bool& again);
+  Part state_part(const RunFacts& facts, std::size_t index, const fs::path& ws,
+                  const contain::Evidence& evidence);
+  Part failed_part(std::size_t index, const std::string& code, const std::string& message) {
+    return Part{index,
+                documents_[index],
+                admission(index),
+                std::nullopt,
+                Json{{"code", code}, {"message", message}},
+                "failed: " + message};
+  }
+  Admission admission(std::size_t index) const {
+    const common::NextTokenRequest& r = request_.states[index];
+    return Admission{"", r.request_sha256, r.schema, r.id, model_dir_};
+  }
+  Json summary(const RunFacts& facts, const fs::path& artifact) const;
+
+  const Config& config_;
+  fs::path job_dir_;
+  std::string job_id_;
+  std::string model_dir_;
+  common::BatchRequest request_;
+  Json documents_;  // the states' request documents, as submitted
+  FingerprintRun fingerprint_;
+  std::map<std::size_t, PartRecord> records_;
+  std::vector<std::size_t> running_;  // the states the current run of the worker was given
+  std::size_t seen_ = 0;              // of those, how many have their file (progress)
+  int attempt_ = 0;
+  int fruitless_ = 0;              // runs in a row that ended no state
+  Json attempts_ = Json::array();  // each run's exit, for the summary
+};
+
+Part BatchPipeline::state_part(const RunFacts& facts, std::size_t index, const fs::path& ws,
+                               const contain::Evidence& evidence) {
+  Json output =
+      common::parse_strict(common::read_file(ws / state_file(index, ".json"), kMaxStateOutputBytes),
+                           {.max_bytes = kMaxStateOutputBytes, .exact_integers = false});
+  if (output.contains("error")) {
+    const Json& e = output["error"];
+    return failed_part(index, e.value("code", "oracle.state_failed"), e.value("message", ""));
+  }
+  if (output.value("schema", "") != protocol::kOracleOutput ||
+      output.value("batch_index", Json()) != Json(index))
+    throw Error("worker.oracle_output", "state " + std::to_string(index) +
+                                            ": the batch worker's file is not this state's "
+                                            "assay.oracle-output.v1");
+  // A state's result binds the bytes it was computed with, like a single job's.
+  check_bytes_used(output, fingerprint_, "oracle");
+  check_configuration(output, "oracle");
+  output.erase("batch_index");
+  fs::path artifact = ws / oracle_artifact_name(output);
+  if (oracle_artifact_name(output) != state_file(index, ".safetensors"))
+    throw Error("worker.oracle_output", "state " + std::to_string(index) + " names logits file " +
+                                            oracle_artifact_name(output));
+  RunFacts part_facts = facts;
+  part_facts.job_id = part_job_id(job_id_, index);
+  Json result = next_token_result(config_, part_facts, request_.states[index], fingerprint_, output,
+                                  evidence, artifact);
+  result["batch"] = Json{
+      {"id", job_id_}, {"index", index}, {"count", request_.states.size()}, {"attempt", attempt_}};
+  std::string message = next_token_message(result);
+  std::string artifact_sha = result["reference_artifact"]["sha256"];
+  Sealed sealed{std::move(result),
+                artifact,
+                artifact_sha,
+                std::string(common::kArtifactFileName),
+                std::string(protocol::kResultPredicateType),
+                message};
+  return Part{index, documents_[index], admission(index), std::move(sealed), std::nullopt, message};
+}
+
+std::vector<Part> BatchPipeline::harvest(const RunFacts& facts, const fs::path& ws,
+                                         const contain::Evidence& evidence, bool& again) {
+  std::vector<Part> parts;
+  std::vector<std::size_t> left;
+  for (std::size_t index : running_) {
+    if (fs::exists(ws / state_file(index, ".json"))) {
+      parts.push_back(state_part(facts, index, ws, evidence));
+    } else {
+      left.push_back(index);
+    }
+  }
+  attempts_.push_back(Json{{"attempt", attempt_},
+                           {"states_given", running_.size()},
+                           {"states_ended", parts.size()},
+                           {"exit", evidence.succeeded() ? "succeeded" : evidence.failure_reason()},
+                           {"process", evidence.to_json()}});
+  if (left.empty()) {
+    again = false;
+    return parts;
+  }
+  if (evidence.succeeded())
+    throw Error("worker.oracle_output", "the batch worker exited 0 without state " +
+                                            std::to_string(left.front()) + "'s file");
+  // The worker died (a crash, the OOM killer, the timeout): the states it did not end run again
+  // in a fresh worker. A state on which the worker dies run after run fails alone.
+  fruitless_ = parts.empty() ? fruitless_ + 1 : 0;
+  if (fruitless_ >= kFruitlessRunsPerState) {
+    std::size_t index = left.front();
+    parts.push_back(failed_part(index, "worker.oracle_failed",
+                                "the oracle worker died on this state in " +
+                                    std::to_string(fruitless_) +
+                                    " runs in a row, the last time: " + evidence.failure_reason() +
+                                    "; stderr: " + tail_file(ws / protocol::kStderrFile, 2000)));
+    fruitless_ = 0;
+    left.erase(left.begin());
+  }
+  again = !left.empty();
+  return parts;
+}
+
+Json BatchPipeline::summary(const RunFacts& facts, const fs::path& artifact) const {
+  Json states = Json::array();
+  std::map<std::string, std::size_t> verdicts;
+  std::size_t succeeded = 0;
+  for (const auto& [index, record] : records_) {
+    Json s{{"index", index},
+           {"job_id", record.job_id},
+           {"request_id", request_.states[index].id},
+           {"request_sha256", request_.states[index].request_sha256},
+           {"state", record.succeeded ? "succeeded" : "failed"}};
+    if (record.succeeded) {
+      ++succeeded;
+      const Json& verdict = record.result["verdict"];
+      s["result_sha256"] = record.result["result_sha256"];
+      s["argmax_candidate"] = verdict["argmax_candidate"];
+      s["argmax_token_id"] = verdict["argmax_token_id"];
+      s["attempt"] = record.result["batch"]["attempt"];
+      ++verdicts[verdict["argmax_candidate"].get<std::string>()];
+    } else {
+      s["error"] = record.error;
+    }
+    states.push_back(std::move(s));
+  }
+  return Json{
+      {"schema", protocol::kNextTokenBatchResult},
+      {"created_at_utc", common::now_rfc3339()},
+      {"duration_seconds", common::now_unix() - facts.started_unix},
+      {"job_id", facts.job_id},
+      {"supervisor", {{"version", ASSAY_VERSION}, {"key_id", facts.key_id}}},
+      {"source", source_section()},
+      {"request",
+       {{"schema", request_.schema},
+        {"id", request_.id},
+        {"sha256", request_.request_sha256},
+        {"states", request_.states.size()}}},
+      {"model_identity", fingerprint_.output["model_identity"]},
+      {"model_fingerprint", fingerprint_section(fingerprint_)},
+      {"containment", {{"host_memory", facts.host_memory}, {"backend", facts.backend}}},
+      {"counts",
+       {{"states", request_.states.size()},
+        {"succeeded", succeeded},
+        {"failed", records_.size() - succeeded},
+        {"argmax_candidate", verdicts}}},
+      {"states", std::move(states)},
+      // This run's workers; states recorded before a restart name their run in their own result.
+      {"oracle_runs", attempts_},
+      {"states_artifact",
+       {{"name", common::kBatchArtifactFileName},
+        {"bytes", fs::file_size(artifact)},
+        {"sha256", common::sha256_file_id(artifact)}}}};
+}
+
+Sealed BatchPipeline::assemble(const RunFacts& facts) {
+  if (records_.size() != request_.states.size())
+    throw Error("supervisor.internal", "the batch ended with " + std::to_string(records_.size()) +
+                                           " of " + std::to_string(request_.states.size()) +
+                                           " states recorded");
+  // The artifact binds every state's result: one canonical line per state, in index order.
+  std::string lines;
+  for (const auto& [index, record] : records_) {
+    Json line{{"index", index}, {"job_id", record.job_id}};
+    if (record.succeeded)
+      line["result_sha256"] = record.result["result_sha256"];
+    else
+      line["error"] = record.error;
+    lines += common::canonical(line) + "\n";
+  }
+  fs::path artifact = facts.job_dir / common::kBatchArtifactFileName;
+  common::write_unsynced(artifact, lines, 0644);
+  Json result = summary(facts, artifact);
+  const Json& counts = result["counts"];
+  std::string message = "succeeded: " + std::to_string(counts["succeeded"].get<std::size_t>()) +
+                        " of " + std::to_string(request_.states.size()) + " states, " +
+                        std::to_string(counts["failed"].get<std::size_t>()) + " failed; " +
+                        counts["argmax_candidate"].dump();
+  std::string sha = result["states_artifact"]["sha256"];
+  return Sealed{std::move(result),
+                artifact,
+                sha,
+                std::string(common::kBatchArtifactFileName),
+                std::string(protocol::kBatchPredicateType),
+                message};
+}
+
+}  // namespace
+
+Admission admit_batch(const Json& document, const SubmitContext& context) {
+  common::BatchRequest b = common::validate_batch_request(document);
+  check_request_limits(b.limits, context.config);
+  std::string dir =
+      !context.query_model_dir.empty() ? context.query_model_dir : b.model_dir.value_or("");
+  if (dir.empty())
+    throw Error("request.no_model_dir",
+                "no model directory: neither the batch nor its states name one (Kiln requests "
+                "never do); pass ?model_dir=/abs/dir (assay submit --batch FILE --model DIR)");
+  if (!context.query_model_dir.empty() && b.model_dir && *b.model_dir != context.query_model_dir)
+    throw Error("request.mixed_models", "the batch names model_dir \"" + *b.model_dir +
+                                            "\" and the submission \"" + context.query_model_dir +
+                                            "\"");
+  std::string model_dir = check_model_dir(dir, context.peer);
+  if (context.query_model_dir.empty() && model_dir != dir)
+    throw Error("request.bad_model",
+                "model_dir \"" + dir + "\" is not normalised (as " + model_dir + ")");
+  // Token ids outside the vocabulary fail their own state, not the batch: no check_vocab here.
+  read_vocab_size(model_dir);
+  return Admission{common::sha256_canonical_id(Json{{"request_sha256", b.request_sha256},
+                                                    {"model_dir", model_dir},
+                                                    {"kind", "next-token-batch"}}),
+                   b.request_sha256, b.schema, b.id, model_dir};
+}
+
+std::unique_ptr<Pipeline> open_batch(const Config& config, const fs::path& job_dir,
+                                     const std::string& model_dir) {
+  return std::make_unique<BatchPipeline>(config, job_dir, model_dir);
+}
+
+}  // namespace assay::supervisor

@@ -1,0 +1,388 @@
+// Batch jobs end to end through assayd's socket, with the real workers: each state's result is a
+// single job's (bitwise-equal logits) plus "batch"; a bad state fails alone; the summary is
+// signed; a worker killed part-way is run again for the states not yet done, and a kill -9 of
+// assayd in the middle of a batch loses no state and records none twice.
+#include <doctest/doctest.h>
+
+#include <dirent.h>
+#include <cstring>
+#include <set>
+#include <thread>
+
+#include "common/identity.h"
+#include "common/safetensors.h"
+#include "common/sign.h"
+#include "tests/integration/harness.h"
+
+using namespace assay::test;
+namespace common = assay::common;
+
+namespace {
+
+bool have_workers() {
+  if (have(kFingerprint) && have(kOracle)) return true;
+  MESSAGE("skipped: assay-fingerprint or assay-oracle was not built");
+  return false;
+}
+
+Json assay_state(const std::string& id, const std::vector<std::int64_t>& ids, std::int64_t a = 65,
+                 const std::string& a_text = "A") {
+  return Json{{"schema", "assay.next-token-request.v1"},
+              {"id", id},
+              {"input_token_ids", ids},
+              {"candidates",
+               {{{"engine", "kiln"}, {"token_id", a}, {"text", a_text}},
+                {{"engine", "vllm"}, {"token_id", 66}, {"text", "B"}}}}};
+}
+
+// A Kiln request as Kiln writes it, for the model whose identity is `identity`.
+Json kiln_state(const Json& identity) {
+  const std::string message = "Hel";
+  Json receipt{{"path", "receipts/run.kiln.json"},
+               {"file_sha256", "sha256:" + std::string(64, 'd')},
+               {"content_sha256", "sha256:" + std::string(64, 'e')}};
+  std::vector<std::int64_t> ids{72, 101, 108, 108, 111};
+  return Json{{"schema", "kiln.hf-next-token-request.v1"},
+              {"id", "kiln-1"},
+              {"source",
+               {{"source_commit", std::string(40, 'f')},
+                {"kiln_receipt", receipt},
+                {"vllm_receipt", receipt}}},
+              {"model_identity", identity},
+              {"prompt",
+               {{"generator",
+                 {{"run_id", "run-1"},
+                  {"phase", "measure-c001-r000"},
+                  {"request_index", 0},
+                  {"profile", "short"},
+                  {"template_version", "fixed-serving-profiles-v1"}}},
+                {"messages", {{{"role", "user"}, {"content", message}}}},
+                {"add_generation_prompt", true},
+                {"template_kwargs", {{"enable_thinking", false}}},
+                {"utf8_sha256", common::sha256_id(message)},
+                {"token_count", 3},
+                {"token_ids", {72, 101, 108}}}},
+              {"continuation_prefix",
+               {{{"token_id", 108}, {"text", "l"}}, {{"token_id", 111}, {"text", "o"}}}},
+              {"input_token_ids", ids},
+              {"input_token_ids_sha256", common::token_ids_sha256(ids)},
+              {"candidates",
+               {{{"engine", "kiln"}, {"token_id", 65}, {"text", "A"}},
+                {{"engine", "vllm"}, {"token_id", 66}, {"text", "B"}}}}};
+}
+
+HttpReply submit_batch(const Daemon& d, const Json& states, const fs::path& model,
+                       const std::string& id = "sweep") {
+  Json batch{{"schema", "assay.next-token-batch-request.v1"}, {"id", id}, {"states", states}};
+  return request(d.socket(), "POST", "/v1/jobs?model_dir=" + model.string(), batch.dump());
+}
+
+Json get(const Daemon& d, const std::string& target) {
+  auto r = request_get(d, target);
+  REQUIRE_MESSAGE(r.status == 200, target << ": " << r.status << " " << r.body);
+  return r.json();
+}
+
+// The bytes of the "logits" tensor of a logits artifact.
+std::string logits_bytes(const fs::path& file) {
+  auto f = common::SafetensorsFile::open(file);
+  const auto* t = f.find("logits");
+  REQUIRE(t != nullptr);
+  return std::string(reinterpret_cast<const char*>(t->data), t->nbytes);
+}
+
+std::string validate(const std::string& schema, const fs::path& doc) {
+  return run_capture(std::string(ASSAY_PYTHON3) + " " + ASSAY_SOURCE_DIR +
+                     "/tests/tools/validate_schema.py " + ASSAY_SOURCE_DIR + "/schemas/" + schema +
+                     ".schema.json " + doc.string());
+}
+
+// The batch oracle's pid, seen from here (it runs in its own PID namespace): 0 when none runs.
+pid_t batch_oracle_pid() {
+  DIR* proc = ::opendir("/proc");
+  pid_t found = 0;
+  while (dirent* e = ::readdir(proc)) {
+    pid_t pid = std::atoi(e->d_name);
+    if (pid <= 0) continue;
+    std::string cmd = slurp(fs::path("/proc") / e->d_name / "cmdline");
+    if (cmd.find("assay-oracle") != std::string::npos &&
+        cmd.find("next-token-batch") != std::string::npos)
+      found = pid;
+  }
+  ::closedir(proc);
+  return found;
+}
+
+// Waits until the batch's oracle workspace holds state-<index>.json.
+bool wait_for_state_file(const fs::path& job_dir, std::size_t index, double seconds) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  fs::path file = job_dir / "oracle" / ("state-" + std::to_string(index) + ".json");
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::error_code ec;
+    if (fs::exists(file, ec)) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
+}
+
+// Every job the store holds that is a part of `batch`, by index (several: a state run twice).
+std::multimap<std::size_t, Json> parts_of(const fs::path& state, const std::string& batch) {
+  std::multimap<std::size_t, Json> parts;
+  for (const auto& e : fs::directory_iterator(state / "jobs")) {
+    fs::path file = e.path() / "job.json";
+    if (!fs::exists(file)) continue;
+    Json job = common::parse_strict(slurp(file));
+    if (job.contains("batch") && job["batch"]["id"] == batch)
+      parts.emplace(job["batch"]["index"].get<std::size_t>(), job);
+  }
+  return parts;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "batch: each state's result is a single job's plus batch, with bitwise-equal logits; a bad "
+    "state fails alone; the summary is signed and names every state's result") {
+  if (!have_workers()) return;
+  TempDir tmp;
+  fs::path model = fixture_model(tmp.path / "llama-tiny");
+  Daemon d(tmp.path / "state", tmp.path / "assayd.sock",
+           {"--containment", containment(), "--fingerprint-worker", kFingerprint, "--oracle-worker",
+            kOracle});
+  REQUIRE_MESSAGE(d.start(), d.log());
+
+  // Single jobs first: the model's identity (for the Kiln request) and the logits to compare.
+  const std::vector<std::int64_t> ids{72, 101, 108, 108, 111};
+  Json single = assay_state("single", ids);
+  single["model_dir"] = model.string();
+  auto s1 = request_json(d, single);
+  REQUIRE_MESSAGE(s1.status == 201, s1.body);
+  std::string single_id = s1.json()["id"];
+  REQUIRE(wait_job(d.socket(), single_id, terminal, 120)["state"] == "succeeded");
+  Json single_result = get(d, "/v1/jobs/" + single_id + "/result");
+  Json identity = single_result["model_identity"];
+  Json kiln = kiln_state(identity);
+  auto s2 = request(d.socket(), "POST", "/v1/jobs?model_dir=" + model.string(), kiln.dump());
+  REQUIRE_MESSAGE(s2.status == 201, s2.body);
+  std::string kiln_single = s2.json()["id"];
+  REQUIRE(wait_job(d.socket(), kiln_single, terminal, 120)["state"] == "succeeded");
+
+  Json states = Json::array(
+      {assay_state("same-as-single", ids), kiln, assay_state("bad-token", {72, 99999, 108}),
+       assay_state("bad-text", ids, 65, "Z"), assay_state("other", {1, 2, 3})});
+  auto sub = submit_batch(d, states, model);
+  REQUIRE_MESSAGE(sub.status == 201, sub.body);
+  std::string id = sub.json()["id"];
+  Json job = wait_job(d.socket(), id, terminal, 300);
+  REQUIRE_MESSAGE(job["state"] == "succeeded", job.dump(2) << "\n" << d.log());
+  auto summary_reply = request_get(d, "/v1/jobs/" + id + "/result");
+  REQUIRE(summary_reply.status == 200);
+  Json summary = summary_reply.json();
+  CHECK(summary["schema"] == "assay.next-token-batch-result.v1");
+  CHECK(summary["counts"]["states"] == 5);
+  CHECK(summary["counts"]["succeeded"] == 3);
+  CHECK(summary["counts"]["failed"] == 2);
+  CHECK(summary["model_identity"] == identity);
+  REQUIRE(summary["states"].size() == 5);
+  CHECK(summary["oracle_runs"].size() == 1);  // one worker for every state
+  fs::path dir = d.state() / "jobs" / id;
+  CHECK_MESSAGE(validate("next-token-batch-result", dir / "result.json").rfind("0:", 0) == 0,
+                validate("next-token-batch-result", dir / "result.json"));
+  CHECK_MESSAGE(validate("next-token-batch-request", dir / "request.json").rfind("0:", 0) == 0,
+                validate("next-token-batch-request", dir / "request.json"));
+
+  // Each state is a job of its own; its result is a single job's plus "batch".
+  std::vector<Json> results(5);
+  std::string lines;
+  for (std::size_t i = 0; i < 5; ++i) {
+    const Json& s = summary["states"][i];
+    CHECK(s["index"] == i);
+    std::string part = s["job_id"];
+    Json part_job = get(d, "/v1/jobs/" + part);
+    CHECK(part_job["batch"] == Json{{"id", id}, {"index", i}});
+    Json line{{"index", i}, {"job_id", part}};
+    if (i == 2 || i == 3) {
+      CHECK(part_job["state"] == "failed");
+      CHECK(s["state"] == "failed");
+      CHECK(part_job["error"]["code"] ==
+            (i == 2 ? "request.invalid_token_id" : "request.candidate_text_mismatch"));
+      CHECK(s["error"] == part_job["error"]);
+      line["error"] = part_job["error"];
+    } else {
+      REQUIRE(part_job["state"] == "succeeded");
+      results[i] = get(d, "/v1/jobs/" + part + "/result");
+      CHECK(results[i]["schema"] == "assay.next-token-oracle-result.v1");
+      CHECK(results[i]["job_id"] == part);
+      CHECK(results[i]["batch"] == Json{{"id", id}, {"index", i}, {"count", 5}, {"attempt", 1}});
+      CHECK(s["result_sha256"] == results[i]["result_sha256"]);
+      CHECK(results[i]["request"]["sha256"] == part_job["request_sha256"]);
+      fs::path part_dir = d.state() / "jobs" / part;
+      CHECK_MESSAGE(
+          validate("next-token-oracle-result", part_dir / "result.json").rfind("0:", 0) == 0,
+          validate("next-token-oracle-result", part_dir / "result.json"));
+      // Signed like a single job's: the statement names its result and its logits.
+      Json envelope = get(d, "/v1/jobs/" + part + "/attestation");
+      Json statement = common::parse_strict(common::dsse_verify(
+          envelope, common::public_key_raw_from_pem(slurp(d.state() / "keys" / "host.pub"))));
+      CHECK(statement["predicateType"] == "https://assay.dev/next-token-oracle/v1");
+      CHECK(statement["subject"][1]["digest"]["sha256"] ==
+            common::sha256_file_id(part_dir / "logits.safetensors").substr(7));
+      line["result_sha256"] = results[i]["result_sha256"];
+    }
+    lines += common::canonical(line) + "\n";
+  }
+  // The summary's artifact lists every state's result digest, and its statement binds it.
+  fs::path artifact = dir / "states.jsonl";
+  CHECK(slurp(artifact) == lines);
+  Json envelope = get(d, "/v1/jobs/" + id + "/attestation");
+  Json statement = common::parse_strict(common::dsse_verify(
+      envelope, common::public_key_raw_from_pem(slurp(d.state() / "keys" / "host.pub"))));
+  CHECK(statement["predicateType"] == "https://assay.dev/next-token-batch/v1");
+  CHECK(statement["subject"][0]["digest"]["sha256"] ==
+        common::sha256_id(summary_reply.body).substr(7));
+  CHECK(statement["subject"][1]["name"] == "states.jsonl");
+  CHECK(statement["subject"][1]["digest"]["sha256"] == common::sha256_file_id(artifact).substr(7));
+
+  // Bitwise: the batch's logits for a state are the single job's.
+  fs::path single_dir = d.state() / "jobs" / single_id;
+  fs::path kiln_dir = d.state() / "jobs" / kiln_single;
+  std::string part0 = summary["states"][0]["job_id"], part1 = summary["states"][1]["job_id"];
+  CHECK(logits_bytes(d.state() / "jobs" / part0 / "logits.safetensors") ==
+        logits_bytes(single_dir / "logits.safetensors"));
+  CHECK(logits_bytes(d.state() / "jobs" / part1 / "logits.safetensors") ==
+        logits_bytes(kiln_dir / "logits.safetensors"));
+  CHECK(results[0]["verdict"] == single_result["verdict"]);
+  CHECK(results[0]["oracle"]["logits_sha256"] == single_result["oracle"]["logits_sha256"]);
+  Json kiln_result = get(d, "/v1/jobs/" + kiln_single + "/result");
+  CHECK(results[1]["request"] == kiln_result["request"]);
+  CHECK(results[1]["oracle"]["top_tokens"] == kiln_result["oracle"]["top_tokens"]);
+
+  if (have(kClient)) {
+    // The client: a JSONL file, one request per line, and the summary when it ends.
+    std::string jsonl;
+    for (const Json& s : {assay_state("a", {5, 6, 7}), assay_state("b", {8, 9})})
+      jsonl += s.dump() + "\n";
+    spit(tmp.path / "sweep.jsonl", jsonl);
+    std::string out =
+        run_capture(kClient + " --socket " + d.socket().string() + " submit --batch " +
+                    (tmp.path / "sweep.jsonl").string() + " --model " + model.string() + " --wait");
+    CHECK_MESSAGE(out.rfind("0:", 0) == 0, out);
+    CHECK_MESSAGE(out.find("batch sweep: 2 of 2 states succeeded") != std::string::npos, out);
+    // A bad line is refused locally, naming it.
+    spit(tmp.path / "bad.jsonl", assay_state("a", {5}).dump() + "\n\n{\"schema\": 1}\n");
+    out = run_capture(kClient + " --socket " + d.socket().string() + " submit --batch " +
+                      (tmp.path / "bad.jsonl").string() + " --model " + model.string());
+    CHECK_MESSAGE(out.rfind("7:", 0) == 0, out);
+    CHECK_MESSAGE(out.find("line 3") != std::string::npos, out);
+    // A state's result verifies offline like a single job's.
+    std::string part = summary["states"][4]["job_id"];
+    out = run_capture(kClient + " --socket " + d.socket().string() + " result " + part + " -o " +
+                      (tmp.path / "part.json").string());
+    CHECK_MESSAGE(out.rfind("0:", 0) == 0, out);
+    out = run_capture(kClient + " verify " + (tmp.path / "part.json").string() + " --pubkey " +
+                      (d.state() / "keys" / "host.pub").string() + " --artifact " +
+                      (d.state() / "jobs" / part / "logits.safetensors").string());
+    CHECK_MESSAGE(out.rfind("0:", 0) == 0, out);
+  }
+
+  // A batch whose states name two models is refused whole.
+  Json other_dir = assay_state("elsewhere", ids);
+  other_dir["model_dir"] = (tmp.path / "other").string();
+  auto mixed = submit_batch(d, Json::array({assay_state("x", ids), other_dir}), model, "mixed");
+  CHECK(mixed.status == 422);
+  CHECK(mixed.body.find("request.mixed_models") != std::string::npos);
+}
+
+TEST_CASE(
+    "batch: a worker killed part-way runs again for the states not yet done; a kill -9 of "
+    "assayd in the middle loses no state and records none twice") {
+  if (!have_workers()) return;
+  TempDir tmp;
+  fs::path model = fixture_model(tmp.path / "llama-tiny");
+  auto start = [&](Daemon& d) { REQUIRE_MESSAGE(d.start(), d.log()); };
+  std::vector<std::string> args{"--containment", containment(),     "--fingerprint-worker",
+                                kFingerprint,    "--oracle-worker", kOracle};
+  auto d = std::make_unique<Daemon>(tmp.path / "state", tmp.path / "assayd.sock", args);
+  start(*d);
+  // States long enough (~0.2 s each here) to act while the worker is between them.
+  constexpr std::size_t kStates = 10;
+  Json states = Json::array();
+  std::vector<std::vector<std::int64_t>> inputs;
+  for (std::size_t i = 0; i < kStates; ++i) {
+    std::vector<std::int64_t> seq;
+    for (std::size_t t = 0; t < 2000; ++t)
+      seq.push_back(32 + static_cast<std::int64_t>((t * 7 + i) % 90));
+    inputs.push_back(seq);
+    states.push_back(assay_state("long-" + std::to_string(i), seq));
+  }
+  auto sub = submit_batch(*d, states, model, "long");
+  REQUIRE_MESSAGE(sub.status == 201, sub.body);
+  std::string id = sub.json()["id"];
+  fs::path dir = d->state() / "jobs" / id;
+
+  // 1. The worker dies (SIGKILL) after state 1: states 0..1 keep its run, the rest run again.
+  REQUIRE_MESSAGE(wait_for_state_file(dir, 1, 120), d->log());
+  pid_t oracle = batch_oracle_pid();
+  REQUIRE(oracle > 0);
+  ::kill(oracle, SIGKILL);
+  // 2. assayd dies (kill -9) while the second run is on its way.
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (parts_of(d->state(), id).empty() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  std::size_t recorded_before = parts_of(d->state(), id).size();
+  REQUIRE(recorded_before >= 2);
+  std::size_t next = 0;
+  for (std::size_t i = 0; i < kStates; ++i)
+    if (parts_of(d->state(), id).count(i) == 0) {
+      next = i;
+      break;
+    }
+  // (If the run ends first, the kill finds the summary still to make, or the job done.)
+  wait_for_state_file(dir, next, 60);
+  d->kill9();
+  d = std::make_unique<Daemon>(tmp.path / "state", tmp.path / "assayd.sock", args);
+  start(*d);
+  Json job = wait_job(d->socket(), id, terminal, 600);
+  REQUIRE_MESSAGE(job["state"] == "succeeded", job.dump(2) << "\n" << d->log());
+  // The kill cut a run off: the job started twice, and the restart's run followed run 1.
+  Json status = get(*d, "/v1/jobs/" + id);
+  CHECK(status["attempts"] == 2);
+  CHECK(status["events"].dump().find("re-queued: assayd restarted") != std::string::npos);
+  std::set<int> runs;
+
+  // Every state recorded exactly once, each by one run of the worker.
+  auto parts = parts_of(d->state(), id);
+  CHECK(parts.size() == kStates);
+  Json summary = get(*d, "/v1/jobs/" + id + "/result");
+  CHECK(summary["counts"]["succeeded"] == kStates);
+  std::set<std::string> listed;
+  for (std::size_t i = 0; i < kStates; ++i) {
+    REQUIRE(parts.count(i) == 1);
+    const Json& part = parts.find(i)->second;
+    CHECK(part["state"] == "succeeded");
+    CHECK(summary["states"][i]["job_id"] == part["id"]);
+    listed.insert(part["id"].get<std::string>());
+    Json result = get(*d, "/v1/jobs/" + part["id"].get<std::string>() + "/result");
+    int attempt = result["batch"]["attempt"];
+    const Json& exit = result["oracle"]["process"]["exit"];
+    if (i < 2) {
+      // Ended by the first run, the one that was killed: its evidence says so.
+      CHECK(attempt == 1);
+      CHECK_MESSAGE(exit.dump().find("SIGKILL") != std::string::npos, exit.dump());
+    }
+    runs.insert(attempt);
+    // The logits are what the oracle computes for the state on its own (last position).
+    if (i == 0 || i == kStates - 1) {
+      fs::path out = tmp.path / ("direct-" + std::to_string(i) + ".safetensors");
+      std::string list;
+      for (auto t : inputs[i]) list += (list.empty() ? "" : ",") + std::to_string(t);
+      std::string r = run_capture(kOracle + " logits --model " + model.string() + " --token-ids " +
+                                  list + " --out " + out.string());
+      REQUIRE_MESSAGE(r.rfind("0:", 0) == 0, r);
+      CHECK(logits_bytes(out) == logits_bytes(d->state() / "jobs" / part["id"].get<std::string>() /
+                                              "logits.safetensors"));
+    }
+  }
+  CHECK(listed.size() == kStates);
+  CHECK(runs == std::set<int>{1, 2});
+}

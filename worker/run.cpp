@@ -1,0 +1,210 @@
+#include "worker/run.h"
+
+#include <sys/resource.h>
+
+#include <cstdlib>
+#include <fstream>
+
+#include <ATen/Parallel.h>
+#include <c10/core/InferenceMode.h>
+#include <torch/version.h>
+#ifdef ASSAY_ORACLE_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#endif
+
+#include "common/error.h"
+#include "common/identity.h"
+#include "common/protocol.h"
+#include "common/safetensors.h"
+#include "worker/runtime.h"
+
+namespace assay::oracle {
+
+using common::Error;
+using common::Json;
+
+const Clock::time_point kStart = Clock::now();
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+std::int64_t peak_rss_bytes() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<std::int64_t>(usage.ru_maxrss) * 1024;
+}
+
+void make_deterministic(int threads) {
+  setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
+  at::set_num_interop_threads(1);
+  at::set_num_threads(threads);
+  auto& ctx = at::globalContext();
+  ctx.setDeterministicAlgorithms(true, /*warn_only=*/false);
+  ctx.setAllowTF32CuBLAS(false);
+  ctx.setAllowTF32CuDNN(false);
+  ctx.setBenchmarkCuDNN(false);
+  ctx.setDeterministicCuDNN(true);
+  ctx.setFloat32MatmulPrecision("highest");
+}
+
+c10::ScalarType parse_dtype(const std::string& requested, const Json& config) {
+  std::string name = requested.empty() ? declared_dtype(config) : requested;
+  if (name == "bfloat16") return at::kBFloat16;
+  if (name == "float32") return at::kFloat;
+  if (requested.empty()) {
+    throw Error("model.unsupported",
+                "config.json declares dtype \"" + name +
+                    "\"; pass --dtype bfloat16 or --dtype float32 to choose one");
+  }
+  throw Error("input.invalid", "dtype \"" + name + "\" is not bfloat16 or float32");
+}
+
+c10::Device parse_device(const std::string& name) {
+  if (name != "cpu" && name != "cuda" && !name.starts_with("cuda:")) {
+    throw Error("input.invalid", "device \"" + name + "\" is not cpu, cuda or cuda:N");
+  }
+  c10::Device device(name);
+  if (device.is_cuda() && !at::hasCUDA()) {
+    throw Error("oracle.device_unavailable",
+                "device \"" + name + "\" requested but this LibTorch build has no usable CUDA");
+  }
+  return device;
+}
+
+namespace {
+std::string device_name(const c10::Device& device) {
+#ifdef ASSAY_ORACLE_CUDA
+  if (device.is_cuda()) {
+    return at::cuda::getDeviceProperties(device.has_index() ? device.index() : 0)->name;
+  }
+#endif
+  if (device.is_cpu()) {
+    std::ifstream cpuinfo("/proc/cpuinfo");
+    std::string line;
+    while (std::getline(cpuinfo, line)) {
+      if (line.starts_with("model name")) {
+        auto colon = line.find(':');
+        if (colon != std::string::npos) return line.substr(line.find_first_not_of(' ', colon + 1));
+      }
+    }
+    return "cpu";
+  }
+  return device.str();
+}
+}  // namespace
+
+Forward run_forward(const std::filesystem::path& model_dir, std::span<const std::int64_t> ids,
+                    const ExecOptions& options, const LoadedModel& loaded) {
+  Forward out;
+  out.architecture = loaded.model->architecture();
+  out.attention = loaded.model->attention_implementation();
+  out.linear_attention = loaded.model->linear_attention_implementation();
+  check_token_ids(ids, loaded.model->vocab_size(), "input_token_ids");
+  auto t0 = Clock::now();
+  c10::InferenceMode guard;
+  at::Tensor input = at::tensor(std::vector<std::int64_t>(ids.begin(), ids.end()), at::kLong)
+                         .unsqueeze(0)
+                         .to(options.device);
+  at::Tensor logits = loaded.model->forward(input);
+  auto t = static_cast<std::int64_t>(ids.size());
+  if (logits.dim() != 3 || logits.size(0) != 1 || logits.size(1) != t ||
+      logits.size(2) != loaded.model->vocab_size() || logits.scalar_type() != options.dtype) {
+    throw Error("oracle.internal", model_dir.string() + ": forward returned logits " +
+                                       logits.toString() + " of the wrong shape or dtype");
+  }
+  out.logits = logits[0].to(at::kFloat).to(at::kCPU).contiguous();
+  out.forward_seconds = seconds_since(t0);
+  return out;
+}
+
+void write_logits(const std::filesystem::path& path, std::span<const std::int64_t> ids,
+                  const at::Tensor& logits, const std::map<std::string, std::string>& metadata) {
+  std::vector<std::int64_t> logits_shape(logits.sizes().begin(), logits.sizes().end());
+  common::write_safetensors(path,
+                            {{"input_ids",
+                              common::Dtype::kI64,
+                              {1, static_cast<std::int64_t>(ids.size())},
+                              std::as_bytes(ids)},
+                             {"logits",
+                              common::Dtype::kF32,
+                              logits_shape,
+                              {reinterpret_cast<const std::byte*>(logits.data_ptr<float>()),
+                               static_cast<std::size_t>(logits.numel()) * sizeof(float)}}},
+                            metadata);
+}
+
+std::map<std::string, std::string> logits_metadata(const Forward& f, const ExecOptions& o) {
+  return {{"architecture", f.architecture},
+          {"dtype", o.dtype == at::kBFloat16 ? "bfloat16" : "float32"},
+          {"device", o.device.str()},
+          {"torch_version", TORCH_VERSION}};
+}
+
+namespace {
+std::string executable_sha256() {
+  return common::sha256_file_id(std::filesystem::read_symlink("/proc/self/exe"));
+}
+}  // namespace
+
+void add_execution_report(Json& out, const ExecOptions& options, int threads,
+                          const std::string& attention, const std::string& linear_attention) {
+  out["device"] = options.device.str();
+  out["device_name"] = device_name(options.device);
+  out["dtype"] = options.dtype == at::kBFloat16 ? "bfloat16" : "float32";
+  out["torch_version"] = TORCH_VERSION;
+  out["threads"] = threads;
+  out["deterministic_algorithms"] = at::globalContext().deterministicAlgorithms();
+  out["tf32_allowed"] =
+      at::globalContext().allowTF32CuBLAS() || at::globalContext().allowTF32CuDNN();
+  out["attention_implementation"] = attention;
+  out["linear_attention_implementation"] = linear_attention;
+  out["gdn_variant"] = options.gdn_variant;
+  out["executable_sha256"] = executable_sha256();
+  Json configuration = execution_configuration(options, attention, linear_attention);
+  out["configuration_sha256"] = common::sha256_canonical_id(configuration);
+  out["configuration"] = std::move(configuration);
+  out["runtime"] = runtime_report(options.device);
+  out["loaded_libraries"] = loaded_libraries();
+}
+
+ModelFiles open_model_files(const std::filesystem::path& dir, const ModelFds& fds) {
+  return fds ? ModelFiles::from_fds(dir, *fds) : ModelFiles::from_directory(dir);
+}
+
+// The worker-protocol "execution" object as options, after making ATen deterministic (which
+// must come before any ATen work).
+ExecOptions prepare_execution(const Execution& e, ModelFiles& files) {
+  if (e.gdn_variant != "current" && e.gdn_variant != "legacy") {
+    throw Error("input.invalid",
+                "execution.gdn_variant \"" + e.gdn_variant + "\" is not current or legacy");
+  }
+  make_deterministic(e.threads);
+  ExecOptions options;
+  options.device = parse_device(e.device);
+  options.dtype = parse_dtype(e.dtype, read_config(files));
+  options.gdn_variant = e.gdn_variant;
+  return options;
+}
+
+Json next_token_output(const std::filesystem::path& workdir, const std::string& logits_file,
+                       std::span<const std::int64_t> ids, const std::vector<Candidate>& candidates,
+                       const Forward& f, const ExecOptions& options, const LoadedModel& loaded,
+                       const Tokenizer& tokenizer) {
+  at::Tensor last = f.logits[-1].contiguous();
+  std::span<const float> values(last.data_ptr<float>(), static_cast<std::size_t>(last.numel()));
+  write_logits(workdir / logits_file, ids, last, logits_metadata(f, options));
+  Json out = rank_logits(values, tokenizer, candidates);
+  out["schema"] = protocol::kOracleOutput;
+  out["architecture"] = f.architecture;
+  out["model_type"] = loaded.model_type;
+  out["vocab_size"] = loaded.model->vocab_size();
+  out["logits_file"] = logits_file;
+  out["logits_sha256"] = common::sha256_id(values.data(), values.size_bytes());
+  out["input_token_count"] = ids.size();
+  out["input_token_ids_sha256"] =
+      common::sha256_canonical_id(Json(std::vector<std::int64_t>(ids.begin(), ids.end())));
+  return out;
+}
+
+}  // namespace assay::oracle

@@ -105,7 +105,9 @@ void Config::load_file(const std::filesystem::path& path) {
                                  "max_event_streams",
                                  "max_buffered_bytes",
                                  "fingerprint_threads",
-                                 "preflight_retry_ms"},
+                                 "preflight_retry_ms",
+                                 "executor",
+                                 "slurm"},
                                 "config");
   std::string s;
   if (take_string(j, "socket", s = socket.string()), !s.empty()) socket = s;
@@ -138,7 +140,40 @@ void Config::load_file(const std::filesystem::path& path) {
     allow_root_workers = it->get<bool>();
   }
   take_string(j, "oracle_device", oracle_device);
+  take_string(j, "executor", executor);
+  if (auto it = j.find("slurm"); it != j.end()) load_slurm(*it);
   load_limits(j);
+}
+
+void Config::load_slurm(const Json& j) {
+  if (!j.is_object()) throw Error("config.invalid", "config.slurm must be an object");
+  common::reject_unknown_fields(j,
+                                {"shared_dir", "partition", "account", "qos", "sbatch_args",
+                                 "node_assayd", "contain_args", "oracle_gpus", "poll_ms"},
+                                "config.slurm");
+  std::string s;
+  if (take_string(j, "shared_dir", s = slurm.shared_dir.string()), !s.empty()) slurm.shared_dir = s;
+  take_string(j, "partition", slurm.partition);
+  take_string(j, "account", slurm.account);
+  take_string(j, "qos", slurm.qos);
+  if (take_string(j, "node_assayd", s = slurm.node_assayd.string()), !s.empty())
+    slurm.node_assayd = s;
+  for (auto [key, out] : {std::pair{"sbatch_args", &slurm.sbatch_args},
+                          std::pair{"contain_args", &slurm.contain_args}}) {
+    auto it = j.find(key);
+    if (it == j.end()) continue;
+    if (!it->is_array())
+      throw Error("config.invalid", std::string("config.slurm.") + key + " must be an array");
+    out->clear();
+    for (const Json& a : *it) {
+      if (!a.is_string())
+        throw Error("config.invalid",
+                    std::string("config.slurm.") + key + " holds a non-string: " + a.dump());
+      out->push_back(a.get<std::string>());
+    }
+  }
+  take_uint(j, "oracle_gpus", slurm.oracle_gpus);
+  take_uint(j, "poll_ms", slurm.poll_ms);
 }
 
 void Config::load_limits(const Json& j) {
@@ -218,6 +253,38 @@ void Config::finalize() {
   if (worker_timeout_seconds <= 0)
     throw Error("config.invalid", "worker_timeout_seconds must be positive, got " +
                                       std::to_string(worker_timeout_seconds));
+  finalize_executor();
+}
+
+void Config::finalize_executor() {
+  if (executor == "local") return;
+  if (executor != "slurm")
+    throw Error("config.invalid", "executor \"" + executor + "\" is not local or slurm");
+  const auto& shared = slurm.shared_dir;
+  if (shared.empty() || !shared.is_absolute())
+    throw Error("config.invalid",
+                "executor slurm needs slurm.shared_dir, an absolute path (got \"" +
+                    shared.string() + "\")");
+  std::error_code ec;
+  if (!std::filesystem::is_directory(shared, ec))
+    throw Error("config.invalid", "slurm.shared_dir " + shared.string() + " is not a directory");
+  // The workspaces must not expose the state directory (the signing key, other jobs), nor live
+  // inside it.
+  auto inside = [](const std::filesystem::path& a, const std::filesystem::path& b) {
+    auto rel = a.lexically_normal().lexically_relative(b.lexically_normal());
+    return !rel.empty() && *rel.begin() != "..";
+  };
+  if (inside(shared, state_dir) || inside(state_dir, shared))
+    throw Error("config.invalid", "slurm.shared_dir " + shared.string() +
+                                      " and the state directory " + state_dir.string() +
+                                      " must not contain one another (the signing key stays "
+                                      "off the shared file system)");
+  if (slurm.poll_ms < 50 || slurm.poll_ms > 600'000)
+    throw Error("config.invalid",
+                "slurm.poll_ms must be in 50..600000, got " + std::to_string(slurm.poll_ms));
+  if (slurm.oracle_gpus > 64)
+    throw Error("config.invalid",
+                "slurm.oracle_gpus must be in 0..64, got " + std::to_string(slurm.oracle_gpus));
 }
 
 std::string Config::describe() const {
@@ -227,6 +294,7 @@ std::string Config::describe() const {
          {"oracle_worker", oracle_worker.string()},
          {"compare_worker", compare_worker.string()},
          {"containment", mode_name(containment.mode)},
+         {"executor", executor},
          {"device_slots", device_slots},
          {"max_queue", max_queue}};
   return j.dump();

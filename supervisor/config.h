@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -54,6 +55,23 @@ struct Config {
   bool fingerprint_cache = true;
   std::uint32_t preflight_retry_ms = 2000;
 
+  // Where worker steps run: "local" (this host's contained runtime) or "slurm" (each step a
+  // Slurm batch job on a compute node, inside `assayd contain` there: executors/slurm.h).
+  std::string executor = "local";
+  // executor "slurm" ("slurm": {...} in the config file).
+  struct Slurm {
+    // Visible at the same path on this host and every node; the workers' workspaces live there
+    // (never the state directory: the signing key stays on this host).
+    std::filesystem::path shared_dir;
+    std::string partition, account, qos;           // empty: Slurm's default
+    std::vector<std::string> sbatch_args;          // appended to every sbatch command line
+    std::filesystem::path node_assayd = "assayd";  // on the nodes: absolute, or in their PATH
+    std::vector<std::string> contain_args;         // node-side `assayd contain` options
+    // Oracle steps ask for --gres=gpu:N when oracle_device is a GPU.
+    unsigned oracle_gpus = 1;
+    std::uint32_t poll_ms = 1000;  // squeue interval (one call for every step)
+  } slurm;
+
   // JSON keys are the field names above; "containment" is "auto|v2|v1|none".
   void load_file(const std::filesystem::path& path);
   // Fills defaults that depend on the environment (worker paths) and checks the result;
@@ -63,6 +81,8 @@ struct Config {
 
  private:
   void load_limits(const nlohmann::json& j);  // the numeric keys of load_file
+  void load_slurm(const nlohmann::json& j);   // "slurm": {...}
+  void finalize_executor();
 };
 
 contain::Mode mode_from_name(const std::string& name);

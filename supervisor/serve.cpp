@@ -39,7 +39,7 @@ int serve_main(int argc, char** argv) {
       "assayd serve"};
   Config config;
   std::string config_file, socket, state_dir, containment, fingerprint_worker, oracle_worker,
-      compare_worker, log_level = "info";
+      compare_worker, executor, log_level = "info";
   int slots = 0;
   app.add_option("--socket", socket, "unix socket path (default: systemd socket activation)");
   app.add_option("--state-dir", state_dir, "state directory (jobs, keys)");
@@ -50,6 +50,10 @@ int serve_main(int argc, char** argv) {
   app.add_option("--oracle-worker", oracle_worker, "assay-oracle executable");
   app.add_option("--compare-worker", compare_worker, "assay-compare executable (fidelity jobs)");
   app.add_option("--device-slots", slots, "jobs that run at once (default 1)");
+  app.add_option("--executor", executor,
+                 "where worker steps run: local (default) or slurm (Slurm batch jobs; needs the "
+                 "config file's \"slurm\": {\"shared_dir\", ...})")
+      ->check(CLI::IsMember({"local", "slurm"}));
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
   bool allow_root_workers = false;
   app.add_flag("--allow-root-workers", allow_root_workers,
@@ -71,6 +75,7 @@ int serve_main(int argc, char** argv) {
     if (!oracle_worker.empty()) config.oracle_worker = oracle_worker;
     if (!compare_worker.empty()) config.compare_worker = compare_worker;
     if (slots) config.device_slots = slots;
+    if (!executor.empty()) config.executor = executor;
     if (allow_root_workers) config.allow_root_workers = true;
     config.finalize();
 

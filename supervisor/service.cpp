@@ -17,10 +17,6 @@
 #include "supervisor/pipelines/admission.h"
 #include "supervisor/pipelines/steps.h"
 
-#ifndef ASSAY_VERSION
-#define ASSAY_VERSION "0.0.0"
-#endif
-
 namespace assay::supervisor {
 
 using common::Error;
@@ -84,8 +80,20 @@ Service::Service(boost::asio::io_context& io, Config config)
                     {"user", worker->user.empty() ? Json(nullptr) : Json(worker->user)},
                     {"transient", worker->transient}}
              : Json(config_.allow_root_workers ? "root (allow_root_workers)" : "assayd's own user");
-  engine_ =
-      std::make_unique<Engine>(io_, config_, store_, *runtime_, key_, watchers_, metrics_, worker);
+  if (config_.executor == "slurm") {
+    executors::SlurmOptions o;
+    o.shared_dir = config_.slurm.shared_dir;
+    o.partition = config_.slurm.partition;
+    o.account = config_.slurm.account;
+    o.qos = config_.slurm.qos;
+    o.sbatch_args = config_.slurm.sbatch_args;
+    o.node_assayd = config_.slurm.node_assayd;
+    o.contain_args = config_.slurm.contain_args;
+    o.poll = std::chrono::milliseconds(config_.slurm.poll_ms);
+    slurm_ = std::make_unique<executors::SlurmExecutor>(io_, std::move(o));
+  }
+  engine_ = std::make_unique<Engine>(io_, config_, store_, *runtime_, key_, watchers_, metrics_,
+                                     worker, slurm_.get());
 }
 
 Service::~Service() = default;
@@ -246,6 +254,7 @@ Json Service::info() const {
   return Json{
       {"version", ASSAY_VERSION},
       {"containment", {{"backend", runtime_->backend()}, {"runtime", runtime_->describe()}}},
+      {"executor", config_.executor},
       {"key_id", key_.key_id()},
       {"public_key_pem", key_.public_key_pem()},
       {"workers",

@@ -74,6 +74,7 @@ class Service {
   Config config_;
   JobStore store_;
   std::unique_ptr<contain::Runtime> runtime_;
+  std::unique_ptr<executors::SlurmExecutor> slurm_;  // executor slurm; null: local
   common::SigningKey key_;
   Metrics metrics_;
   Watchers watchers_;

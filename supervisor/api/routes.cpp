@@ -6,10 +6,6 @@
 #include "common/request.h"
 #include "common/text.h"
 
-#ifndef ASSAY_VERSION
-#define ASSAY_VERSION "0.0.0"
-#endif
-
 namespace assay::supervisor::api {
 
 using common::Error;
@@ -263,6 +259,14 @@ std::string render_metrics(Service& service) {
           m.connections_refused);
   counter("assay_store_write_failures_total", "Writes to the state directory that failed.",
           m.store_write_failures);
+  counter("assay_slurm_steps_submitted_total", "Worker steps submitted to Slurm (executor slurm).",
+          m.slurm_submitted);
+  std::map<std::string, int> slurm_states;
+  for (const auto& [name, state] : m.slurm_steps) ++slurm_states[state];
+  o << "# HELP assay_slurm_steps Worker steps in Slurm now, by Slurm job state.\n"
+       "# TYPE assay_slurm_steps gauge\n";
+  for (const auto& [state, n] : slurm_states)
+    o << "assay_slurm_steps{state=\"" << state << "\"} " << n << "\n";
   o << "# HELP assay_duration_seconds Job and phase durations (quantile over the last "
     << Durations::kWindow << ").\n# TYPE assay_duration_seconds summary\n";
   for (const auto& [phase, d] : m.durations)

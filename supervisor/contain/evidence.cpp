@@ -419,10 +419,18 @@ Json Evidence::to_json() const {
                               {"cap_bytes", output->cap_bytes}}
                        : Json(nullptr);
   e["errors"] = errors;
+  if (executor) e["executor"] = *executor;
   return e;
 }
 
-Evidence Evidence::from_json(const Json& json) {
+Evidence Evidence::from_json(const Json& document) {
+  // "executor" (the head's addition to a node's document) is the one optional member.
+  Json json = document;
+  std::optional<Json> executor;
+  if (auto it = json.find("executor"); it != json.end()) {
+    executor = *it;
+    json.erase("executor");
+  }
   Field doc(json, "");
   doc.object({"schema",        "name",          "mode",       "orphan",
               "cgroup",        "spawn",         "limits",     "network",
@@ -481,6 +489,12 @@ Evidence Evidence::from_json(const Json& json) {
         OutputEvidence{read_stream(f["stdout"]), read_stream(f["stderr"]), f["cap_bytes"].count()};
   }
   e.errors = doc["errors"].strings();
+  if (executor && !executor->is_null()) {
+    if (!executor->is_object() || executor->value("kind", Json()) != "slurm")
+      throw common::Error("contain.bad_evidence",
+                          "evidence field \"executor\" is not the Slurm executor's object");
+    e.executor = *executor;
+  }
   // Derived, never stored: a document whose "normalised" differs from its raw fields was not
   // written by to_json.
   Field normalised = doc["normalised"];

@@ -173,6 +173,10 @@ struct Evidence {
   std::optional<Counters> counters;  // null without a cgroup, or when they could not be read
   std::optional<OutputEvidence> output;
   std::vector<std::string> errors;  // problems met while measuring or cleaning up
+  // Where the worker ran when not on this host: the Slurm executor's {kind: "slurm",
+  // slurm_job_id, node, partition, state, restarts, evidence_sha256 (of the node's own document),
+  // memory_limit_hit} (executors/slurm.h). Absent: this host.
+  std::optional<common::Json> executor;
 
   // The Kiln-v2 view of the fields above; to_json writes it as "normalised" and from_json
   // checks that a document's "normalised" equals it.

@@ -97,7 +97,8 @@ common::Json SlurmResult::executor_json() const {
 
 std::vector<std::string> SlurmExecutor::Impl::sbatch_argv(const contain::SpawnSpec& spec,
                                                           const fs::path& dir,
-                                                          const std::string& token) const {
+                                                          const std::string& token,
+                                                          const std::string& gres) const {
   std::uint64_t mem =
       spec.limits.memory_max.value_or(options.default_memory_bytes) + options.memory_margin_bytes;
   std::uint64_t mem_mib = (mem + (1ULL << 20) - 1) >> 20;
@@ -118,7 +119,8 @@ std::vector<std::string> SlurmExecutor::Impl::sbatch_argv(const contain::SpawnSp
   if (!options.partition.empty()) argv.push_back("--partition=" + options.partition);
   if (!options.account.empty()) argv.push_back("--account=" + options.account);
   if (!options.qos.empty()) argv.push_back("--qos=" + options.qos);
-  if (!options.gres.empty()) argv.push_back("--gres=" + options.gres);
+  if (!gres.empty() || !options.gres.empty())
+    argv.push_back("--gres=" + (gres.empty() ? options.gres : gres));
   argv.insert(argv.end(), options.sbatch_args.begin(), options.sbatch_args.end());
   argv.push_back((dir / "step.sh").string());
   return argv;
@@ -139,7 +141,8 @@ std::string SlurmExecutor::Impl::script(const fs::path& dir) const {
 }
 
 std::shared_ptr<contain::Running> SlurmExecutor::Impl::start(const contain::SpawnSpec& spec,
-                                                             SlurmCallbacks cb) {
+                                                             SlurmCallbacks cb,
+                                                             const std::string& gres) {
   fs::path dir = options.shared_dir / "slurm" / spec.name;
   std::string token = random_token();
   try {
@@ -164,7 +167,7 @@ std::shared_ptr<contain::Running> SlurmExecutor::Impl::start(const contain::Spaw
   t->step.step_dir = dir;
   t->step.state = "SUBMITTING";
   t->cb = std::move(cb);
-  run_command(io, sbatch_argv(spec, dir, token), [w = weak_from_this(), t](CommandResult r) {
+  run_command(io, sbatch_argv(spec, dir, token, gres), [w = weak_from_this(), t](CommandResult r) {
     auto self = w.lock();
     if (!self) return;
     std::string id = trim(split(trim(r.out), ';')[0]);
@@ -279,8 +282,9 @@ fs::path SlurmExecutor::step_dir(const std::string& name) const {
 }
 
 std::shared_ptr<contain::Running> SlurmExecutor::start(const contain::SpawnSpec& spec,
-                                                       SlurmCallbacks callbacks) {
-  return impl_->start(spec, std::move(callbacks));
+                                                       SlurmCallbacks callbacks,
+                                                       const std::string& gres) {
+  return impl_->start(spec, std::move(callbacks), gres);
 }
 
 std::shared_ptr<contain::Running> SlurmExecutor::attach(const fs::path& step_dir,

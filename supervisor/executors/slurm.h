@@ -112,7 +112,9 @@ class SlurmExecutor {
   // the node's evidence when the worker had started (Slurm's SIGTERM reaches the worker and
   // `assayd contain`, which measures its end); pid() is 0 (the process lives on a node).
   // Dropping the Running does not cancel the job.
-  std::shared_ptr<contain::Running> start(const contain::SpawnSpec& spec, SlurmCallbacks callbacks);
+  // `gres`: this step's --gres (e.g. "gpu:1" for an oracle step on a GPU); empty: the options'.
+  std::shared_ptr<contain::Running> start(const contain::SpawnSpec& spec, SlurmCallbacks callbacks,
+                                          const std::string& gres = {});
 
   // Follows a step submitted before a restart, by its step directory (the job id file, or the
   // token in the job's name when assayd died before writing it): never re-submits. A job Slurm

@@ -50,10 +50,11 @@ struct SlurmExecutor::Impl : std::enable_shared_from_this<Impl> {
   // --- submission (slurm.cpp) ---------------------------------------------------------------
 
   std::vector<std::string> sbatch_argv(const contain::SpawnSpec& spec,
-                                       const std::filesystem::path& dir,
-                                       const std::string& token) const;
+                                       const std::filesystem::path& dir, const std::string& token,
+                                       const std::string& gres) const;
   std::string script(const std::filesystem::path& dir) const;
-  std::shared_ptr<contain::Running> start(const contain::SpawnSpec& spec, SlurmCallbacks cb);
+  std::shared_ptr<contain::Running> start(const contain::SpawnSpec& spec, SlurmCallbacks cb,
+                                          const std::string& gres);
 
   // --- attach after a restart (slurm.cpp) -------------------------------------------------
 

@@ -56,6 +56,18 @@ void Engine::next_step(JobRun& run) {
 void Engine::prepare_workspace(const Step& step, const Json& input, const fs::path& ws) const {
   std::error_code ec;
   fs::remove_all(ws, ec);  // a previous attempt's leftovers
+  if (slurm_) {
+    // The workspace is in the shared directory (the nodes see it); the job directory links to
+    // it, so that everything after the step reads it where a local step's would be.
+    fs::path link = store_.job_dir(ws.parent_path().filename()) / ws.filename();
+    fs::create_directories(ws.parent_path(), ec);
+    ::chmod(ws.parent_path().c_str(), 0755);
+    fs::remove_all(link, ec);
+    fs::create_directory_symlink(ws, link, ec);
+    if (ec)
+      common::throw_errno("worker.workspace", "cannot link " + link.string() + " to " + ws.string(),
+                          ec.value());
+  }
   if (::mkdir(ws.c_str(), 0700) != 0)
     common::throw_errno("worker.workspace", "mkdir " + ws.string(), errno);
   common::replace_file_fast(ws / protocol::kInputFile, common::canonical(input), 0600);
@@ -136,21 +148,34 @@ void Engine::open_model_files(JobRun& run, const std::string& model_dir, Json& i
 void Engine::start_step(JobRun& run, Step& step) {
   const std::string id = run.id, role = step.role;
   Job& job = *store_.find(id);
-  fs::path ws = store_.job_dir(id) / role;
+  fs::path ws = workspace(id, role);
   try {
+    if (run.recovered && resume_step(run, step)) return;
+    run.recovered = false;
     if (::access(step.worker.c_str(), X_OK) != 0)
       throw Error("worker.missing",
                   "worker executable " + step.worker.string() + " is missing or not executable");
     Json input = step.input();
     contain::SpawnSpec spec = worker_spec(run, step, ws);
     run.model_fds.clear();
-    if (!step.model_dir.empty()) open_model_files(run, step.model_dir, input, spec);
-    for (const auto& path : step.open_files) {
-      common::UniqueFd fd = common::open_regular(path);
-      spec.pass_fds.push_back(fd.get());
-      run.model_fds.push_back(std::move(fd));
+    if (slurm_) {
+      // Descriptors do not cross hosts: a worker on a node reads the model by path.
+      if (!step.open_files.empty())
+        throw Error("executor.unsupported",
+                    "the slurm executor cannot hand a node the files this step reads (" +
+                        step.open_files.front() +
+                        ", ...): give the candidate as a model_dir, or "
+                        "run the job with executor local");
+    } else {
+      if (!step.model_dir.empty()) open_model_files(run, step.model_dir, input, spec);
+      for (const auto& path : step.open_files) {
+        common::UniqueFd fd = common::open_regular(path);
+        spec.pass_fds.push_back(fd.get());
+        run.model_fds.push_back(std::move(fd));
+      }
     }
     prepare_workspace(step, input, ws);
+    if (slurm_) return start_slurm(run, step, spec, false);
     set_phase(job, role, "running " + role + " worker");
     double t0 = common::now_unix();
     run.process = runtime_.start(io_, spec, [this, id, role, t0](contain::Evidence evidence) {
@@ -206,7 +231,9 @@ void Engine::step_done(const std::string& id, const std::string& role, contain::
       throw Error("worker." + role + "_output",
                   role + " worker exited 0 but its output.json is unusable: " + e.what());
     }
+    Json kept = slurm_ ? output : Json();
     step.accept(std::move(output), evidence);
+    if (slurm_) keep_step_record(id, role, kept, evidence);
   } catch (const Error& e) {
     return fail(id, e.code(), e.what());
   } catch (const std::exception& e) {

@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,7 @@
 #include "common/sign.h"
 #include "supervisor/config.h"
 #include "supervisor/contain/contain.h"
+#include "supervisor/executors/slurm.h"
 #include "supervisor/jobs/events.h"
 #include "supervisor/jobs/metrics.h"
 #include "supervisor/jobs/store.h"
@@ -40,13 +42,17 @@ struct JobRun {
   std::shared_ptr<contain::Running> process;
   std::vector<common::UniqueFd> model_fds;  // the running step's model files, opened by assayd
   std::unique_ptr<boost::asio::steady_timer> progress_timer;  // a step with Step::progress
+  // Re-queued by a restart: with the Slurm executor, steps that ended before it are collected
+  // from their records and a step still in Slurm is re-attached, until one starts afresh.
+  bool recovered = false;
 };
 
 class Engine {
  public:
   Engine(boost::asio::io_context& io, const Config& config, JobStore& store,
          contain::Runtime& runtime, const common::SigningKey& key, Watchers& watchers,
-         Metrics& metrics, std::optional<contain::WorkerIdentity> worker);
+         Metrics& metrics, std::optional<contain::WorkerIdentity> worker,
+         executors::SlurmExecutor* slurm = nullptr);
 
   // Re-queues jobs cut off by a restart and starts scheduling.
   void recover();
@@ -77,6 +83,19 @@ class Engine {
                     const contain::Evidence& evidence, bool& again);
   void record_part(JobRun& run, Part& part);
   void poll_progress(const std::string& id, const std::string& role);
+
+  // slurm_steps.cpp: steps as Slurm jobs (Config::executor "slurm")
+  // Where a step's workspace is: STATE/jobs/ID/ROLE, or with Slurm SHARED/jobs/ID/ROLE (which
+  // STATE/jobs/ID/ROLE then links to).
+  std::filesystem::path workspace(const std::string& id, const std::string& role) const;
+  // After a restart: collects a step that ended before it (its record in STATE/jobs/ID/steps/)
+  // or re-attaches to its Slurm job. False when the step must start afresh.
+  bool resume_step(JobRun& run, Step& step);
+  void start_slurm(JobRun& run, Step& step, const contain::SpawnSpec& spec, bool attach);
+  void slurm_done(const std::string& id, const std::string& role, executors::SlurmResult r);
+  // What a step that ended well leaves for resume_step: its output and evidence.
+  void keep_step_record(const std::string& id, const std::string& role, const common::Json& output,
+                        const contain::Evidence& evidence);
 
   // engine.cpp
   void next_step(JobRun& run);
@@ -110,6 +129,8 @@ class Engine {
   // Who workers run as: set whenever assayd is root (never root itself unless
   // allow_root_workers); unset when assayd is not root and workers run as assayd's user.
   std::optional<contain::WorkerIdentity> worker_;
+  executors::SlurmExecutor* slurm_;  // null: the local executor
+  std::set<std::string> recovered_;  // jobs recover() re-queued, until they begin
 
   std::vector<std::string> queue_;                       // FIFO of queued job ids
   std::map<std::string, std::unique_ptr<JobRun>> runs_;  // running jobs

@@ -23,6 +23,9 @@ struct Metrics {
   std::uint64_t preflight_refusals = 0, preflight_waits = 0, oom_kills = 0, timeouts = 0;
   std::uint64_t connections_refused = 0, store_write_failures = 0, internal_errors = 0;
   std::map<std::string, Durations> durations;  // "job", "fingerprint", "oracle", ...
+  // The Slurm executor: steps submitted, and each followed step's last Slurm state by name.
+  std::uint64_t slurm_submitted = 0;
+  std::map<std::string, std::string> slurm_steps;
 };
 
 }  // namespace assay::supervisor

@@ -29,7 +29,8 @@ std::string fmt_bytes(std::uint64_t b) {
 
 Engine::Engine(boost::asio::io_context& io, const Config& config, JobStore& store,
                contain::Runtime& runtime, const common::SigningKey& key, Watchers& watchers,
-               Metrics& metrics, std::optional<contain::WorkerIdentity> worker)
+               Metrics& metrics, std::optional<contain::WorkerIdentity> worker,
+               executors::SlurmExecutor* slurm)
     : io_(io),
       config_(config),
       store_(store),
@@ -38,6 +39,7 @@ Engine::Engine(boost::asio::io_context& io, const Config& config, JobStore& stor
       watchers_(watchers),
       metrics_(metrics),
       worker_(std::move(worker)),
+      slurm_(slurm),
       retry_timer_(io) {}
 
 void Engine::recover() {
@@ -50,6 +52,7 @@ void Engine::recover() {
       job->phase = "queued";
       JobStore::add_event(*job, "re-queued: assayd restarted while attempt " +
                                     std::to_string(job->attempts) + " was running");
+      recovered_.insert(job->id);
       try {
         store_.save(*job);
       } catch (const Error& e) {
@@ -118,6 +121,12 @@ void Engine::begin(const std::string& id) {
   try {
     const JobKind& kind = kind_for_schema(job->request_schema);
     r.pipeline = kind.open(config_, store_.job_dir(id), job->model_dir);
+    r.recovered = recovered_.erase(id) > 0 && slurm_ != nullptr;
+    if (!r.recovered) {
+      // A fresh start: no step of an earlier attempt may be collected or re-attached.
+      std::error_code ec;
+      fs::remove_all(store_.job_dir(id) / "steps", ec);
+    }
     restore_parts(r);
     r.required_bytes = r.pipeline->required_bytes();
   } catch (const Error& e) {
@@ -195,7 +204,8 @@ void Engine::release(const std::string& id) {
   // vocab] floats each) are named by digest in its receipt. Logs and evidence stay.
   std::error_code ec;
   for (const auto& ws : fs::directory_iterator(store_.job_dir(id), ec)) {
-    if (!ws.is_directory(ec) || ws.is_symlink(ec)) continue;
+    // A symlink is a Slurm step's workspace in the shared directory (slurm_steps.cpp).
+    if (!ws.is_directory(ec) || (ws.is_symlink(ec) && !slurm_)) continue;
     for (const auto& file : fs::directory_iterator(ws.path(), ec))
       if (file.path().extension() == ".safetensors") fs::remove(file.path(), ec);
   }

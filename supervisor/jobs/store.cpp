@@ -18,6 +18,7 @@
 #include "common/result.h"
 #include "common/time.h"
 #include "common/trajectory.h"
+#include "supervisor/pipelines/pipeline.h"
 
 namespace assay::supervisor {
 
@@ -156,12 +157,7 @@ bool Job::is_fidelity() const {
 }
 
 std::string Job::artifact_name() const {
-  if (request_schema == common::kTrajectoryRequest)
-    return std::string(common::kTrajectoryArtifactFileName);
-  if (request_schema == protocol::kNextTokenBatchRequest)
-    return std::string(common::kBatchArtifactFileName);
-  return is_fidelity() ? std::string(common::kKlArtifactFileName)
-                       : std::string(common::kArtifactFileName);
+  return std::string(kind_for_schema(request_schema).artifact_name);  // the kinds table decides
 }
 
 Json Job::summary() const {

@@ -46,8 +46,8 @@ struct Job {
   std::string rendered;
 
   bool is_fidelity() const;  // an assay.fidelity-request.v1 job (else a next-token job)
-  // The artifact its result names: logits.safetensors, kl.safetensors for fidelity jobs,
-  // trajectory.safetensors for trajectory jobs.
+  // The artifact its result names, as its kind says (pipelines/kinds.cpp): logits.safetensors,
+  // kl.safetensors (fidelity), trajectory.safetensors, states.jsonl (a batch's summary).
   std::string artifact_name() const;
 
   common::Json to_json() const;

@@ -21,10 +21,6 @@
 #include "supervisor/pipelines/pipeline.h"
 #include "supervisor/pipelines/steps.h"
 
-#ifndef ASSAY_VERSION
-#define ASSAY_VERSION "0.0.0"
-#endif
-
 namespace assay::supervisor {
 
 using common::Error;
@@ -357,22 +353,10 @@ class FidelityPipeline final : public Pipeline {
     std::vector<std::string> files;
     if (!r_.candidate_model)
       for (const auto& f : r_.candidate_logits) files.push_back(f.path);
-    return Step{kCompareRole,
-                config_.compare_worker,
-                "run",
-                "",
-                files,
-                [this] { return compare_input(nullptr); },
-                [this] {
-                  std::vector<std::pair<fs::path, std::string>> move_in;
-                  compare_input(&move_in);
-                  return move_in;
-                },
-                [this](Json output, const contain::Evidence& evidence) {
-                  check_compare_output(output);
-                  compare_output_ = std::move(output);
-                  compare_evidence_ = evidence;
-                }};
+    return compare_step(
+        config_, "run", files, [this](auto* move_in) { return compare_input(move_in); },
+        [this](const Json& output) { check_compare_output(output); }, compare_output_,
+        compare_evidence_);
   }
 
   // The comparison read the very bytes the captures wrote and the user named.

@@ -14,10 +14,6 @@
 #include "supervisor/pipelines/pipeline.h"
 #include "supervisor/pipelines/steps.h"
 
-#ifndef ASSAY_VERSION
-#define ASSAY_VERSION "0.0.0"
-#endif
-
 namespace assay::supervisor {
 
 using common::Error;

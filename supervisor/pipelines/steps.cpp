@@ -338,6 +338,29 @@ fs::path take_artifact(const fs::path& from, const fs::path& to) {
   return to;
 }
 
+Step compare_step(const Config& config, const std::string& mode,
+                  std::vector<std::string> open_files,
+                  std::function<Json(std::vector<std::pair<fs::path, std::string>>*)> input,
+                  std::function<void(const Json&)> check, Json& output,
+                  std::optional<contain::Evidence>& evidence) {
+  return Step{"compare",
+              config.compare_worker,
+              mode,
+              "",
+              std::move(open_files),
+              [input] { return input(nullptr); },
+              [input] {
+                std::vector<std::pair<fs::path, std::string>> move_in;
+                input(&move_in);
+                return move_in;
+              },
+              [check, &output, &evidence](Json out, const contain::Evidence& ev) {
+                check(out);
+                output = std::move(out);
+                evidence = ev;
+              }};
+}
+
 CommitFiles seal(Sealed& sealed, const common::SigningKey& key) {
   std::string result_bytes = common::seal_result(sealed.result);
   Json statement = common::make_statement(sealed.predicate_type, result_bytes, sealed.artifact_name,

@@ -60,6 +60,17 @@ bool drop_fingerprint_cache(const std::filesystem::path& state_dir, const std::s
 void check_bytes_used(const common::Json& oracle_output, const FingerprintRun& fingerprint,
                       const std::string& role);
 
+// The comparison step of a kind ("compare": `assay-compare MODE`): `input(&move_in)` builds its
+// input and names the files moved into its workspace (`input(nullptr)`: the input only);
+// `open_files` are handed over as descriptors; its output is checked by `check` (which throws
+// common::Error to fail the job), then kept in `output` with its `evidence`, which must outlive
+// the step.
+Step compare_step(
+    const Config& config, const std::string& mode, std::vector<std::string> open_files,
+    std::function<common::Json(std::vector<std::pair<std::filesystem::path, std::string>>*)> input,
+    std::function<void(const common::Json&)> check, common::Json& output,
+    std::optional<contain::Evidence>& evidence);
+
 // Renames a worker's artifact to `to` (0600); its data and the rename become durable with the
 // job's terminal commit. Throws Error("job.artifact").
 std::filesystem::path take_artifact(const std::filesystem::path& from,

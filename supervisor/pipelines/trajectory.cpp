@@ -21,10 +21,6 @@
 #include "supervisor/pipelines/pipeline.h"
 #include "supervisor/pipelines/steps.h"
 
-#ifndef ASSAY_VERSION
-#define ASSAY_VERSION "0.0.0"
-#endif
-
 namespace assay::supervisor {
 
 using common::Error;
@@ -208,22 +204,10 @@ class TrajectoryPipeline final : public Pipeline {
   }
 
   Step compare() {
-    return Step{kCompareRole,
-                config_.compare_worker,
-                "trajectory",
-                "",
-                {},
-                [this] { return compare_input(nullptr); },
-                [this] {
-                  std::vector<std::pair<fs::path, std::string>> move_in;
-                  compare_input(&move_in);
-                  return move_in;
-                },
-                [this](Json output, const contain::Evidence& evidence) {
-                  check_compare_output(output);
-                  compare_output_ = std::move(output);
-                  compare_evidence_ = evidence;
-                }};
+    return compare_step(
+        config_, "trajectory", {}, [this](auto* move_in) { return compare_input(move_in); },
+        [this](const Json& output) { check_compare_output(output); }, compare_output_,
+        compare_evidence_);
   }
 
   // The comparison read the very logits the captures wrote, for the engines asked, in order.

@@ -2,13 +2,16 @@
 # ctest driver of the Slurm tests: starts a single-node Slurm cluster in a temporary directory
 # (cluster.sh), checks that `assayd contain` runs and reports an OOM kill under srun and sbatch,
 # runs the executor tests against it, and stops every daemon it started, also on failure.
-#   run.sh ASSAYD SLURM_EXECUTOR_TESTS [doctest options]
+#   run.sh ASSAYD SLURM_EXECUTOR_TESTS INTEGRATION_TESTS|- [doctest options]
+# INTEGRATION_TESTS: then runs its "slurm: *" cases (assayd with executor slurm) on the cluster.
 # Exit 77 where Slurm cannot be installed or started here.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 assayd=$(realpath "$1")
 tests=$(realpath "$2")
-shift 2
+integration=$3
+[ "$integration" = - ] || integration=$(realpath "$integration")
+shift 3
 
 dir=$(mktemp -d /tmp/assay-slurm.XXXXXX)
 chmod 0755 "$dir"
@@ -49,4 +52,7 @@ done
 echo "ok: sbatch assayd contain --memory-max 64M reports oom_killed"
 
 ASSAY_TEST_ASSAYD=$assayd ASSAY_TEST_SHARED=$dir/shared ASSAY_TEST_SCHEMAS=$here/../../schemas \
-  "$tests" "$@"
+  "$tests" "$@" || exit 1
+[ "$integration" = - ] && exit 0
+# Jobs through assayd with executor slurm.
+ASSAY_TEST_SHARED=$dir/shared "$integration" -tc="slurm:*" "$@"

@@ -1,0 +1,207 @@
+// Jobs through assayd with `executor: slurm`, against the real single-node Slurm cluster that
+// tests/slurm/run.sh starts (it sets SLURM_CONF and ASSAY_TEST_SHARED and runs these cases with
+// -tc="slurm:*"); skipped where no cluster is up. Every worker step is a Slurm batch job running
+// `assayd contain` on the node; the results verify offline like local ones.
+#include <doctest/doctest.h>
+
+#include <thread>
+
+#include "common/identity.h"
+#include "common/sign.h"
+#include "tests/integration/harness.h"
+
+using namespace assay::test;
+namespace common = assay::common;
+
+namespace {
+
+bool have_cluster() {
+  if (!std::getenv("ASSAY_TEST_SHARED") || !std::getenv("SLURM_CONF")) {
+    MESSAGE("skipped: no Slurm cluster (tests/slurm/run.sh runs these)");
+    return false;
+  }
+  if (have(kFingerprint) && have(kOracle) && have(kCompare)) return true;
+  MESSAGE("skipped: a worker was not built");
+  return false;
+}
+
+// A daemon whose steps run in Slurm, workspaces under the cluster's shared directory.
+std::unique_ptr<Daemon> slurm_daemon(const TempDir& tmp, const std::string& oracle) {
+  fs::path shared = fs::path(std::getenv("ASSAY_TEST_SHARED")) / tmp.path.filename();
+  fs::create_directories(shared);
+  Json config{
+      {"executor", "slurm"},
+      {"slurm", {{"shared_dir", shared.string()}, {"node_assayd", ASSAYD_PATH}, {"poll_ms", 200}}}};
+  spit(tmp.path / "config.json", config.dump());
+  return std::make_unique<Daemon>(
+      tmp.path / "state", tmp.path / "assayd.sock",
+      std::vector<std::string>{"--config", (tmp.path / "config.json").string(), "--containment",
+                               containment(), "--fingerprint-worker", kFingerprint,
+                               "--oracle-worker", oracle, "--compare-worker", kCompare});
+}
+
+fs::path shared_of(const TempDir& tmp) {
+  return fs::path(std::getenv("ASSAY_TEST_SHARED")) / tmp.path.filename();
+}
+
+Json next_token_request(const std::string& id, const fs::path& model) {
+  return Json{{"schema", "assay.next-token-request.v1"},
+              {"id", id},
+              {"model_dir", model.string()},
+              {"input_token_ids", {72, 101, 108, 108, 111}},
+              {"candidates",
+               {{{"engine", "kiln"}, {"token_id", 65}, {"text", "A"}},
+                {{"engine", "vllm"}, {"token_id", 66}, {"text", "B"}}}}};
+}
+
+// The worker reads the model by path on the node, as the worker user: the directories must let
+// it through.
+fs::path readable_model(const TempDir& tmp) {
+  ::chmod(tmp.path.c_str(), 0755);
+  fs::path model = fixture_model(tmp.path / "llama-tiny");
+  std::system(("chmod -R a+rX " + model.string()).c_str());
+  return model;
+}
+
+std::string read_line(const fs::path& p) {
+  std::string s = slurp(p);
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+
+bool wait_for_file(const fs::path& p, double seconds) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::error_code ec;
+    if (fs::exists(p, ec) && !read_line(p).empty()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return false;
+}
+
+std::string squeue_state(const std::string& id) {
+  std::string r = run_capture("squeue -h -t all -j " + id + " -o %T");
+  r = r.substr(r.find(':') + 1);
+  while (!r.empty() && (r.back() == '\n' || r.back() == ' ')) r.pop_back();
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "slurm: a next-token and a fidelity job run their steps as Slurm jobs contained on the node; "
+    "the evidence names the Slurm job and node, and the results verify offline like local ones") {
+  if (!have_cluster()) return;
+  TempDir tmp;
+  fs::path model = readable_model(tmp);
+  auto d = slurm_daemon(tmp, kOracle);
+  REQUIRE_MESSAGE(d->start(), d->log());
+
+  auto sub = request_json(*d, next_token_request("via-slurm", model));
+  REQUIRE_MESSAGE(sub.status == 201, sub.body);
+  std::string id = sub.json()["id"];
+  Json job = wait_job(d->socket(), id, terminal, 300);
+  REQUIRE_MESSAGE(job["state"] == "succeeded", job.dump(2) << "\n" << d->log());
+  auto reply = request_get(*d, "/v1/jobs/" + id + "/result");
+  REQUIRE(reply.status == 200);
+  Json result = reply.json();
+  fs::path shared = shared_of(tmp);
+  for (const auto& [role, process] :
+       {std::pair{"fingerprint", result["model_fingerprint"]["process"]},
+        std::pair{"oracle", result["oracle"]["process"]}}) {
+    const Json& e = process["executor"];
+    CHECK(e["kind"] == "slurm");
+    CHECK(e["node"] == "assay-node");
+    CHECK(e["state"] == "COMPLETED");
+    fs::path step = shared / "slurm" / (id + "-" + role);
+    CHECK(e["slurm_job_id"] == read_line(step / "slurm_job_id"));
+    // The node's own document, hashed by the head when it read it.
+    CHECK(e["evidence_sha256"] == common::sha256_file_id(step / "evidence.json"));
+    CHECK(process["mode"] != "none");
+    CHECK(process["exit"]["code"] == 0);
+  }
+  // The job's events show the Slurm states, and /metrics counts the submissions.
+  Json status = request_get(*d, "/v1/jobs/" + id).json();
+  CHECK(status["events"].dump().find("Slurm job") != std::string::npos);
+  std::string metrics = request_get(*d, "/metrics").body;
+  CHECK(metrics.find("assay_slurm_steps_submitted_total 2") != std::string::npos);
+  std::string validate = run_capture(std::string(ASSAY_PYTHON3) + " " + ASSAY_SOURCE_DIR +
+                                     "/tests/tools/validate_schema.py " + ASSAY_SOURCE_DIR +
+                                     "/schemas/next-token-oracle-result.schema.json " +
+                                     (d->state() / "jobs" / id / "result.json").string());
+  CHECK_MESSAGE(validate.rfind("0:", 0) == 0, validate);
+  if (have(kClient)) {
+    spit(tmp.path / "result.json", reply.body);
+    spit(tmp.path / "result.dsse.json", request_get(*d, "/v1/jobs/" + id + "/attestation").body);
+    std::string v =
+        run_capture(kClient + " verify " + (tmp.path / "result.json").string() + " --pubkey " +
+                    (d->state() / "keys" / "host.pub").string() + " --artifact " +
+                    (d->state() / "jobs" / id / "logits.safetensors").string());
+    CHECK_MESSAGE(v.rfind("0:", 0) == 0, v);
+  }
+
+  // A fidelity job: fingerprints, captures and the comparison, each a Slurm job.
+  Json fidelity{{"schema", "assay.fidelity-request.v1"},
+                {"id", "self"},
+                {"reference", {{"model_dir", model.string()}}},
+                {"candidate", {{"model_dir", model.string()}, {"label", "itself"}}},
+                {"panel", {{"contexts", {{{"id", "hello"}, {"token_ids", {72, 101, 108, 108}}}}}}},
+                {"reproduction_confirmation", true}};
+  auto fsub = request_json(*d, fidelity);
+  REQUIRE_MESSAGE(fsub.status == 201, fsub.body);
+  std::string fid = fsub.json()["id"];
+  Json fjob = wait_job(d->socket(), fid, terminal, 300);
+  REQUIRE_MESSAGE(fjob["state"] == "succeeded", fjob.dump(2) << "\n" << d->log());
+  Json receipt = request_get(*d, "/v1/jobs/" + fid + "/result").json();
+  CHECK(receipt["gates"]["status"] == "passed");
+  CHECK(receipt["comparison"]["metrics"]["kl"]["max"] == 0.0);
+  CHECK(receipt["comparison"]["process"]["executor"]["kind"] == "slurm");
+}
+
+TEST_CASE(
+    "slurm: after kill -9 of assayd while a step runs in Slurm, the restart re-attaches to it by "
+    "its job id instead of running it again; cancel is scancel") {
+  if (!have_cluster()) return;
+  TempDir tmp;
+  fs::path model = readable_model(tmp);
+  // The oracle step takes a few seconds (a real oracle run after a sleep).
+  fs::path slow = slow_wrapper(tmp.path, kOracle, 4);
+  auto d = slurm_daemon(tmp, slow.string());
+  REQUIRE_MESSAGE(d->start(), d->log());
+  auto sub = request_json(*d, next_token_request("reattach", model));
+  REQUIRE_MESSAGE(sub.status == 201, sub.body);
+  std::string id = sub.json()["id"];
+  fs::path step = shared_of(tmp) / "slurm" / (id + "-oracle");
+  REQUIRE_MESSAGE(wait_for_file(step / "slurm_job_id", 120), d->log());
+  std::string slurm_id = read_line(step / "slurm_job_id");
+  d->kill9();
+
+  d = slurm_daemon(tmp, slow.string());
+  REQUIRE_MESSAGE(d->start(), d->log());
+  Json job = wait_job(d->socket(), id, terminal, 300);
+  REQUIRE_MESSAGE(job["state"] == "succeeded", job.dump(2) << "\n" << d->log());
+  Json result = request_get(*d, "/v1/jobs/" + id + "/result").json();
+  // The very Slurm job submitted before the kill: not submitted again.
+  CHECK(result["oracle"]["process"]["executor"]["slurm_job_id"] == slurm_id);
+  CHECK(read_line(step / "slurm_job_id") == slurm_id);
+  std::string events = request_get(*d, "/v1/jobs/" + id).json()["events"].dump();
+  CHECK(events.find("re-attaching") != std::string::npos);
+  CHECK(events.find("collected, not run again") != std::string::npos);
+  std::string metrics = request_get(*d, "/metrics").body;
+  CHECK(metrics.find("assay_slurm_steps_submitted_total 0") != std::string::npos);
+
+  // Cancel while the oracle's Slurm job runs: scancel, and the job ends cancelled.
+  Json other = next_token_request("to-cancel", model);
+  auto sub2 = request_json(*d, other);
+  REQUIRE_MESSAGE(sub2.status == 201, sub2.body);
+  std::string id2 = sub2.json()["id"];
+  fs::path step2 = shared_of(tmp) / "slurm" / (id2 + "-oracle");
+  REQUIRE_MESSAGE(wait_for_file(step2 / "slurm_job_id", 120), d->log());
+  std::string slurm_id2 = read_line(step2 / "slurm_job_id");
+  auto cancel = request(d->socket(), "DELETE", "/v1/jobs/" + id2);
+  CHECK_MESSAGE(cancel.status / 100 == 2, cancel.body);
+  Json cancelled = wait_job(d->socket(), id2, terminal, 120);
+  CHECK(cancelled["state"] == "cancelled");
+  std::string state = squeue_state(slurm_id2);
+  CHECK_MESSAGE((state == "CANCELLED" || state.empty()), state);
+}

@@ -45,7 +45,12 @@ class BatchPipeline final : public Pipeline {
         request_(common::validate_batch_request(read_request(job_dir_))),
         documents_(read_request(job_dir_)["states"]) {}
 
-  std::uint64_t required_bytes() override { return estimate_required_bytes(model_dir_); }
+  std::uint64_t required_bytes() override {
+    std::size_t longest = 0;
+    for (const auto& state : request_.states)
+      longest = std::max(longest, state.input_token_ids.size());
+    return estimate_required_bytes(model_dir_, longest);
+  }
   common::RequestLimits limits() const override { return request_.limits; }
   std::size_t part_count() const override { return request_.states.size(); }
   void part_recorded(const PartRecord& record) override {

@@ -65,7 +65,8 @@ std::optional<std::int64_t> read_max_positions(const std::filesystem::path& mode
   return config_int(read_config(model_dir), "max_position_embeddings");
 }
 
-std::uint64_t estimate_required_bytes(const std::filesystem::path& model_dir) {
+std::uint64_t estimate_required_bytes(const std::filesystem::path& model_dir, std::uint64_t tokens,
+                                      std::optional<std::uint64_t> logit_rows) {
   std::uint64_t shard_bytes = 0;
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator(model_dir, ec)) {
@@ -84,9 +85,36 @@ std::uint64_t estimate_required_bytes(const std::filesystem::path& model_dir) {
   } catch (const Error&) {
     factor = 1.5;
   }
-  // Activations, the logits row and the runtime itself: a quarter of the weights + 256 MiB.
+  // Activations, the logits row and the runtime itself: a quarter of the weights + 256 MiB, and
+  // what grows with the sequence.
   return static_cast<std::uint64_t>(static_cast<double>(shard_bytes) * factor) + shard_bytes / 4 +
-         (256ull << 20);
+         (256ull << 20) +
+         estimate_sequence_bytes(model_dir, tokens, std::min(tokens, logit_rows.value_or(tokens)));
+}
+
+std::uint64_t estimate_sequence_bytes(const std::filesystem::path& model_dir, std::uint64_t tokens,
+                                      std::uint64_t logit_rows) {
+  if (tokens == 0) return 0;
+  Json cfg;
+  try {
+    cfg = read_config(model_dir);
+  } catch (const Error&) {
+    return 0;  // the worker refuses such a checkpoint anyway
+  }
+  auto at_least = [](std::optional<std::int64_t> v, std::uint64_t min) {
+    return v && *v > 0 ? std::max<std::uint64_t>(static_cast<std::uint64_t>(*v), min) : min;
+  };
+  const std::uint64_t heads = at_least(config_int(cfg, "num_attention_heads"), 1);
+  const std::uint64_t vocab = at_least(config_int(cfg, "vocab_size"), 1);
+  const std::uint64_t e = execution_dtype(model_dir) == "float32" ? 4 : 2;
+  // Eager attention, one layer at a time: the scores and the weights in the execution dtype
+  // while the float32 softmax is made (heads x T x T each), and the causal mask (T x T); then
+  // the logits of every position in the execution dtype and as float32 (T x vocab).
+  const double t = static_cast<double>(tokens);
+  double bytes = static_cast<double>(heads) * t * t * static_cast<double>(2 * e + 4) +
+                 t * t * static_cast<double>(e + 9) +
+                 static_cast<double>(logit_rows) * static_cast<double>(vocab * (e + 4));
+  return bytes >= 1.8e19 ? UINT64_MAX : static_cast<std::uint64_t>(bytes);
 }
 
 Json oracle_input(const std::string& model_dir, const common::NextTokenRequest& request,

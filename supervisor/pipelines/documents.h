@@ -20,9 +20,19 @@ std::int64_t read_vocab_size(const std::filesystem::path& model_dir);
 // config.json's max_position_embeddings, when it has one.
 std::optional<std::int64_t> read_max_positions(const std::filesystem::path& model_dir);
 
-// Bytes the oracle needs for a model directory: shard bytes and the dtype of config.json. Looks
+// Bytes the oracle needs for a model directory and a forward over `tokens` tokens (the longest
+// sequence of the job): shard bytes, the dtype of config.json and estimate_sequence_bytes. Looks
 // at the directory with stat only (a FIFO or device named *.safetensors is not opened).
-std::uint64_t estimate_required_bytes(const std::filesystem::path& model_dir);
+// `logit_rows`: the logits rows held at once (every position for a next-token forward; a
+// capture's block for the LM head in blocks); default `tokens`.
+std::uint64_t estimate_required_bytes(const std::filesystem::path& model_dir,
+                                      std::uint64_t tokens = 0,
+                                      std::optional<std::uint64_t> logit_rows = std::nullopt);
+// What grows with the sequence: eager attention's heads x T x T scores and weights (execution
+// dtype and float32 softmax), the causal mask, and T x vocab logits (execution dtype and
+// float32). Long prompts were OOM-killed under a limit sized by the weights alone.
+std::uint64_t estimate_sequence_bytes(const std::filesystem::path& model_dir, std::uint64_t tokens,
+                                      std::uint64_t logit_rows);
 
 // assay.oracle-input.v1 for a request.
 common::Json oracle_input(const std::string& model_dir, const common::NextTokenRequest& request,

@@ -104,9 +104,12 @@ class FidelityPipeline final : public Pipeline {
 
   std::uint64_t required_bytes() override {
     // The workers run one after another: the larger checkpoint sets the need.
-    std::uint64_t need = estimate_required_bytes(r_.reference.model_dir);
+    std::uint64_t longest = 0;
+    for (const auto& c : r_.panel) longest = std::max<std::uint64_t>(longest, c.token_ids.size());
+    auto rows = static_cast<std::uint64_t>(r_.block_positions);
+    std::uint64_t need = estimate_required_bytes(r_.reference.model_dir, longest, rows);
     if (r_.candidate_model)
-      need = std::max(need, estimate_required_bytes(r_.candidate_model->model_dir));
+      need = std::max(need, estimate_required_bytes(r_.candidate_model->model_dir, longest, rows));
     return need;
   }
   common::RequestLimits limits() const override { return r_.limits; }

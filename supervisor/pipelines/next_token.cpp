@@ -30,7 +30,9 @@ class NextTokenPipeline final : public Pipeline {
         model_dir_(std::move(model_dir)),
         request_(common::validate_request(read_request(job_dir_))) {}
 
-  std::uint64_t required_bytes() override { return estimate_required_bytes(model_dir_); }
+  std::uint64_t required_bytes() override {
+    return estimate_required_bytes(model_dir_, request_.input_token_ids.size());
+  }
   common::RequestLimits limits() const override { return request_.limits; }
 
   std::vector<Step> plan() override {

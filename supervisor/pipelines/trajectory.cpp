@@ -45,7 +45,13 @@ class TrajectoryPipeline final : public Pipeline {
         vocab_(read_vocab_size(r_.model_dir)),
         captures_(r_.continuations.size()) {}
 
-  std::uint64_t required_bytes() override { return estimate_required_bytes(r_.model_dir); }
+  std::uint64_t required_bytes() override {
+    std::uint64_t longest = 0;
+    for (const auto& c : r_.continuations)
+      longest = std::max<std::uint64_t>(longest, r_.prompt_token_ids.size() + c.token_ids.size());
+    return estimate_required_bytes(r_.model_dir, longest,
+                                   static_cast<std::uint64_t>(r_.block_positions));
+  }
   common::RequestLimits limits() const override { return r_.limits; }
 
   std::vector<Step> plan() override {

@@ -386,3 +386,36 @@ TEST_CASE(
   CHECK(listed.size() == kStates);
   CHECK(runs == std::set<int>{1, 2});
 }
+
+TEST_CASE(
+    "memory: a long prompt's worker gets a limit sized for its sequence, not only for the "
+    "weights (a 3500-token prompt on the tiny model was OOM-killed by assay's own limit)") {
+  if (!have_workers()) return;
+  TempDir tmp;
+  fs::path model = fixture_model(tmp.path / "llama-tiny");
+  Daemon d(tmp.path / "state", tmp.path / "assayd.sock",
+           {"--containment", containment(), "--fingerprint-worker", kFingerprint, "--oracle-worker",
+            kOracle});
+  REQUIRE_MESSAGE(d.start(), d.log());
+  std::vector<std::int64_t> seq;
+  for (std::size_t t = 0; t < 3500; ++t) seq.push_back(32 + static_cast<std::int64_t>(t * 7 % 90));
+  Json long_prompt = assay_state("long", seq);
+  long_prompt["model_dir"] = model.string();
+  Json short_prompt = assay_state("short", {72, 101, 108});
+  short_prompt["model_dir"] = model.string();
+  std::vector<Json> results;
+  for (const Json& r : {short_prompt, long_prompt}) {
+    auto sub = request_json(d, r);
+    REQUIRE_MESSAGE(sub.status == 201, sub.body);
+    std::string id = sub.json()["id"];
+    Json job = wait_job(d.socket(), id, terminal, 300);
+    REQUIRE_MESSAGE(job["state"] == "succeeded", job.dump(2) << "\n" << d.log());
+    results.push_back(get(d, "/v1/jobs/" + id + "/result"));
+  }
+  const Json& short_limits = results[0]["oracle"]["process"]["limits"];
+  const Json& long_limits = results[1]["oracle"]["process"]["limits"];
+  // 4 heads x 3500^2 x 8 bytes of attention alone: the long prompt's limit is hundreds of MB more.
+  CHECK(long_limits["memory_max"].get<std::uint64_t>() >
+        short_limits["memory_max"].get<std::uint64_t>() + (300ull << 20));
+  CHECK(results[1]["oracle"]["process"]["oom_killed"] != true);
+}

@@ -13,6 +13,7 @@
 #include "common/text.h"
 #include "supervisor/api/routes.h"
 #include "supervisor/jobs/metrics.h"
+#include "supervisor/pipelines/documents.h"
 #include "supervisor/service.h"
 #include "tests/support/process.h"
 
@@ -189,4 +190,28 @@ TEST_CASE("duration windows are bounded and keep their totals") {
   CHECK(d.recent.size() == sup::Durations::kWindow);
   CHECK(d.count == 5000);
   CHECK(d.median() == 1.0);
+}
+
+TEST_CASE(
+    "the memory estimate grows with the sequence: heads x T x T attention, T x vocab logits") {
+  assay::test_support::TempDir tmp;
+  fs::path dir = tmp.path() / "model";
+  fs::create_directories(dir);
+  std::ofstream(dir / "config.json")
+      << R"({"num_attention_heads": 4, "vocab_size": 1000, "torch_dtype": "bfloat16"})";
+  std::ofstream(dir / "model.safetensors") << std::string(4096, 'x');
+  const std::uint64_t t = 3500;
+  // bf16: scores and weights at 2 bytes and the float32 softmax (8 bytes per head per pair),
+  // the mask (11 per pair), the logits at 2 + 4 bytes per row and token.
+  CHECK(sup::estimate_sequence_bytes(dir, t, t) == 4 * t * t * 8 + t * t * 11 + t * 1000 * 6);
+  CHECK(sup::estimate_sequence_bytes(dir, t, 64) == 4 * t * t * 8 + t * t * 11 + 64 * 1000 * 6);
+  CHECK(sup::estimate_sequence_bytes(dir, 0, 0) == 0);
+  std::uint64_t base = sup::estimate_required_bytes(dir);
+  CHECK(sup::estimate_required_bytes(dir, t) == base + sup::estimate_sequence_bytes(dir, t, t));
+  CHECK(sup::estimate_required_bytes(dir, t, 64) ==
+        base + sup::estimate_sequence_bytes(dir, t, 64));
+  // A config without the numbers still sizes something, and an absurd length saturates.
+  std::ofstream(dir / "config.json") << "{}";
+  CHECK(sup::estimate_sequence_bytes(dir, 10, 10) > 0);
+  CHECK(sup::estimate_sequence_bytes(dir, std::uint64_t{1} << 40, 1) == UINT64_MAX);
 }

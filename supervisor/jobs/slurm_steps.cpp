@@ -3,6 +3,7 @@
 // comes back hashed, with where it ran. A restart collects the steps that ended before it from
 // their records and re-attaches to the one still in Slurm, by its job id: never run twice.
 #include <spdlog/spdlog.h>
+#include <boost/asio/post.hpp>
 
 #include "common/error.h"
 #include "common/fs.h"
@@ -62,11 +63,12 @@ void Engine::keep_step_record(const std::string& id, const std::string& role, co
 }
 
 bool Engine::resume_step(JobRun& run, Step& step) {
-  if (step.harvest) return false;  // a batch's states are restored as parts instead
   const std::string id = run.id, role = step.role;
   fs::path job_dir = store_.job_dir(id);
   std::error_code ec;
-  if (fs::path record = step_record(job_dir, role, ".json"); fs::exists(record, ec)) {
+  // A harvesting step (a batch's oracle) has no record: its ended parts are jobs already.
+  if (fs::path record = step_record(job_dir, role, ".json");
+      !step.harvest && fs::exists(record, ec)) {
     Json doc;
     std::optional<contain::Evidence> evidence;
     try {
@@ -89,6 +91,9 @@ bool Engine::resume_step(JobRun& run, Step& step) {
     return true;
   }
   if (fs::exists(step_record(job_dir, role, ".slurm"), ec)) {
+    // The worker in Slurm was given the parts not yet recorded, which are the pending ones
+    // now: the pipeline rebuilds its view of that run (its input is not written again).
+    if (step.harvest) step.input();
     contain::SpawnSpec spec;
     spec.name = id + "-" + role;
     start_slurm(run, step, spec, true);
@@ -113,6 +118,10 @@ void Engine::start_slurm(JobRun& run, Step& step, const contain::SpawnSpec& spec
                                         metrics_.slurm_steps.erase(name);
                                         slurm_done(id, role, std::move(r));
                                       }};
+  if (step.progress) {
+    run.progress_timer = std::make_unique<boost::asio::steady_timer>(io_);
+    boost::asio::post(io_, [this, id, role] { poll_progress(id, role); });
+  }
   if (attach) {
     set_phase(*store_.find(id), role,
               "re-attaching to the " + role + " step's Slurm job after the restart");
@@ -142,11 +151,24 @@ void Engine::slurm_done(const std::string& id, const std::string& role, executor
   if (run.cancel_requested)
     return finish(id, JobState::kCancelled,
                   "cancelled while the " + role + " step ran in Slurm (scancel)");
+  Step& step = run.steps[run.next_step - 1];
+  if (step.harvest && r.error_code != "slurm.vanished") {
+    // Slurm ended the worker (its time, its memory, the node): for a batch that is a worker
+    // that died, whose ended states are kept and whose other states run again.
+    if (!evidence) {
+      evidence.emplace();
+      evidence->name = run.id + "-" + role;
+      evidence->mode = "none";
+      evidence->executor = r.executor_json();
+    }
+    evidence->errors.push_back(r.error_code + ": " + r.error_message);
+    return step_done(id, role, std::move(*evidence));
+  }
   if (r.error_code == "slurm.vanished") {
     // Slurm forgot the job and no evidence was written: it did not run to an end. Again.
     set_phase(*store_.find(id), role,
               "Slurm job " + r.step.slurm_job_id + " vanished without evidence: submitting again");
-    return start_step(run, run.steps[run.next_step - 1]);
+    return start_step(run, step);
   }
   if (evidence) {
     try {

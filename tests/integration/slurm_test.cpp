@@ -205,3 +205,44 @@ TEST_CASE(
   std::string state = squeue_state(slurm_id2);
   CHECK_MESSAGE((state == "CANCELLED" || state.empty()), state);
 }
+
+TEST_CASE(
+    "slurm: a batch's oracle is one Slurm job; after kill -9 of assayd the restart re-attaches to "
+    "it and records every state once") {
+  if (!have_cluster()) return;
+  TempDir tmp;
+  fs::path model = readable_model(tmp);
+  fs::path slow = slow_wrapper(tmp.path, kOracle, 4);
+  auto d = slurm_daemon(tmp, slow.string());
+  REQUIRE_MESSAGE(d->start(), d->log());
+  Json states = Json::array();
+  for (int i = 0; i < 3; ++i) {
+    Json s = next_token_request("state-" + std::to_string(i), model);
+    s.erase("model_dir");
+    s["input_token_ids"] = {72, 101, 108 + i};
+    states.push_back(s);
+  }
+  Json batch{{"schema", "assay.next-token-batch-request.v1"}, {"id", "sweep"}, {"states", states}};
+  auto sub = request(d->socket(), "POST", "/v1/jobs?model_dir=" + model.string(), batch.dump());
+  REQUIRE_MESSAGE(sub.status == 201, sub.body);
+  std::string id = sub.json()["id"];
+  fs::path step = shared_of(tmp) / "slurm" / (id + "-oracle");
+  REQUIRE_MESSAGE(wait_for_file(step / "slurm_job_id", 120), d->log());
+  std::string slurm_id = read_line(step / "slurm_job_id");
+  d->kill9();
+
+  d = slurm_daemon(tmp, slow.string());
+  REQUIRE_MESSAGE(d->start(), d->log());
+  Json job = wait_job(d->socket(), id, terminal, 300);
+  REQUIRE_MESSAGE(job["state"] == "succeeded", job.dump(2) << "\n" << d->log());
+  Json summary = request_get(*d, "/v1/jobs/" + id + "/result").json();
+  CHECK(summary["counts"]["succeeded"] == 3);
+  CHECK(read_line(step / "slurm_job_id") == slurm_id);
+  for (const Json& s : summary["states"]) {
+    Json result = request_get(*d, "/v1/jobs/" + s["job_id"].get<std::string>() + "/result").json();
+    CHECK(result["oracle"]["process"]["executor"]["slurm_job_id"] == slurm_id);
+    CHECK(result["batch"]["index"] == s["index"]);
+  }
+  std::string events = request_get(*d, "/v1/jobs/" + id).json()["events"].dump();
+  CHECK(events.find("re-attaching") != std::string::npos);
+}

@@ -87,6 +87,61 @@ bool printable_ascii(const std::string& s) {
   return std::all_of(s.begin(), s.end(), [](char c) { return c >= 0x20 && c <= 0x7e; });
 }
 
+// One entry of "contexts" at `w`; `seen_ids` holds the ids of the entries before it.
+ContextSpec parse_context(const Json& c, const std::string& w, std::int64_t vocab_size,
+                          std::set<std::string>& seen_ids) {
+  check_object(c, {"id", "positions", "reference", "candidate", "reproduction", "token_ids"},
+               {"id", "positions", "reference", "candidate"}, w);
+  ContextSpec ctx;
+  ctx.id = string_field(c, "id", w);
+  if (ctx.id.empty() || ctx.id.size() > 256 || !printable_ascii(ctx.id))
+    invalid(w + ".id", shown(c.at("id")) + " is not 1..256 printable ASCII characters");
+  if (!seen_ids.insert(ctx.id).second) invalid(w + ".id", "\"" + ctx.id + "\" is not unique");
+  const Json& ranges = c.at("positions");
+  if (!ranges.is_array() || ranges.empty())
+    invalid(w + ".positions",
+            "must be a non-empty array of [begin, end) ranges, got " + shown(ranges));
+  std::int64_t previous_end = 0;
+  for (std::size_t k = 0; k < ranges.size(); ++k) {
+    const Json& r = ranges[k];
+    const std::string rw = w + ".positions[" + std::to_string(k) + "]";
+    if (!r.is_array() || r.size() != 2 || !r[0].is_number_integer() || !r[1].is_number_integer())
+      invalid(rw, shown(r) + " is not a [begin, end) pair of integers");
+    Range range{r[0].get<std::int64_t>(), r[1].get<std::int64_t>()};
+    if (range.begin < 0 || range.end <= range.begin)
+      invalid(rw, shown(r) + " is not a non-empty range of non-negative positions");
+    if (range.begin < previous_end)
+      invalid(rw, shown(r) + " starts before the previous range ends (" +
+                      std::to_string(previous_end) + "): ranges must be sorted and disjoint");
+    previous_end = range.end;
+    ctx.positions.push_back(range);
+  }
+  ctx.reference = parse_file_ref(c.at("reference"), w + ".reference");
+  ctx.candidate = parse_file_ref(c.at("candidate"), w + ".candidate");
+  if (c.contains("reproduction") && !c.at("reproduction").is_null())
+    ctx.reproduction = parse_file_ref(c.at("reproduction"), w + ".reproduction");
+  if (c.contains("token_ids") && !c.at("token_ids").is_null()) {
+    const Json& ids = c.at("token_ids");
+    if (!ids.is_array() || ids.empty())
+      invalid(w + ".token_ids", "must be a non-empty array of token ids, got " + shown(ids));
+    std::vector<std::int64_t> tokens;
+    tokens.reserve(ids.size());
+    for (std::size_t k = 0; k < ids.size(); ++k) {
+      if (!ids[k].is_number_integer() || ids[k].get<std::int64_t>() < 0 ||
+          ids[k].get<std::int64_t>() >= vocab_size)
+        invalid(w + ".token_ids[" + std::to_string(k) + "]",
+                shown(ids[k]) + " is not a token id in [0, " + std::to_string(vocab_size) + ")");
+      tokens.push_back(ids[k].get<std::int64_t>());
+    }
+    if (previous_end > static_cast<std::int64_t>(tokens.size()))
+      invalid(w + ".positions", "scores position " + std::to_string(previous_end - 1) +
+                                    " but token_ids holds " + std::to_string(tokens.size()) +
+                                    " tokens");
+    ctx.token_ids = std::move(tokens);
+  }
+  return ctx;
+}
+
 }  // namespace
 
 std::int64_t ContextSpec::rows() const {
@@ -124,58 +179,7 @@ CompareInput parse_input(const Json& doc, const std::string& where) {
   std::set<std::string> ids;
   for (std::size_t i = 0; i < contexts.size(); ++i) {
     const std::string w = where + ".contexts[" + std::to_string(i) + "]";
-    const Json& c = contexts[i];
-    check_object(c, {"id", "positions", "reference", "candidate", "reproduction", "token_ids"},
-                 {"id", "positions", "reference", "candidate"}, w);
-    ContextSpec ctx;
-    ctx.id = string_field(c, "id", w);
-    if (ctx.id.empty() || ctx.id.size() > 256 || !printable_ascii(ctx.id))
-      invalid(w + ".id", shown(c.at("id")) + " is not 1..256 printable ASCII characters");
-    if (!ids.insert(ctx.id).second) invalid(w + ".id", "\"" + ctx.id + "\" is not unique");
-    const Json& ranges = c.at("positions");
-    if (!ranges.is_array() || ranges.empty())
-      invalid(w + ".positions",
-              "must be a non-empty array of [begin, end) ranges, got " + shown(ranges));
-    std::int64_t previous_end = 0;
-    for (std::size_t k = 0; k < ranges.size(); ++k) {
-      const Json& r = ranges[k];
-      const std::string rw = w + ".positions[" + std::to_string(k) + "]";
-      if (!r.is_array() || r.size() != 2 || !r[0].is_number_integer() || !r[1].is_number_integer())
-        invalid(rw, shown(r) + " is not a [begin, end) pair of integers");
-      Range range{r[0].get<std::int64_t>(), r[1].get<std::int64_t>()};
-      if (range.begin < 0 || range.end <= range.begin)
-        invalid(rw, shown(r) + " is not a non-empty range of non-negative positions");
-      if (range.begin < previous_end)
-        invalid(rw, shown(r) + " starts before the previous range ends (" +
-                        std::to_string(previous_end) + "): ranges must be sorted and disjoint");
-      previous_end = range.end;
-      ctx.positions.push_back(range);
-    }
-    ctx.reference = parse_file_ref(c.at("reference"), w + ".reference");
-    ctx.candidate = parse_file_ref(c.at("candidate"), w + ".candidate");
-    if (c.contains("reproduction") && !c.at("reproduction").is_null())
-      ctx.reproduction = parse_file_ref(c.at("reproduction"), w + ".reproduction");
-    if (c.contains("token_ids") && !c.at("token_ids").is_null()) {
-      const Json& ids = c.at("token_ids");
-      if (!ids.is_array() || ids.empty())
-        invalid(w + ".token_ids", "must be a non-empty array of token ids, got " + shown(ids));
-      std::vector<std::int64_t> tokens;
-      tokens.reserve(ids.size());
-      for (std::size_t k = 0; k < ids.size(); ++k) {
-        if (!ids[k].is_number_integer() || ids[k].get<std::int64_t>() < 0 ||
-            ids[k].get<std::int64_t>() >= in.vocab_size)
-          invalid(
-              w + ".token_ids[" + std::to_string(k) + "]",
-              shown(ids[k]) + " is not a token id in [0, " + std::to_string(in.vocab_size) + ")");
-        tokens.push_back(ids[k].get<std::int64_t>());
-      }
-      if (previous_end > static_cast<std::int64_t>(tokens.size()))
-        invalid(w + ".positions", "scores position " + std::to_string(previous_end - 1) +
-                                      " but token_ids holds " + std::to_string(tokens.size()) +
-                                      " tokens");
-      ctx.token_ids = std::move(tokens);
-    }
-    in.contexts.push_back(std::move(ctx));
+    in.contexts.push_back(parse_context(contexts[i], w, in.vocab_size, ids));
   }
   if (doc.contains("thresholds") && !doc.at("thresholds").is_null())
     in.thresholds =

@@ -1,24 +1,20 @@
+// `assay report` (report.h): picks the page for the result's schema, and the HTML helpers both
+// pages share (report_html.h): escaping, formatting, key/value tables and the page shell with
+// its inline CSS. The pages are report_next_token.cpp and report_fidelity.cpp.
 #include "client/report.h"
 
-#include <algorithm>
-#include <cmath>
 #include <cstdio>
-#include <cstring>
-#include <map>
-#include <optional>
-#include <sstream>
+#include <utility>
 #include <vector>
 
+#include "client/report_html.h"
 #include "common/error.h"
-#include "common/fidelity.h"
-#include "common/identity.h"
-#include "common/safetensors.h"
 
 namespace assay::client {
+namespace html {
 namespace {
 
 using common::Json;
-namespace fs = std::filesystem;
 
 constexpr const char* kCss = R"(
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:24px auto;max-width:1000px;color:#1d2430;background:#fff;padding:0 16px}
@@ -36,8 +32,21 @@ details{margin:6px 0}summary{cursor:pointer;color:#3b5b9a}
 .kv td:first-child{color:#5a6473;white-space:nowrap}
 )";
 
-const char* kPalette[] = {"#3366cc", "#dc7633", "#2e9c6a", "#9b59b6",
-                          "#c0392b", "#16a2b8", "#7f8c8d", "#b7950b"};
+// Appends `j`'s leaves as (dotted key, text) rows.
+void flatten(const Json& j, const std::string& prefix,
+             std::vector<std::pair<std::string, std::string>>& out) {
+  if (j.is_object()) {
+    for (auto it = j.begin(); it != j.end(); ++it)
+      flatten(*it, prefix.empty() ? it.key() : prefix + "." + it.key(), out);
+  } else if (j.is_array() && !j.empty() && j[0].is_object()) {
+    for (std::size_t i = 0; i < j.size(); ++i)
+      flatten(j[i], prefix + "[" + std::to_string(i) + "]", out);
+  } else {
+    out.emplace_back(prefix, text_of(j));
+  }
+}
+
+}  // namespace
 
 std::string esc(const std::string& s) {
   std::string o;
@@ -65,7 +74,7 @@ std::string esc(const std::string& s) {
   return o;
 }
 
-std::string fmt(double v, const char* f = "%.6g") {
+std::string fmt(double v, const char* f) {
   char b[64];
   std::snprintf(b, sizeof b, f, v);
   return b;
@@ -89,20 +98,6 @@ std::string get(const Json& j, std::initializer_list<const char*> path) {
   return text_of(*at);
 }
 
-// A key/value table of an object, nested objects flattened with dotted keys.
-void flatten(const Json& j, const std::string& prefix,
-             std::vector<std::pair<std::string, std::string>>& out) {
-  if (j.is_object()) {
-    for (auto it = j.begin(); it != j.end(); ++it)
-      flatten(*it, prefix.empty() ? it.key() : prefix + "." + it.key(), out);
-  } else if (j.is_array() && !j.empty() && j[0].is_object()) {
-    for (std::size_t i = 0; i < j.size(); ++i)
-      flatten(j[i], prefix + "[" + std::to_string(i) + "]", out);
-  } else {
-    out.emplace_back(prefix, text_of(j));
-  }
-}
-
 std::string kv_table(const Json& j) {
   std::vector<std::pair<std::string, std::string>> rows;
   flatten(j, "", rows);
@@ -122,545 +117,13 @@ std::string page(const std::string& title, const std::string& body) {
          "it.</p>\n</body></html>\n";
 }
 
-// ---- next-token ----
+}  // namespace html
 
-struct Bar {
-  std::int64_t token = 0;
-  double logit = 0;
-  std::int64_t rank = 0;
-  std::string text;
-  std::vector<std::string> engines;  // candidates naming this token
-};
-
-// The logits row of the artifact, when it is there and is the one the result names.
-std::optional<std::vector<float>> read_logits(const Json& r, const fs::path& dir,
-                                              std::string& note) {
-  fs::path p = dir / "logits.safetensors";
-  std::error_code ec;
-  if (!fs::is_regular_file(p, ec)) {
-    note = "logits.safetensors is not beside the result: the chart uses the result's top tokens";
-    return std::nullopt;
-  }
-  std::string want = get(r, {"reference_artifact", "sha256"});
-  std::string have = common::sha256_file_id(p);
-  if (have != want) {
-    note = "logits.safetensors beside the result hashes to " + have + ", not the result's " + want +
-           ": not used";
-    return std::nullopt;
-  }
-  auto f = common::SafetensorsFile::open(p);
-  const common::TensorView* t = f.find("logits");
-  if (!t && f.tensors().size() == 1) t = &f.tensors().front();
-  if (!t || t->dtype != common::Dtype::kF32) {
-    note = "logits.safetensors holds no F32 tensor \"logits\": not used";
-    return std::nullopt;
-  }
-  std::vector<float> v(static_cast<std::size_t>(t->numel()));
-  std::memcpy(v.data(), t->data, t->nbytes);
-  note = "from logits.safetensors (" + have + ", " + std::to_string(v.size()) + " logits)";
-  return v;
-}
-
-std::string logit_chart(const std::vector<Bar>& top, const std::vector<Bar>& outside) {
-  const std::size_t rows = top.size() + outside.size() + (outside.empty() ? 0 : 1);
-  const int row_h = 26, left = 190, width = 900, plot = width - left - 140;
-  const int height = static_cast<int>(rows) * row_h + 40;
-  double lo = 0, hi = 0;
-  for (const auto* set : {&top, &outside})
-    for (const Bar& b : *set) {
-      lo = std::min(lo, b.logit);
-      hi = std::max(hi, b.logit);
-    }
-  if (hi - lo <= 0) hi = lo + 1;
-  auto x = [&](double v) { return left + (v - lo) / (hi - lo) * plot; };
-  std::ostringstream s;
-  s << "<svg role=\"img\" viewBox=\"0 0 " << width << " " << height << "\" width=\"" << width
-    << "\" height=\"" << height << "\" xmlns=\"http://www.w3.org/2000/svg\">"
-    << "<title>Top reference logits; candidates marked</title>";
-  s << "<line class=\"axis\" x1=\"" << x(0) << "\" y1=\"10\" x2=\"" << x(0) << "\" y2=\""
-    << height - 24 << "\"/>";
-  int y = 14;
-  auto bar = [&](const Bar& b) {
-    const bool cand = !b.engines.empty();
-    const double x0 = std::min(x(0), x(b.logit)), x1 = std::max(x(0), x(b.logit));
-    std::string label =
-        "#" + std::to_string(b.rank) + "  " + std::to_string(b.token) + " " + b.text;
-    if (label.size() > 30) label = label.substr(0, 29) + "…";
-    s << "<text x=\"" << left - 8 << "\" y=\"" << y + 15 << "\" text-anchor=\"end\">" << esc(label)
-      << "</text>";
-    s << "<rect x=\"" << x0 << "\" y=\"" << y + 3 << "\" width=\"" << std::max(1.0, x1 - x0)
-      << "\" height=\"" << row_h - 8 << "\" rx=\"3\" fill=\"" << (cand ? "#dc7633" : "#9fb3d9")
-      << "\"" << (cand ? " stroke=\"#8e4413\" stroke-width=\"1.5\"" : "") << "/>";
-    std::string right = fmt(b.logit, "%.4f");
-    for (const auto& e : b.engines) right += "  ◀ " + e;
-    s << "<text x=\"" << x1 + 6 << "\" y=\"" << y + 15 << "\""
-      << (cand ? " style=\"font-weight:600;fill:#8e4413\"" : "") << ">" << esc(right) << "</text>";
-    y += row_h;
-  };
-  for (const Bar& b : top) bar(b);
-  if (!outside.empty()) {
-    s << "<text x=\"" << left - 8 << "\" y=\"" << y + 15
-      << "\" text-anchor=\"end\" style=\"font-style:italic\">outside the top 10</text>";
-    s << "<line class=\"grid\" x1=\"" << left << "\" y1=\"" << y + 11 << "\" x2=\"" << left + plot
-      << "\" y2=\"" << y + 11 << "\" stroke-dasharray=\"4 3\"/>";
-    y += row_h;
-    for (const Bar& b : outside) bar(b);
-  }
-  s << "<text x=\"" << left << "\" y=\"" << height - 8 << "\">logit " << fmt(lo, "%.3g")
-    << "</text><text x=\"" << left + plot << "\" y=\"" << height - 8 << "\" text-anchor=\"end\">"
-    << fmt(hi, "%.3g") << "</text></svg>";
-  return s.str();
-}
-
-std::string next_token_report(const Json& r, const fs::path& dir) {
-  const Json& o = r.value("oracle", Json::object());
-  const Json& v = r.value("verdict", Json::object());
-  const Json cands = o.value("candidate_tokens", Json::array());
-  std::map<std::int64_t, std::string> texts;
-  for (const Json& t : o.value("top_tokens", Json::array()))
-    texts[t.value("token_id", std::int64_t{-1})] = t.value("text", "");
-  for (const Json& c : cands) texts[c.value("token_id", std::int64_t{-1})] = c.value("text", "");
-
-  std::string note;
-  std::vector<Bar> top, outside;
-  if (auto logits = read_logits(r, dir, note)) {
-    std::vector<std::int64_t> order(logits->size());
-    for (std::size_t i = 0; i < order.size(); ++i) order[i] = static_cast<std::int64_t>(i);
-    const std::size_t k = std::min<std::size_t>(10, order.size());
-    std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), order.end(),
-                      [&](std::int64_t a, std::int64_t b) {
-                        float la = (*logits)[static_cast<std::size_t>(a)];
-                        float lb = (*logits)[static_cast<std::size_t>(b)];
-                        return la > lb || (la == lb && a < b);
-                      });
-    auto rank_of = [&](float l) {
-      std::int64_t n = 1;
-      for (float x : *logits) n += x > l;
-      return n;
-    };
-    for (std::size_t i = 0; i < k; ++i) {
-      float l = (*logits)[static_cast<std::size_t>(order[i])];
-      top.push_back({order[i], l, rank_of(l), texts.count(order[i]) ? texts[order[i]] : "", {}});
-    }
-    for (const Json& c : cands) {
-      std::int64_t id = c.value("token_id", std::int64_t{-1});
-      if (id < 0 || static_cast<std::size_t>(id) >= logits->size()) continue;
-      auto it = std::find_if(top.begin(), top.end(), [&](const Bar& b) { return b.token == id; });
-      if (it == top.end()) {
-        it = std::find_if(outside.begin(), outside.end(),
-                          [&](const Bar& b) { return b.token == id; });
-        if (it == outside.end()) {
-          float l = (*logits)[static_cast<std::size_t>(id)];
-          outside.push_back({id, l, rank_of(l), texts[id], {}});
-          it = outside.end() - 1;
-        }
-      }
-      it->engines.push_back(c.value("engine", "?"));
-    }
-  } else {
-    std::int64_t rank = 0;
-    for (const Json& t : o.value("top_tokens", Json::array()))
-      top.push_back({t.value("token_id", std::int64_t{0}),
-                     t.value("logit", 0.0),
-                     ++rank,
-                     t.value("text", ""),
-                     {}});
-    for (const Json& c : cands) {
-      std::int64_t id = c.value("token_id", std::int64_t{-1});
-      auto it = std::find_if(top.begin(), top.end(), [&](const Bar& b) { return b.token == id; });
-      if (it == top.end()) {
-        outside.push_back(
-            {id, c.value("logit", 0.0), c.value("rank", std::int64_t{0}), c.value("text", ""), {}});
-        it = outside.end() - 1;
-      }
-      it->engines.push_back(c.value("engine", "?"));
-    }
-  }
-  std::sort(outside.begin(), outside.end(),
-            [](const Bar& a, const Bar& b) { return a.rank < b.rank; });
-
-  std::ostringstream b;
-  const std::string winner = v.value("argmax_candidate", std::string("?"));
-  b << "<h1>Next-token oracle verdict</h1><p class=\"sub\">job <code>" << esc(get(r, {"job_id"}))
-    << "</code> · request <code>" << esc(get(r, {"request", "id"})) << "</code> · "
-    << esc(get(r, {"created_at_utc"})) << "</p>";
-  b << "<div class=\"verdict " << (winner == "neither" ? "bad" : "ok") << "\"><b>"
-    << (winner == "neither" ? "Neither engine" : "Engine " + esc(winner))
-    << "</b> produced the reference argmax: token <code>" << esc(get(v, {"argmax_token_id"}))
-    << "</code> " << esc(get(o, {"argmax_text"}).empty() ? "" : "(" + get(o, {"argmax_text"}) + ")")
-    << ".<br>Top-logit margin <b>" << esc(get(o, {"top_logit_margin"})) << "</b>"
-    << (o.value("top_logit_tie", false) ? " (a TIE)" : "") << " · candidate attribution "
-    << (v.value("candidate_attribution_complete", false) ? "complete" : "INCOMPLETE") << "</div>";
-
-  b << "<h2>Candidates</h2><table><tr><th>engine</th><th>token</th><th>text</th><th>logit</th>"
-       "<th>rank</th><th>is argmax</th></tr>";
-  for (const Json& c : cands)
-    b << "<tr><td>" << esc(get(c, {"engine"})) << "</td><td class=\"num\">"
-      << esc(get(c, {"token_id"})) << "</td><td class=\"mono\">" << esc(get(c, {"text"}))
-      << "</td><td class=\"num\">" << esc(get(c, {"logit"})) << "</td><td class=\"num\">"
-      << esc(get(c, {"rank"})) << "</td><td>" << esc(get(c, {"is_argmax"})) << "</td></tr>";
-  b << "</table>";
-
-  b << "<h2>Top-10 reference logits</h2><p class=\"sub\">" << esc(note)
-    << ". Candidates are orange, with their engine; rank = 1 + logits strictly greater.</p>"
-    << logit_chart(top, outside);
-  b << "<table><tr><th>rank</th><th>token</th><th>text</th><th>logit</th><th>candidate "
-       "of</th></tr>";
-  for (const auto* set : {&top, &outside})
-    for (const Bar& x : *set) {
-      std::string engines;
-      for (const auto& e : x.engines) engines += (engines.empty() ? "" : ", ") + e;
-      b << "<tr><td class=\"num\">" << x.rank << "</td><td class=\"num\">" << x.token
-        << "</td><td class=\"mono\">" << esc(x.text) << "</td><td class=\"num\">"
-        << fmt(x.logit, "%.6f") << "</td><td>" << esc(engines) << "</td></tr>";
-    }
-  b << "</table>";
-
-  b << "<h2>Model identity</h2>" << kv_table(r.value("model_identity", Json::object()));
-  b << "<h2>Oracle</h2>";
-  Json oracle_facts = Json::object();
-  for (const char* k :
-       {"architecture", "model_type", "vocab_size", "device", "dtype", "torch_version", "threads",
-        "deterministic_algorithms", "tf32_allowed", "executable_sha256", "logits_sha256",
-        "input_token_count", "forward_seconds"})
-    if (o.contains(k)) oracle_facts[k] = o[k];
-  b << kv_table(oracle_facts);
-  b << "<h2>Containment evidence</h2>" << kv_table(r.value("containment", Json::object()));
-  b << "<details open><summary>oracle process</summary>"
-    << kv_table(o.value("process", Json::object())) << "</details>";
-  b << "<h2>Record</h2>"
-    << kv_table(Json{{"result_sha256", r.value("result_sha256", Json())},
-                     {"signing key", get(r, {"supervisor", "key_id"})},
-                     {"logits artifact", r.value("reference_artifact", Json())}});
-  return page("assay verdict " + get(r, {"job_id"}), b.str());
-}
-
-// ---- fidelity ----
-
-struct KlPoint {
-  std::int64_t position;
-  double kl;
-};
-
-constexpr double kFloor = 1e-16;  // KL 0 and below are drawn on the floor of the log axis
-
-double log_y(double v) {
-  return std::log10(std::max(v, kFloor));
-}
-
-std::string log_axis(int left, int top, int w, int h, double lo_exp, double hi_exp, bool vertical) {
-  std::ostringstream s;
-  const double span = hi_exp - lo_exp;
-  const int step = span > 12 ? 2 : 1;
-  for (int e = static_cast<int>(std::ceil(lo_exp)); e <= static_cast<int>(hi_exp); e += step) {
-    const double f = (e - lo_exp) / span;
-    if (vertical) {
-      const double y = top + h - f * h;
-      s << "<line class=\"grid\" x1=\"" << left << "\" y1=\"" << y << "\" x2=\"" << left + w
-        << "\" y2=\"" << y << "\"/><text x=\"" << left - 4 << "\" y=\"" << y + 4
-        << "\" text-anchor=\"end\">1e" << e << "</text>";
-    } else {
-      const double x = left + f * w;
-      s << "<line class=\"grid\" x1=\"" << x << "\" y1=\"" << top << "\" x2=\"" << x << "\" y2=\""
-        << top + h << "\"/><text x=\"" << x << "\" y=\"" << top + h + 14
-        << "\" text-anchor=\"middle\">1e" << e << "</text>";
-    }
-  }
-  return s.str();
-}
-
-std::string kl_along_positions(const std::vector<std::string>& ids,
-                               const std::vector<std::vector<KlPoint>>& per_context) {
-  const int width = 900, height = 320, left = 60, top = 16, w = width - left - 20, h = height - 70;
-  std::int64_t pmax = 1;
-  double hi = kFloor;
-  for (const auto& pts : per_context)
-    for (const KlPoint& p : pts) {
-      pmax = std::max(pmax, p.position);
-      hi = std::max(hi, p.kl);
-    }
-  const double lo_e = std::log10(kFloor), hi_e = std::max(std::ceil(std::log10(hi)), lo_e + 1);
-  std::ostringstream s;
-  s << "<svg role=\"img\" viewBox=\"0 0 " << width << " " << height << "\" width=\"" << width
-    << "\" height=\"" << height
-    << "\" xmlns=\"http://www.w3.org/2000/svg\"><title>Token-wise KL "
-       "along positions, per context (log scale)</title>"
-    << log_axis(left, top, w, h, lo_e, hi_e, true);
-  auto px = [&](double p) { return left + p / static_cast<double>(pmax) * w; };
-  auto py = [&](double v) { return top + h - (log_y(v) - lo_e) / (hi_e - lo_e) * h; };
-  for (std::size_t c = 0; c < per_context.size(); ++c) {
-    const char* color = kPalette[c % std::size(kPalette)];
-    std::string path;
-    for (const KlPoint& p : per_context[c])
-      path += (path.empty() ? "M" : " L") + fmt(px(static_cast<double>(p.position)), "%.1f") + " " +
-              fmt(py(p.kl), "%.1f");
-    s << "<path d=\"" << path << "\" fill=\"none\" stroke=\"" << color
-      << "\" stroke-width=\"1.3\" opacity=\"0.85\"/>";
-    for (const KlPoint& p : per_context[c])
-      s << "<circle cx=\"" << fmt(px(static_cast<double>(p.position)), "%.1f") << "\" cy=\""
-        << fmt(py(p.kl), "%.1f") << "\" r=\"2\" fill=\"" << color << "\"/>";
-    s << "<rect x=\"" << left + 10 + 150 * static_cast<int>(c % 5) << "\" y=\""
-      << height - 22 - 0 * 16 << "\" width=\"10\" height=\"10\" fill=\"" << color
-      << "\"/><text x=\"" << left + 24 + 150 * static_cast<int>(c % 5) << "\" y=\"" << height - 13
-      << "\">" << esc(ids[c].substr(0, 20)) << "</text>";
-  }
-  s << "<text x=\"" << left + w << "\" y=\"" << top + h + 14 << "\" text-anchor=\"end\">position "
-    << pmax << "</text><text x=\"" << left << "\" y=\"" << top + h + 14
-    << "\">position 0</text><text x=\"" << left + w / 2 << "\" y=\"" << top + h + 14
-    << "\" text-anchor=\"middle\">KL (nats) by position; 0 drawn at 1e-16</text></svg>";
-  return s.str();
-}
-
-std::string histogram_chart(const Json& h) {
-  const Json& edges = h.value("edges", Json::array());
-  const Json& counts = h.value("counts", Json::array());
-  std::vector<std::pair<std::string, std::int64_t>> bins;
-  bins.emplace_back("0", h.value("zero", std::int64_t{0}));
-  if (h.value("negative", std::int64_t{0}) > 0)
-    bins.emplace_back("<0", h["negative"].get<std::int64_t>());
-  for (std::size_t i = 0; i < counts.size(); ++i) {
-    std::string label = i == 0             ? "<" + fmt(edges[0].get<double>(), "%.0e")
-                        : i < edges.size() ? fmt(edges[i - 1].get<double>(), "%.0e")
-                                           : "≥" + fmt(edges[i - 1].get<double>(), "%.0e");
-    bins.emplace_back(label, counts[i].get<std::int64_t>());
-  }
-  std::int64_t most = 1;
-  for (const auto& [l, n] : bins) most = std::max(most, n);
-  const int width = 900, height = 240, left = 50, top = 14, h_ = height - 60;
-  const double bw = static_cast<double>(width - left - 20) / static_cast<double>(bins.size());
-  std::ostringstream s;
-  s << "<svg role=\"img\" viewBox=\"0 0 " << width << " " << height << "\" width=\"" << width
-    << "\" height=\"" << height
-    << "\" xmlns=\"http://www.w3.org/2000/svg\"><title>Histogram of "
-       "token-wise KL, decade bins</title>";
-  for (std::size_t i = 0; i < bins.size(); ++i) {
-    const double bh = static_cast<double>(bins[i].second) / static_cast<double>(most) * h_;
-    const double x = left + bw * static_cast<double>(i);
-    s << "<rect x=\"" << x + 2 << "\" y=\"" << top + h_ - bh << "\" width=\"" << bw - 4
-      << "\" height=\"" << bh << "\" fill=\"" << (i == 0 ? "#2e9c6a" : "#3366cc") << "\"/>";
-    if (bins[i].second > 0)
-      s << "<text x=\"" << x + bw / 2 << "\" y=\"" << top + h_ - bh - 3
-        << "\" text-anchor=\"middle\">" << bins[i].second << "</text>";
-    s << "<text x=\"" << x + bw / 2 << "\" y=\"" << top + h_ + 14 << "\" text-anchor=\"middle\">"
-      << esc(bins[i].first) << "</text>";
-  }
-  s << "<text x=\"" << left << "\" y=\"" << height - 10
-    << "\">KL (nats), bin lower edge; green: exactly 0</text></svg>";
-  return s.str();
-}
-
-std::string cdf_chart(std::vector<double> kl) {
-  std::sort(kl.begin(), kl.end());
-  const int width = 900, height = 260, left = 60, top = 14, w = width - left - 20, h = height - 50;
-  double hi = kFloor;
-  for (double v : kl) hi = std::max(hi, v);
-  const double lo_e = std::log10(kFloor), hi_e = std::max(std::ceil(std::log10(hi)), lo_e + 1);
-  auto px = [&](double v) { return left + (log_y(v) - lo_e) / (hi_e - lo_e) * w; };
-  std::ostringstream s;
-  s << "<svg role=\"img\" viewBox=\"0 0 " << width << " " << height << "\" width=\"" << width
-    << "\" height=\"" << height
-    << "\" xmlns=\"http://www.w3.org/2000/svg\"><title>Cumulative "
-       "distribution of token-wise KL, log axis</title>"
-    << log_axis(left, top, w, h, lo_e, hi_e, false);
-  for (int q = 0; q <= 4; ++q) {
-    const double y = top + h - q / 4.0 * h;
-    s << "<text x=\"" << left - 4 << "\" y=\"" << y + 4 << "\" text-anchor=\"end\">" << q * 25
-      << "%</text>";
-  }
-  std::string path = "M" + fmt(left, "%.1f") + " " + fmt(top + h, "%.1f");
-  const double n = static_cast<double>(kl.size());
-  for (std::size_t i = 0; i < kl.size(); ++i) {
-    const double x = px(kl[i]);
-    path += " L" + fmt(x, "%.1f") + " " + fmt(top + h - static_cast<double>(i) / n * h, "%.1f");
-    path += " L" + fmt(x, "%.1f") + " " + fmt(top + h - static_cast<double>(i + 1) / n * h, "%.1f");
-  }
-  path += " L" + fmt(left + w, "%.1f") + " " + fmt(top, "%.1f");
-  s << "<path d=\"" << path << "\" fill=\"none\" stroke=\"#3366cc\" stroke-width=\"2\"/>"
-    << "<text x=\"" << left + w / 2 << "\" y=\"" << height - 6
-    << "\" text-anchor=\"middle\">KL (nats), log axis; 0 drawn at 1e-16 · fraction of positions "
-       "with KL ≤ x</text></svg>";
-  return s.str();
-}
-
-std::string gates_html(const Json& g) {
-  const std::string status = g.value("status", std::string("?"));
-  std::ostringstream b;
-  b << "<div class=\"verdict "
-    << (status == "passed"   ? "ok"
-        : status == "failed" ? "bad"
-                             : "neutral")
-    << "\">Gates: <b>" << esc(status) << "</b>";
-  if (g.contains("failed") && !g["failed"].empty()) {
-    b << " — failed:";
-    for (const Json& f : g["failed"]) b << " <code>" << esc(f.get<std::string>()) << "</code>";
-  }
-  b << "</div><table><tr><th>gate</th><th>rule</th><th>observed</th><th>result</th></tr>";
-  auto cell = [](const Json& v) {
-    return v.is_null()     ? std::string("<span class=\"undecided\">undecided</span>")
-           : v.get<bool>() ? std::string("<span class=\"pass\">passed</span>")
-                           : std::string("<span class=\"fail\">FAILED</span>");
-  };
-  if (g.contains("reproduction") && g["reproduction"].is_object())
-    for (auto it = g["reproduction"].begin(); it != g["reproduction"].end(); ++it)
-      b << "<tr><td><code>" << esc(it.key()) << "</code></td><td>reproduction</td><td></td><td>"
-        << cell(*it) << "</td></tr>";
-  for (const Json& t : g.value("thresholds", Json::array()))
-    b << "<tr><td><code>" << esc(get(t, {"name"})) << "</code></td><td class=\"mono\">"
-      << esc(get(t, {"statistic"}) + " " + get(t, {"comparison"}) + " " + get(t, {"bound"}))
-      << "</td><td class=\"num\">" << esc(get(t, {"observed"})) << "</td><td>" << cell(t["passed"])
-      << "</td></tr>";
-  return b.str() + "</table>";
-}
-
-std::string stats_table(const Json& cmp) {
-  std::ostringstream b;
-  const Json& s = cmp.value("statistics", Json());
-  if (!s.is_object()) {
-    b << "<table>";
-    for (auto it = cmp["metrics"]["kl"].begin(); it != cmp["metrics"]["kl"].end(); ++it)
-      b << "<tr><td>KL " << esc(it.key()) << "</td><td class=\"num\">" << esc(text_of(*it))
-        << "</td></tr>";
-    return b.str() + "</table>";
-  }
-  auto row = [&](const std::string& label, const Json& v, const Json& se = Json(),
-                 double scale = 1) {
-    b << "<tr><td>" << esc(label) << "</td><td class=\"num\">"
-      << (v.is_number() ? fmt(scale * v.get<double>(), "%.6g") : std::string("—"))
-      << "</td><td class=\"num\">"
-      << (se.is_number() ? "± " + fmt(scale * se.get<double>(), "%.3g") : std::string(""))
-      << "</td></tr>";
-  };
-  b << "<table><tr><th>statistic</th><th>value</th><th>standard error</th></tr>";
-  const Json& kl = s["kl"];
-  row("KL mean (nats)", kl["mean"], kl["standard_error"]);
-  for (auto [label, key] :
-       {std::pair{"KL max", "max"}, std::pair{"KL 99.9%", "p99_9"}, std::pair{"KL 99%", "p99"},
-        std::pair{"KL 95%", "p95"}, std::pair{"KL 90%", "p90"}, std::pair{"KL median", "median"},
-        std::pair{"KL 10%", "p10"}, std::pair{"KL 5%", "p5"}, std::pair{"KL 1%", "p1"},
-        std::pair{"KL 0.1%", "p0_1"}, std::pair{"KL min", "min"}})
-    row(label, kl[key]);
-  row("same top token (%)", s["same_top"]["fraction"], s["same_top"]["standard_error"], 100);
-  for (auto [label, key] : {std::pair{"Δp next token", "delta_p_next"},
-                            std::pair{"Δp reference's top token", "delta_p_top"}}) {
-    const Json& d = s[key];
-    if (!d.is_object()) continue;
-    row(std::string(label) + " mean (%)", d["mean"], d["standard_error"], 100);
-    row(std::string(label) + " RMS (%)", d["rms"], d["rms_standard_error"], 100);
-    b << "<tr><td>" << esc(std::string(label) + " min / median / max (%)")
-      << "</td><td class=\"num\">" << fmt(100 * d["min"].get<double>(), "%.4g") << " / "
-      << fmt(100 * d["median"].get<double>(), "%.4g") << " / "
-      << fmt(100 * d["max"].get<double>(), "%.4g") << "</td><td></td></tr>";
-  }
-  const Json& p = s["perplexity"];
-  if (p.is_object()) {
-    row("PPL reference", p["reference"]["ppl"], p["reference"]["ppl_standard_error"]);
-    row("PPL candidate", p["candidate"]["ppl"], p["candidate"]["ppl_standard_error"]);
-    row("PPL ratio candidate/reference", p["ratio"]["value"], p["ratio"]["standard_error"]);
-    row("ln PPL ratio", p["ln_ratio"]["value"], p["ln_ratio"]["standard_error"]);
-    row("PPL difference", p["difference"]["value"], p["difference"]["standard_error"]);
-    row("correlation of ln PPL (%)", p["ln_ppl_correlation"], Json(), 100);
-  }
-  b << "</table><details><summary>the same, as llama.cpp prints it</summary><pre>"
-    << esc(common::llama_cpp_block(s)) << "</pre></details>";
-  return b.str();
-}
-
-std::string fidelity_report(const Json& r, const fs::path& dir) {
-  const Json& cmp = r.value("comparison", Json::object());
-  std::ostringstream b;
-  b << "<h1>Fidelity receipt</h1><p class=\"sub\">job <code>" << esc(get(r, {"job_id"}))
-    << "</code> · request <code>" << esc(get(r, {"request", "id"})) << "</code> · "
-    << esc(get(r, {"comparison_kind"}) == "—" ? std::string("") : get(r, {"comparison_kind"}))
-    << " · " << esc(get(r, {"created_at_utc"})) << "</p>";
-  const std::string label = get(r, {"candidate", "label"});
-  b << "<table class=\"kv\"><tr><td>reference</td><td class=\"mono\">"
-    << esc(get(r, {"reference", "model_identity", "id"})) << " "
-    << esc(get(r, {"reference", "model_identity", "content_sha256"}))
-    << "</td></tr><tr><td>candidate</td><td class=\"mono\">"
-    << esc(label == "—" ? "" : label + " · ") << esc(get(r, {"candidate", "model_identity", "id"}))
-    << " " << esc(get(r, {"candidate", "model_identity", "content_sha256"}))
-    << "</td></tr><tr><td>metric</td><td>mean token-wise KL(reference ‖ candidate) = <b>"
-    << esc(get(cmp, {"metrics", "kl", "mean"})) << "</b> nats (lower is better), top-1 agreement "
-    << esc(get(cmp, {"metrics", "top1_agreement"})) << "</td></tr><tr><td>scope</td><td>"
-    << esc(get(r, {"panel", "scored_positions"})) << " scored positions in "
-    << (r.contains("panel") ? r["panel"].value("contexts", Json::array()).size() : 0)
-    << " context(s), vocab " << esc(get(r, {"panel", "vocab_size"})) << "</td></tr>";
-  if (r.contains("comparator"))
-    b << "<tr><td>estimator</td><td class=\"mono\">" << esc(get(r, {"comparator", "estimator"}))
-      << " " << esc(get(r, {"comparator", "estimator_sha256"})) << " (fp64, "
-      << esc(get(r, {"comparator", "kernel"})) << ")</td></tr>";
-  b << "</table>";
-  if (r.contains("gates") && r["gates"].is_object())
-    b << "<h2>Gates</h2>" << gates_html(r["gates"]);
-  const Json& rep = r.value("reproduction", Json());
-  if (rep.is_object())
-    b << "<p>Reproduction (the reference captured again in a separate run): <b>"
-      << (rep.value("confirmed", false) ? "confirmed" : "NOT confirmed") << "</b>, max KL "
-      << esc(get(rep, {"kl", "max"})) << ", digests "
-      << (rep.value("digests_equal", false) ? "equal" : "differ") << ".</p>";
-
-  // Token-wise KL from the artifact.
-  std::vector<std::string> ids;
-  for (const Json& c : cmp.value("contexts", Json::array())) ids.push_back(c.value("id", "?"));
-  std::vector<std::vector<KlPoint>> per_context(ids.size());
-  std::vector<double> all;
-  std::string note;
-  fs::path art = dir / "kl.safetensors";
-  std::error_code ec;
-  if (fs::is_regular_file(art, ec) &&
-      common::sha256_file_id(art) == get(r, {"kl_artifact", "sha256"})) {
-    auto f = common::SafetensorsFile::open(art);
-    const auto* kl = f.find("kl");
-    const auto* ci = f.find("context_index");
-    const auto* pos = f.find("position");
-    if (kl && ci && pos && kl->dtype == common::Dtype::kF64 && kl->numel() == ci->numel() &&
-        kl->numel() == pos->numel()) {
-      const auto n = static_cast<std::size_t>(kl->numel());
-      all.resize(n);
-      std::vector<std::int64_t> c(n), p(n);
-      std::memcpy(all.data(), kl->data, kl->nbytes);
-      std::memcpy(c.data(), ci->data, ci->nbytes);
-      std::memcpy(p.data(), pos->data, pos->nbytes);
-      for (std::size_t i = 0; i < n; ++i)
-        if (c[i] >= 0 && static_cast<std::size_t>(c[i]) < per_context.size())
-          per_context[static_cast<std::size_t>(c[i])].push_back({p[i], all[i]});
-      note = "from kl.safetensors (" + get(r, {"kl_artifact", "sha256"}) + ")";
-    }
-  }
-  b << "<h2>Token-wise KL along positions</h2>";
-  if (all.empty())
-    b << "<p class=\"sub\">kl.safetensors (with the result's sha256) is not beside the result: "
-         "no per-position chart.</p>";
-  else
-    b << "<p class=\"sub\">" << esc(note) << "</p>" << kl_along_positions(ids, per_context);
-  b << "<table><tr><th>context</th><th>positions</th><th>mean KL</th><th>max KL</th><th>p99 "
-       "KL</th><th>top-1</th></tr>";
-  for (const Json& c : cmp.value("contexts", Json::array()))
-    b << "<tr><td>" << esc(get(c, {"id"})) << "</td><td class=\"num\">"
-      << esc(get(c, {"positions"})) << "</td><td class=\"num\">" << esc(get(c, {"kl", "mean"}))
-      << "</td><td class=\"num\">" << esc(get(c, {"kl", "max"})) << "</td><td class=\"num\">"
-      << esc(get(c, {"kl", "p99"})) << "</td><td class=\"num\">" << esc(get(c, {"top1_agreement"}))
-      << "</td></tr>";
-  b << "</table>";
-  b << "<h2>KL histogram</h2>" << histogram_chart(cmp.value("histogram", Json::object()));
-  if (!all.empty()) b << "<h2>KL cumulative distribution (log axis)</h2>" << cdf_chart(all);
-  b << "<h2>Statistics</h2>" << stats_table(cmp);
-  b << "<h2>Record</h2>"
-    << kv_table(Json{{"result_sha256", r.value("result_sha256", Json())},
-                     {"signing key", get(r, {"supervisor", "key_id"})},
-                     {"request sha256", get(r, {"request", "sha256"})},
-                     {"panel sha256", get(r, {"request", "panel_sha256"})},
-                     {"kl artifact", r.value("kl_artifact", Json())},
-                     {"containment", r.value("containment", Json())}});
-  return page("assay fidelity " + get(r, {"job_id"}), b.str());
-}
-
-}  // namespace
-
-std::string render_report(const Json& result, const fs::path& artifact_dir) {
+std::string render_report(const common::Json& result, const std::filesystem::path& artifact_dir) {
   const std::string schema = result.is_object() ? result.value("schema", std::string()) : "";
-  if (schema == "assay.next-token-oracle-result.v1") return next_token_report(result, artifact_dir);
-  if (schema == "assay.fidelity-result.v1") return fidelity_report(result, artifact_dir);
+  if (schema == "assay.next-token-oracle-result.v1")
+    return html::next_token_page(result, artifact_dir);
+  if (schema == "assay.fidelity-result.v1") return html::fidelity_page(result, artifact_dir);
   throw common::Error("client.report",
                       "a report needs an assay.next-token-oracle-result.v1 or "
                       "assay.fidelity-result.v1 document, not schema \"" +

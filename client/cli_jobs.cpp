@@ -1,0 +1,291 @@
+// The `assay` commands that submit, check and follow jobs: submit (single, batch, fidelity and
+// trajectory requests, each checked locally first as `request check` does), wait (the live
+// progress line, reconnecting across an assayd restart, then the job's final status with its
+// verdict or report), status, list and cancel.
+#include <chrono>
+#include <filesystem>
+#include <thread>
+
+#include "client/batch.h"
+#include "client/cli_internal.h"
+#include "client/format.h"
+#include "common/batch.h"
+#include "common/error.h"
+#include "common/fidelity.h"
+#include "common/json.h"
+#include "common/protocol.h"
+#include "common/request.h"
+#include "common/trajectory.h"
+
+namespace assay::client::cli {
+
+using common::Json;
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+std::string check_request_file(const std::string& file, const std::string& text, bool& fidelity,
+                               Json* report) {
+  try {
+    Json doc = common::parse_strict(text, {.max_bytes = common::kMaxRequestBytes});
+    fidelity = doc.is_object() && doc.value("schema", Json()) == protocol::kFidelityRequest;
+    if (doc.is_object() && doc.value("schema", Json()) == protocol::kNextTokenBatchRequest) {
+      auto b = common::validate_batch_request(doc);
+      if (report)
+        *report = Json{{"schema", b.schema},
+                       {"request_sha256", b.request_sha256},
+                       {"states", b.states.size()}};
+      return b.request_sha256;
+    }
+    if (doc.is_object() && doc.value("schema", Json()) == common::kTrajectoryRequest) {
+      auto r = common::validate_trajectory_request(doc);
+      if (report) {
+        Json lengths = Json::object();
+        for (const auto& c : r.continuations) lengths[c.engine] = c.token_ids.size();
+        *report = Json{{"schema", r.schema},
+                       {"request_sha256", r.request_sha256},
+                       {"prompt_length", r.prompt_token_ids.size()},
+                       {"prompt_token_ids_sha256", common::token_ids_sha256(r.prompt_token_ids)},
+                       {"continuation_lengths", lengths}};
+      }
+      return r.request_sha256;
+    }
+    if (fidelity) {
+      auto r = common::validate_fidelity_request(doc);
+      if (report)
+        *report = Json{{"schema", r.schema},
+                       {"request_sha256", r.request_sha256},
+                       {"panel_sha256", r.panel_sha256},
+                       {"contexts", r.panel.size()},
+                       {"scored_positions", r.scored_positions()},
+                       {"candidate", r.candidate_model ? "model" : "logits"}};
+      return r.request_sha256;
+    }
+    auto r = common::validate_request(doc);
+    if (report) *report = r.check_report();
+    return r.request_sha256;
+  } catch (const common::Error& e) {
+    throw ExitWith{kExitInvalidInput, file + ": " + e.what() + " [" + e.code() + "]"};
+  }
+}
+
+int Cli::submit(std::string_view only) {
+  std::string body = read_local(o_.file, common::kMaxRequestBytes, "the request");
+  bool fidelity = false;
+  std::string request_sha256;
+  if (o_.batch) {
+    try {
+      BatchDocument b = batch_from_jsonl(body, fs::path(o_.file).stem().string());
+      body = std::move(b.body);
+      request_sha256 = b.request_sha256;
+    } catch (const common::Error& e) {
+      throw ExitWith{kExitInvalidInput, o_.file + ": " + e.what() + " [" + e.code() + "]"};
+    }
+  } else {
+    request_sha256 = check_request_file(o_.file, body, fidelity);
+  }
+  // Valid once checked.
+  const std::string schema_name =
+      common::parse_strict(body, {.max_bytes = common::kMaxRequestBytes}).value("schema", "");
+  const bool trajectory = schema_name == common::kTrajectoryRequest;
+  const bool batch = schema_name == protocol::kNextTokenBatchRequest;
+  std::string_view schema = trajectory ? common::kTrajectoryRequest
+                            : fidelity ? protocol::kFidelityRequest
+                                       : std::string_view{};
+  if (!only.empty() && schema != only)
+    throw ExitWith{kExitInvalidInput, o_.file + " is not an " + std::string(only) +
+                                          " request; submit it with `assay submit`"};
+  if (trajectory && !o_.model.empty())
+    throw ExitWith{kExitUsage, "--model does not apply to a trajectory request: it has model_dir"};
+  if (fidelity && !o_.model.empty())
+    throw ExitWith{kExitUsage,
+                   "--model does not apply to a fidelity request: it names its "
+                   "reference and candidate itself"};
+  std::string target = "/v1/jobs";
+  if (!o_.model.empty()) {
+    std::error_code ec;
+    fs::path model = fs::absolute(o_.model, ec);
+    if (ec) throw ExitWith{kExitUsage, "--model " + o_.model + ": " + ec.message()};
+    target += "?model_dir=" + url_encode(model.lexically_normal().string());
+  }
+  if (o_.retry) target += std::string(o_.model.empty() ? "?" : "&") + "retry=1";
+  Response r;
+  try {
+    r = api_.request("POST", target, std::move(body));
+  } catch (const ApiError& e) {
+    if (e.code() != "request.no_model_dir") throw;
+    throw ExitWith{kExitApiError, std::string(e.what()) + " (with assay: give --model DIR)"};
+  }
+  Json job = common::parse_strict(r.body);
+  std::string id = job_id(job);
+  const bool retried = job.value("retried", false);
+  const std::string state = job_state(job);
+  // The daemon answers an identical request with the job it already has, even a failed one:
+  // say so, since nothing runs again without --retry.
+  if (!retried && r.status == 200 && (state == "failed" || state == "cancelled"))
+    err_ << "assay: an identical request already "
+         << (state == "failed" ? "failed" : "was cancelled") << " as " << id
+         << "; resubmit with --retry to run it again\n";
+  if (o_.wait) return wait(id);
+  if (o_.json) {
+    print_json(job);
+  } else {
+    out_ << (retried           ? "resubmitted "
+             : r.status == 200 ? "existing "
+                               : "submitted ")
+         << (fidelity     ? "fidelity job "
+             : trajectory ? "trajectory job "
+             : batch      ? "batch job "
+                          : "job ")
+         << id << " (" << state << ")  request " << request_sha256 << "\n";
+  }
+  return kExitOk;
+}
+
+// The job's final status: print it and turn it into the exit status.
+int Cli::finished(const Json& job) {
+  bool ok = state_is_success(job_state(job));
+  if (o_.json) {
+    print_json(job);
+  } else {
+    Json shown = job;
+    if (ok && job.value("request_schema", "") == protocol::kFidelityRequest) {
+      out_ << describe_job(shown) << "\n"
+           << fidelity_report(api_.get_json(job_path(job_id(job), "result")));
+      return kExitOk;
+    }
+    if (ok && job.value("request_schema", "") == protocol::kNextTokenBatchRequest) {
+      out_ << describe_job(shown) << "\n"
+           << batch_report(api_.get_json(job_path(job_id(job), "result")));
+      return kExitOk;
+    }
+    if (ok && job.value("request_schema", "") == common::kTrajectoryRequest) {
+      out_ << describe_job(shown) << "\n"
+           << trajectory_report(api_.get_json(job_path(job_id(job), "result")));
+      return kExitOk;
+    }
+    if (ok) {
+      // The verdict lives in the result; show it with the status so `wait` answers the question.
+      Json result = api_.get_json(job_path(job_id(job), "result"));
+      for (const char* k : {"verdict", "result_sha256"})
+        if (result.contains(k)) shown[k] = result[k];
+    }
+    out_ << describe_job(shown);
+  }
+  return ok ? kExitOk : kExitJobFailed;
+}
+
+int Cli::wait(const std::string& id) {
+  const std::string status_path = job_path(id);
+  const std::string events_path = job_path(id, "events");
+  const auto start = Clock::now();
+  const bool live = env_.stdout_is_tty && !o_.json;
+  // How long assayd may stay unreachable (a restart) before wait gives up.
+  const auto kReconnectFor = std::chrono::seconds(30);
+  Progress progress;  // the latest state seen
+  bool timed_out = false;
+
+  auto elapsed = [&] { return std::chrono::duration<double>(Clock::now() - start).count(); };
+  auto render = [&] {
+    if (live) out_ << "\r\033[K" << progress_line(id, progress, elapsed()) << std::flush;
+  };
+  auto check_deadline = [&] {
+    if (o_.wait_timeout_s > 0 && elapsed() > o_.wait_timeout_s) timed_out = true;
+    return !timed_out;
+  };
+  auto on_line = [&](std::string_view line) {
+    Json ev;
+    try {
+      ev = common::parse_strict(line);
+    } catch (const common::Error& e) {
+      err_ << "assay: ignoring a malformed event: " << e.what() << "\n";
+      return check_deadline();
+    }
+    progress.update(ev);
+    if (live)
+      render();
+    else if (!o_.json)
+      out_ << progress_line(id, progress, elapsed()) << "\n" << std::flush;
+    return check_deadline();
+  };
+
+  Json job;
+  bool streamed = false;
+  auto last_contact = Clock::now();
+  while (true) {
+    try {
+      job = api_.get_json(status_path);
+      last_contact = Clock::now();
+      // A finished job still gets one pass over its events (assayd replays them and ends the
+      // stream), so plain output always shows the history.
+      if ((state_is_final(job_state(job)) && streamed) || !check_deadline()) break;
+      progress.update(job);
+      render();
+      auto stream_start = Clock::now();
+      api_.stream_lines(events_path, {.on_line = on_line, .on_tick = [&] {
+                                        render();
+                                        return check_deadline();
+                                      }});
+      last_contact = Clock::now();
+      streamed = true;
+      if (timed_out) break;
+      // The stream ended: normally the job did too; if not (assayd restarting), do not spin.
+      if (Clock::now() - stream_start < std::chrono::seconds(1))
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    } catch (const UnreachableError& e) {
+      if (Clock::now() - last_contact > kReconnectFor || !check_deadline()) {
+        if (live) out_ << "\n";
+        throw;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    }
+  }
+  if (live) out_ << "\r\033[K";
+  if (timed_out) {
+    if (!o_.json) out_ << progress_line(id, progress, elapsed()) << "\n";
+    throw ExitWith{kExitWaitTimeout, "gave up waiting for job " + id + " after " +
+                                         format_seconds(o_.wait_timeout_s) + "; it goes on"};
+  }
+  return finished(job);
+}
+
+int Cli::status() {
+  Json job = api_.get_json(job_path(o_.id));
+  if (o_.json)
+    print_json(job);
+  else
+    out_ << describe_job(job);
+  return kExitOk;
+}
+
+int Cli::list() {
+  std::string target = "/v1/jobs";
+  if (!o_.state.empty()) target += "?state=" + url_encode(o_.state);
+  Json doc = api_.get_json(target);
+  if (o_.json) {
+    print_json(doc);
+  } else {
+    out_ << jobs_table(doc);
+  }
+  return kExitOk;
+}
+
+int Cli::cancel() {
+  Response r = api_.request("DELETE", job_path(o_.id));
+  Json job = r.body.empty() ? api_.get_json(job_path(o_.id)) : common::parse_strict(r.body);
+  if (o_.json)
+    print_json(job);
+  else
+    out_ << "job " << o_.id << ": " << job_state(job) << "\n";
+  return kExitOk;
+}
+
+int Cli::request_check() {
+  std::string text = read_local(o_.file, common::kMaxRequestBytes, "the request");
+  bool fidelity = false;
+  Json report;
+  check_request_file(o_.file, text, fidelity, &report);
+  out_ << report.dump(o_.json ? -1 : 2) << "\n";
+  return kExitOk;
+}
+
+}  // namespace assay::client::cli

@@ -1,0 +1,96 @@
+// The `assay` commands that fetch what a finished job produced: result (the exact bytes, or the
+// file and its DSSE envelope beside it), artifact, `fidelity show` / `trajectory show` (the
+// job's report for people) and report (a result file as self-contained HTML).
+#include <filesystem>
+
+#include "client/cli_internal.h"
+#include "client/format.h"
+#include "client/report.h"
+#include "client/verify.h"
+#include "common/error.h"
+#include "common/json.h"
+#include "common/protocol.h"
+#include "common/trajectory.h"
+
+namespace assay::client::cli {
+
+using common::Json;
+namespace fs = std::filesystem;
+
+int Cli::result() {
+  Response r = api_.request("GET", job_path(o_.id, "result"));
+  if (o_.output.empty()) {
+    out_ << r.body;  // the exact bytes: `assay result ID > r.json` stays verifiable
+    if (env_.stdout_is_tty) out_ << "\n";
+    return kExitOk;
+  }
+  Response env = api_.request("GET", job_path(o_.id, "attestation"));
+  fs::path envelope = default_envelope_path(o_.output);
+  save(o_.output, r.body);
+  save(envelope, env.body);
+  if (!o_.json)
+    out_ << "wrote " << o_.output << " (" << r.body.size() << " bytes) and " << envelope.string()
+         << "\n";
+  return kExitOk;
+}
+
+int Cli::artifact() {
+  Response r = api_.request("GET", job_path(o_.id, "artifact"));
+  save(o_.output, r.body);
+  if (!o_.json) out_ << "wrote " << o_.output << " (" << r.body.size() << " bytes)\n";
+  return kExitOk;
+}
+
+// `assay fidelity show` / `assay trajectory show`: the job while it is not done, then its result
+// as `report` renders it (or as JSON).
+int Cli::show_result(std::string_view schema, const char* kind,
+                     std::string (*report)(const Json&)) {
+  Json job = api_.get_json(job_path(o_.id));
+  if (job.value("request_schema", "") != schema)
+    throw ExitWith{kExitUsage, "job " + o_.id + " is not a " + kind + " job (" +
+                                   job.value("request_schema", std::string("unknown")) +
+                                   "); use `assay status`"};
+  if (!state_is_success(job_state(job))) {
+    if (o_.json)
+      print_json(job);
+    else
+      out_ << describe_job(job);
+    return state_is_final(job_state(job)) ? kExitJobFailed : kExitOk;
+  }
+  Json result = api_.get_json(job_path(o_.id, "result"));
+  if (o_.json)
+    print_json(result);
+  else
+    out_ << report(result);
+  return kExitOk;
+}
+
+int Cli::fidelity_show() {
+  return show_result(protocol::kFidelityRequest, "fidelity", &fidelity_report);
+}
+
+int Cli::trajectory_show() {
+  return show_result(common::kTrajectoryRequest, "trajectory", &trajectory_report);
+}
+
+int Cli::report() {
+  Json result;
+  try {
+    result = common::parse_strict(read_local(o_.file, 64 << 20, "the result"));
+  } catch (const common::Error& e) {
+    if (e.code().rfind("json.", 0) != 0) throw;
+    throw ExitWith{kExitInvalidInput, o_.file + " is not JSON: " + e.what()};
+  }
+  std::string html;
+  try {
+    html = render_report(result, fs::absolute(o_.file).parent_path());
+  } catch (const common::Error& e) {
+    if (e.code() != "client.report") throw;
+    throw ExitWith{kExitInvalidInput, o_.file + ": " + e.what()};
+  }
+  save(o_.output, html);
+  out_ << "wrote " << o_.output << " (" << html.size() << " bytes)\n";
+  return kExitOk;
+}
+
+}  // namespace assay::client::cli

@@ -1,0 +1,32 @@
+// Private to `assay report`: the HTML helpers both pages share (escaping, number formatting,
+// key/value tables of JSON objects, the page shell with its inline CSS) and the two pages, one
+// per result kind (report_next_token.cpp, report_fidelity.cpp); report.cpp picks the page.
+#pragma once
+
+#include <filesystem>
+#include <initializer_list>
+#include <string>
+
+#include "common/json.h"
+
+namespace assay::client::html {
+
+// s with & < > " ' escaped for text and attribute values.
+std::string esc(const std::string& s);
+// v through snprintf's format f.
+std::string fmt(double v, const char* f = "%.6g");
+// A JSON value as table text: "—" for null, strings unquoted, numbers as fmt does.
+std::string text_of(const common::Json& v);
+// text_of the value at `path`, or "—" where the path does not lead to one.
+std::string get(const common::Json& j, std::initializer_list<const char*> path);
+// A key/value table of an object, nested objects flattened with dotted keys.
+std::string kv_table(const common::Json& j);
+// The whole document: title, inline CSS, body and the footer.
+std::string page(const std::string& title, const std::string& body);
+
+// An assay.next-token-oracle-result.v1 page; the artifact is looked for in `dir`.
+std::string next_token_page(const common::Json& r, const std::filesystem::path& dir);
+// An assay.fidelity-result.v1 page; the artifact is looked for in `dir`.
+std::string fidelity_page(const common::Json& r, const std::filesystem::path& dir);
+
+}  // namespace assay::client::html

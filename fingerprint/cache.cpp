@@ -1,0 +1,105 @@
+// The fingerprint cache's side of a fingerprint: the worker input's `cache` parsed strictly into
+// CacheEntry values, a probed file's state (its cache key), the lookup that reuses a digest only
+// for a file whose state is exactly its entry's, and a hashed file's document in the output.
+#include <algorithm>
+#include <set>
+
+#include "common/error.h"
+#include "common/identity.h"
+#include "fingerprint/fingerprint.h"
+#include "fingerprint/reader.h"
+
+namespace assay::fingerprint {
+namespace {
+
+using common::Error;
+using common::Json;
+
+std::int64_t ns(const struct timespec& t) {
+  return static_cast<std::int64_t>(t.tv_sec) * 1'000'000'000 + t.tv_nsec;
+}
+
+}  // namespace
+
+CacheEntry state_of(const FileRef& f) {
+  CacheEntry e;
+  e.name = f.rel;
+  e.dev = static_cast<std::uint64_t>(f.before.st_dev);
+  e.ino = static_cast<std::uint64_t>(f.before.st_ino);
+  e.size = static_cast<std::uint64_t>(f.before.st_size);
+  e.mtime_ns = ns(f.before.st_mtim);
+  e.ctime_ns = ns(f.before.st_ctim);
+  return e;
+}
+
+const CacheEntry* cached(const std::vector<CacheEntry>& cache, const FileRef& f) {
+  CacheEntry now = state_of(f);
+  for (const CacheEntry& e : cache)
+    if (e.name == now.name && e.dev == now.dev && e.ino == now.ino && e.size == now.size &&
+        e.mtime_ns == now.mtime_ns && e.ctime_ns == now.ctime_ns)
+      return &e;
+  return nullptr;
+}
+
+std::vector<CacheEntry> parse_cache(const Json& value, const std::string& where,
+                                    const std::string& code) {
+  if (!value.is_array()) throw Error(code, where + ": cache is not an array");
+  std::vector<CacheEntry> out;
+  std::set<std::string> names;
+  for (std::size_t i = 0; i < value.size(); ++i) {
+    std::string w = where + ": cache[" + std::to_string(i) + "]";
+    const Json& v = value[i];
+    if (!v.is_object()) throw Error(code, w + " is not an object");
+    for (auto it = v.begin(); it != v.end(); ++it)
+      if (std::string_view k = it.key(); k != "name" && k != "dev" && k != "ino" && k != "size" &&
+                                         k != "mtime_ns" && k != "ctime_ns" && k != "sha256" &&
+                                         k != "job" && k != "at")
+        throw Error(code, w + " has an unknown field \"" + it.key() + "\"");
+    auto str = [&](const char* k) {
+      if (!v.contains(k) || !v[k].is_string() || v[k].get<std::string>().empty())
+        throw Error(code, w + "." + k + " is not a non-empty string");
+      return v[k].get<std::string>();
+    };
+    // dev, ino and the nanosecond times exceed 2^53: decimal strings, as in to_json().
+    auto decimal = [&](const char* k, bool allow_negative) {
+      std::string t = str(k);
+      std::size_t digits = t.size() - (allow_negative && t[0] == '-' ? 1 : 0);
+      if (digits < 1 || digits > 19 ||
+          !std::all_of(t.end() - static_cast<std::ptrdiff_t>(digits), t.end(),
+                       [](char c) { return c >= '0' && c <= '9'; }))
+        throw Error(code, w + "." + k + " \"" + t + "\" is not a decimal integer string");
+      return t;
+    };
+    auto u64 = [&](const char* k) { return std::stoull(decimal(k, false)); };
+    auto i64 = [&](const char* k) { return std::stoll(decimal(k, true)); };
+    auto size = [&] {
+      if (!v.contains("size") || !v["size"].is_number_integer() ||
+          v["size"].get<std::int64_t>() < 0)
+        throw Error(code, w + ".size is not a non-negative integer");
+      return v["size"].get<std::uint64_t>();
+    };
+    CacheEntry e{str("name"),     u64("dev"),    u64("ino"), size(),   i64("mtime_ns"),
+                 i64("ctime_ns"), str("sha256"), str("job"), str("at")};
+    if (!common::is_identity(e.sha256))
+      throw Error(code, w + ".sha256 \"" + e.sha256 + "\" is not sha256:<64 lowercase hex>");
+    if (!names.insert(e.name).second) throw Error(code, w + ".name \"" + e.name + "\" twice");
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
+Json to_json(const FileDigest& f) {
+  const CacheEntry& s = f.state;
+  return Json{{"name", s.name},
+              {"dev", std::to_string(s.dev)},
+              {"ino", std::to_string(s.ino)},
+              {"size", s.size},
+              {"mtime_ns", std::to_string(s.mtime_ns)},
+              {"ctime_ns", std::to_string(s.ctime_ns)},
+              {"sha256", s.sha256},
+              {"source", f.from_cache ? "cache" : "computed"},
+              {"job", f.from_cache ? Json(s.job) : Json(nullptr)},
+              {"at", f.from_cache ? Json(s.at) : Json(nullptr)}};
+}
+
+}  // namespace assay::fingerprint

@@ -327,7 +327,8 @@ TEST_CASE(
   ::kill(oracle, SIGKILL);
   // 2. assayd dies (kill -9) while the second run is on its way.
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  while (parts_of(d->state(), id).empty() && std::chrono::steady_clock::now() < deadline)
+  // The parts of the killed run are recorded one after another: wait for both.
+  while (parts_of(d->state(), id).size() < 2 && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   std::size_t recorded_before = parts_of(d->state(), id).size();
   REQUIRE(recorded_before >= 2);

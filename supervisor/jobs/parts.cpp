@@ -112,8 +112,8 @@ void Engine::poll_progress(const std::string& id, const std::string& role) {
   JobRun& run = *it->second;
   Step& step = run.steps[run.next_step - 1];
   try {
-    if (auto message = step.progress(store_.job_dir(id) / role))
-      set_phase(*store_.find(id), role, *message);
+    for (const std::string& message : step.progress(store_.job_dir(id) / role))
+      set_phase(*store_.find(id), role, message);
   } catch (const std::exception& e) {
     spdlog::warn("progress of {} {}: {}", id, role, e.what());
   }

@@ -120,13 +120,29 @@ class BatchPipeline final : public Pipeline {
   }
 
   // States end in order: the first of this run's states without a file is the one running.
-  std::optional<std::string> progress(const fs::path& ws) {
-    std::size_t before = seen_;
-    while (seen_ < running_.size() && fs::exists(ws / state_file(running_[seen_], ".json")))
+  // One message per state that ended since the last poll, with its argmax or its error.
+  std::vector<std::string> progress(const fs::path& ws) {
+    std::vector<std::string> news;
+    while (seen_ < running_.size()) {
+      std::size_t index = running_[seen_];
+      fs::path file = ws / state_file(index, ".json");
+      if (!fs::exists(file)) break;
       ++seen_;
-    if (seen_ == before) return std::nullopt;
-    return "oracle: " + std::to_string(records_.size() + seen_) + "/" +
-           std::to_string(request_.states.size()) + " states done";
+      std::string what;
+      try {
+        Json out =
+            common::parse_strict(common::read_file(file, kMaxStateOutputBytes),
+                                 {.max_bytes = kMaxStateOutputBytes, .exact_integers = false});
+        what = out.contains("error") ? "failed (" + out["error"].value("code", "") + ")"
+                                     : "argmax " + out.value("argmax", Json()).dump();
+      } catch (const Error&) {
+        what = "done";  // checked when the run ends
+      }
+      news.push_back("oracle: state " + std::to_string(index) + " " + what + " (" +
+                     std::to_string(records_.size() + seen_) + "/" +
+                     std::to_string(request_.states.size()) + " states done)");
+    }
+    return news;
   }
 
   std::vector<Part> harvest(const RunFacts& facts, const fs::path& ws,

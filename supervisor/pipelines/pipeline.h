@@ -75,8 +75,8 @@ struct Step {
   std::function<std::vector<Part>(const RunFacts& facts, const std::filesystem::path& workspace,
                                   const contain::Evidence& evidence, bool& again)>
       harvest = nullptr;
-  // Polled while the worker runs: a progress message when there is news, else nullopt.
-  std::function<std::optional<std::string>(const std::filesystem::path& workspace)> progress =
+  // Polled while the worker runs: one progress message per piece of news (none: nothing new).
+  std::function<std::vector<std::string>(const std::filesystem::path& workspace)> progress =
       nullptr;
   // The worker's timeout is the configured (or requested) one times this (called after input();
   // unset: 1), e.g. per state of a batch.

@@ -349,6 +349,9 @@ TEST_CASE(
   Json status = get(*d, "/v1/jobs/" + id);
   CHECK(status["attempts"] == 2);
   CHECK(status["events"].dump().find("re-queued: assayd restarted") != std::string::npos);
+  // Progress per state in the events: "oracle: state 3 argmax 80 (4/10 states done)".
+  CHECK(status["events"].dump().find("states done)") != std::string::npos);
+  CHECK(status["events"].dump().find("argmax") != std::string::npos);
   std::set<int> runs;
 
   // Every state recorded exactly once, each by one run of the worker.

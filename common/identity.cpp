@@ -69,7 +69,8 @@ std::string sha256_id(const void* data, std::size_t size) {
 }
 
 std::string sha256_file_id(const std::filesystem::path& path) {
-  UniqueFd fd = open_nofollow(path, O_RDONLY);
+  // A regular file only, opened without following a symlink or waiting on a FIFO.
+  UniqueFd fd = open_regular(path);
   posix_fadvise(fd.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
   std::vector<char> buf(4 << 20);
   Sha256 h;

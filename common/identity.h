@@ -37,7 +37,8 @@ std::string hex(std::span<const std::uint8_t> bytes);
 std::string identity(const Digest& digest);
 std::string sha256_id(std::string_view bytes);
 std::string sha256_id(const void* data, std::size_t size);
-// Streams the file with large reads; opens with O_NOFOLLOW.
+// Streams the file with large reads; a regular file only (opened with O_NOFOLLOW and O_NONBLOCK:
+// a symlink or a FIFO is refused with Error("fs.open"/"fs.not_regular"), never waited on).
 std::string sha256_file_id(const std::filesystem::path& path);
 // sha256 of canonical(value).
 std::string sha256_canonical_id(const Json& value);

@@ -2,6 +2,9 @@
 
 #include <fstream>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <assay/build_info.h>
 
 #include "common/error.h"
@@ -200,15 +203,22 @@ Json make_verdict(const common::NextTokenRequest& request, const Json& output) {
 }
 
 std::string tail_file(const std::filesystem::path& path, std::size_t max_bytes) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return "";
-  in.seekg(0, std::ios::end);
-  auto size = static_cast<std::size_t>(in.tellg());
+  // A worker's log, which the worker could have replaced: never followed (a symlink to a file
+  // only root may read would put it in a job's error) nor waited on (a FIFO).
+  common::UniqueFd fd;
+  try {
+    fd = common::open_regular(path);
+  } catch (const Error& e) {
+    return "(" + path.filename().string() + " is unusable: " + e.code() + ")";
+  }
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) return "";
+  auto size = static_cast<std::size_t>(st.st_size);
   // A few bytes more than asked, so the cut can fall between characters.
   std::size_t start = size > max_bytes + 4 ? size - max_bytes - 4 : 0;
-  in.seekg(static_cast<std::streamoff>(start));
   std::string s(size - start, '\0');
-  in.read(s.data(), static_cast<std::streamsize>(s.size()));
+  ssize_t n = ::pread(fd.get(), s.data(), s.size(), static_cast<off_t>(start));
+  s.resize(n > 0 ? static_cast<std::size_t>(n) : 0);
   return common::printable_tail(s, max_bytes);
 }
 

@@ -331,10 +331,29 @@ Json implementation_section(const std::vector<std::pair<std::string, fs::path>>&
 }
 
 fs::path take_artifact(const fs::path& from, const fs::path& to) {
+  // The worker made this file and could have made it a symlink (to a file of root's that a
+  // chmod by path would change) or a FIFO (which a read would wait on): only a regular file is
+  // taken, opened without following or blocking, and changed through that descriptor.
+  common::UniqueFd fd;
+  try {
+    fd = common::open_regular(from);
+  } catch (const Error& e) {
+    throw Error("job.artifact", "the worker's artifact is unusable: " + std::string(e.what()));
+  }
+  struct stat opened {};
+  if (::fstat(fd.get(), &opened) != 0)
+    common::throw_errno("job.artifact", "stat " + from.string(), errno);
   if (::rename(from.c_str(), to.c_str()) != 0)
     common::throw_errno("job.artifact", "cannot move the worker's artifact " + from.string(),
                         errno);
-  ::chmod(to.c_str(), 0600);
+  struct stat moved {};
+  if (::lstat(to.c_str(), &moved) != 0 || !S_ISREG(moved.st_mode) ||
+      moved.st_ino != opened.st_ino || moved.st_dev != opened.st_dev) {
+    ::unlink(to.c_str());
+    throw Error("job.artifact",
+                "the worker's artifact " + from.string() + " was replaced while it was moved");
+  }
+  ::fchmod(fd.get(), 0600);
   return to;
 }
 

@@ -131,4 +131,56 @@ TEST_SUITE("trust") {
     CHECK(evidence["spawn"]["uid"] != 0);
     CHECK(evidence["spawn"]["capabilities"]["effective"] == "0000000000000000");
   }
+
+  TEST_CASE(
+      "files a worker leaves are not followed: an artifact or a stderr.log replaced by a symlink "
+      "or a FIFO fails the job without touching the target, leaking it or stopping assayd") {
+    if (!have(kFingerprint) || !have(kOracle)) {
+      MESSAGE("skipped: assay-fingerprint or assay-oracle was not built");
+      return;
+    }
+    TempDir tmp;
+    ::chmod(tmp.path.c_str(), 0755);
+    fs::path model = seeded_fixture(tmp.path / "model", 1);
+    fs::path target = tmp.path / "target";  // a file of root's the artifact link points at
+    spit(target, "not yours\n");
+    ::chmod(target.c_str(), 0644);
+    fs::path secret = tmp.path / "secret";
+    spit(secret, "TOPSECRET-42\n");
+    ::chmod(secret.c_str(), 0600);
+    struct Case {
+      std::string name, after;
+    };
+    // Each stand-in runs the real oracle (so its output passes every check), then leaves a
+    // hostile file in its workspace (its cwd).
+    std::vector<Case> cases{
+        {"artifact-symlink",
+         "rm -f logits.safetensors; ln -s '" + target.string() + "' logits.safetensors; exit 0"},
+        {"artifact-fifo", "rm -f logits.safetensors; mkfifo logits.safetensors; exit 0"},
+        {"stderr-symlink", "rm -f stderr.log; ln -s '" + secret.string() + "' stderr.log; exit 1"},
+        {"stderr-fifo", "rm -f stderr.log; mkfifo stderr.log; exit 1"}};
+    for (const Case& c : cases) {
+      CAPTURE(c.name);
+      fs::path wrapper = script(tmp.path / ("oracle-" + c.name),
+                                "\"" + kOracle + "\" \"$@\" || exit 98\n" + c.after + "\n");
+      Daemon d(tmp.path / ("state-" + c.name), tmp.path / "assayd.sock",
+               {"--containment", containment(), "--fingerprint-worker", kFingerprint,
+                "--oracle-worker", wrapper.string()});
+      REQUIRE_MESSAGE(d.start(), d.log());
+      auto sub = request(d.socket(), "POST", "/v1/jobs", next_token_request(c.name, model).dump());
+      REQUIRE_MESSAGE(sub.status == 201, sub.body);
+      std::string id = sub.json()["id"];
+      Json job = wait_job(d.socket(), id, terminal, 120);
+      CAPTURE(job.dump(2));
+      CHECK(job["state"] == "failed");
+      CHECK(job.dump().find("TOPSECRET") == std::string::npos);
+      CHECK(request_within(d.socket(), "GET", "/v1/health", 1.0).status == 200);
+      struct stat st {};
+      REQUIRE(::stat(target.c_str(), &st) == 0);
+      CHECK((st.st_mode & 07777) == 0644);  // not chmod-ed through the link
+      CHECK(slurp(target) == "not yours\n");
+      CHECK_FALSE(fs::exists(d.state() / "jobs" / id / "result.json"));
+      CHECK(d.stop_within(10) == 0);
+    }
+  }
 }

@@ -215,3 +215,30 @@ TEST_CASE(
   CHECK(sup::estimate_sequence_bytes(dir, 10, 10) > 0);
   CHECK(sup::estimate_sequence_bytes(dir, std::uint64_t{1} << 40, 1) == UINT64_MAX);
 }
+
+TEST_CASE("executor slurm needs a shared directory apart from the state directory") {
+  assay::test_support::TempDir tmp;
+  auto finalize = [&](const std::string& executor, const fs::path& shared) {
+    sup::Config c;
+    c.state_dir = tmp.path() / "state";
+    c.fingerprint_worker = c.oracle_worker = c.compare_worker = "/bin/false";
+    c.executor = executor;
+    c.slurm.shared_dir = shared;
+    try {
+      c.finalize();
+    } catch (const assay::common::Error& e) {
+      return std::string(e.code()) + ": " + e.what();
+    }
+    return std::string("ok");
+  };
+  fs::create_directories(tmp.path() / "state" / "shared");
+  fs::create_directories(tmp.path() / "shared");
+  CHECK(finalize("local", "") == "ok");
+  CHECK(finalize("slurm", tmp.path() / "shared") == "ok");
+  CHECK(finalize("slurm", "").find("needs slurm.shared_dir") != std::string::npos);
+  CHECK(finalize("slurm", tmp.path() / "missing").find("is not a directory") != std::string::npos);
+  CHECK(finalize("slurm", tmp.path() / "state" / "shared").find("must not contain") !=
+        std::string::npos);
+  CHECK(finalize("slurm", tmp.path()).find("must not contain") != std::string::npos);
+  CHECK(finalize("kubernetes", "").find("is not local or slurm") != std::string::npos);
+}

@@ -210,9 +210,8 @@ void Engine::step_done(const std::string& id, const std::string& role, contain::
   if (evidence.timed_out) ++metrics_.timeouts;
   Step& step = run.steps[run.next_step - 1];
   if (step.harvest) {
-    bool again = false;
-    if (!harvest_step(run, step, ws, evidence, again)) return;
-    return again ? start_step(run, step) : next_step(run);
+    run.harvesting = std::move(evidence);
+    return harvest_step(id);
   }
   if (run.cancel_requested)
     return finish(id, JobState::kCancelled, "cancelled while the " + role + " worker ran");

@@ -42,6 +42,7 @@ struct JobRun {
   std::shared_ptr<contain::Running> process;
   std::vector<common::UniqueFd> model_fds;  // the running step's model files, opened by assayd
   std::unique_ptr<boost::asio::steady_timer> progress_timer;  // a step with Step::progress
+  std::optional<contain::Evidence> harvesting;  // the run whose parts are being recorded
   // Re-queued by a restart: with the Slurm executor, steps that ended before it are collected
   // from their records and a step still in Slurm is re-attached, until one starts afresh.
   bool recovered = false;
@@ -77,10 +78,9 @@ class Engine {
   // parts.cpp: a batch's states, each recorded as a job of its own (pipeline.h, Part)
   // Hands the pipeline the parts an earlier run recorded.
   void restore_parts(JobRun& run);
-  // After a run of a harvesting step: records the parts it ended, then runs the step again or
-  // goes on. Returns false when the job ended (failed or cancelled).
-  bool harvest_step(JobRun& run, Step& step, const std::filesystem::path& ws,
-                    const contain::Evidence& evidence, bool& again);
+  // After a run of a harvesting step: records the parts it ended, a few per turn of the
+  // io_context, then runs the step again or goes on (or ends the job: failed, cancelled).
+  void harvest_step(const std::string& id);
   void record_part(JobRun& run, Part& part);
   void poll_progress(const std::string& id, const std::string& role);
 

@@ -2,6 +2,7 @@
 // the sealed and signed result and the artifact a single job of that request would have. A
 // state recorded is never run again: a restart hands the pipeline the parts the store holds.
 #include <spdlog/spdlog.h>
+#include <boost/asio/post.hpp>
 
 #include "common/error.h"
 #include "common/fs.h"
@@ -82,28 +83,29 @@ void Engine::record_part(JobRun& run, Part& part) {
   run.pipeline->part_recorded(record);
 }
 
-bool Engine::harvest_step(JobRun& run, Step& step, const fs::path& ws,
-                          const contain::Evidence& evidence, bool& again) {
-  std::vector<Part> parts;
+void Engine::harvest_step(const std::string& id) {
+  auto it = runs_.find(id);
+  if (it == runs_.end() || !it->second->harvesting) return;
+  JobRun& run = *it->second;
+  Step& step = run.steps[run.next_step - 1];
+  Step::Then then = Step::Then::kNext;
   try {
     RunFacts facts{run.id,          store_.job_dir(run.id), run.started_unix,
                    run.host_memory, runtime_.backend(),     key_.key_id()};
-    parts = step.harvest(facts, ws, evidence, again);
+    std::vector<Part> parts =
+        step.harvest(facts, store_.job_dir(id) / step.role, *run.harvesting, then);
     for (Part& part : parts) record_part(run, part);
   } catch (const Error& e) {
-    fail(run.id, e.code() == "fs.no_space" ? "store.full" : e.code(), e.what());
-    return false;
+    return fail(run.id, e.code() == "fs.no_space" ? "store.full" : e.code(), e.what());
   } catch (const std::exception& e) {
-    fail(run.id, "supervisor.internal", e.what());
-    return false;
+    return fail(run.id, "supervisor.internal", e.what());
   }
-  if (run.cancel_requested) {
-    finish(run.id, JobState::kCancelled,
-           "cancelled while the " + step.role + " worker ran (" + std::to_string(parts.size()) +
-               " parts recorded first)");
-    return false;
-  }
-  return true;
+  if (then == Step::Then::kMore) return boost::asio::post(io_, [this, id] { harvest_step(id); });
+  run.harvesting.reset();
+  if (run.cancel_requested)
+    return finish(run.id, JobState::kCancelled,
+                  "cancelled while the " + step.role + " worker ran (its ended parts recorded)");
+  return then == Step::Then::kAgain ? start_step(run, step) : next_step(run);
 }
 
 void Engine::poll_progress(const std::string& id, const std::string& role) {

@@ -30,6 +30,9 @@ namespace {
 constexpr std::size_t kMaxStateOutputBytes = 64 * 1024 * 1024;
 // Runs of the worker in a row that end no state before a state is failed alone.
 constexpr int kFruitlessRunsPerState = 2;
+// States harvested per turn of the engine's io_context (each is parsed, checked, sealed, signed
+// and committed as a job): thousands of states must not keep the daemon from answering.
+constexpr std::size_t kStatesPerHarvest = 16;
 
 std::string state_file(std::size_t index, const char* extension) {
   return "state-" + std::to_string(index) + extension;
@@ -86,7 +89,7 @@ class BatchPipeline final : public Pipeline {
     step.timeout_factor = [this] { return static_cast<double>(running_.size()); };
     step.harvest = [this](const RunFacts& facts, const fs::path& ws,
                           const contain::Evidence& evidence,
-                          bool& again) { return harvest(facts, ws, evidence, again); };
+                          Step::Then& then) { return harvest(facts, ws, evidence, then); };
     step.progress = [this](const fs::path& ws) { return progress(ws); };
     return step;
   }
@@ -146,7 +149,7 @@ class BatchPipeline final : public Pipeline {
   }
 
   std::vector<Part> harvest(const RunFacts& facts, const fs::path& ws,
-                            const contain::Evidence& evidence, bool& again);
+                            const contain::Evidence& evidence, Step::Then& then);
   Part state_part(const RunFacts& facts, std::size_t index, const fs::path& ws,
                   const contain::Evidence& evidence);
   Part failed_part(std::size_t index, const std::string& code, const std::string& message) {
@@ -173,6 +176,9 @@ class BatchPipeline final : public Pipeline {
   std::map<std::size_t, PartRecord> records_;
   std::vector<std::size_t> running_;  // the states the current run of the worker was given
   std::size_t seen_ = 0;              // of those, how many have their file (progress)
+  std::size_t harvested_ = 0;         // of those, how many the harvest has looked at
+  std::size_t ended_ = 0;             // of those, how many had ended
+  std::vector<std::size_t> left_;     // of those, the ones without a file
   int attempt_ = 0;
   int fruitless_ = 0;              // runs in a row that ended no state
   Json attempts_ = Json::array();  // each run's exit, for the summary
@@ -218,31 +224,40 @@ Part BatchPipeline::state_part(const RunFacts& facts, std::size_t index, const f
 }
 
 std::vector<Part> BatchPipeline::harvest(const RunFacts& facts, const fs::path& ws,
-                                         const contain::Evidence& evidence, bool& again) {
+                                         const contain::Evidence& evidence, Step::Then& then) {
+  // A few states per call: the engine answers other requests between calls.
   std::vector<Part> parts;
-  std::vector<std::size_t> left;
-  for (std::size_t index : running_) {
+  while (harvested_ < running_.size() && parts.size() < kStatesPerHarvest) {
+    std::size_t index = running_[harvested_++];
     if (fs::exists(ws / state_file(index, ".json"))) {
       parts.push_back(state_part(facts, index, ws, evidence));
+      ++ended_;
     } else {
-      left.push_back(index);
+      left_.push_back(index);
     }
   }
-  attempts_.push_back(Json{{"attempt", attempt_},
-                           {"states_given", running_.size()},
-                           {"states_ended", parts.size()},
-                           {"exit", evidence.succeeded() ? "succeeded" : evidence.failure_reason()},
-                           {"process", evidence.to_json()}});
-  if (left.empty()) {
-    again = false;
+  if (harvested_ < running_.size()) {
+    then = Step::Then::kMore;
     return parts;
   }
+  // The whole run is in: what comes next.
+  std::vector<std::size_t> left = std::move(left_);
+  std::size_t ended = ended_;
+  left_.clear();
+  harvested_ = ended_ = 0;
+  attempts_.push_back(Json{{"attempt", attempt_},
+                           {"states_given", running_.size()},
+                           {"states_ended", ended},
+                           {"exit", evidence.succeeded() ? "succeeded" : evidence.failure_reason()},
+                           {"process", evidence.to_json()}});
+  then = Step::Then::kNext;
+  if (left.empty()) return parts;
   if (evidence.succeeded())
     throw Error("worker.oracle_output", "the batch worker exited 0 without state " +
                                             std::to_string(left.front()) + "'s file");
   // The worker died (a crash, the OOM killer, the timeout): the states it did not end run again
   // in a fresh worker. A state on which the worker dies run after run fails alone.
-  fruitless_ = parts.empty() ? fruitless_ + 1 : 0;
+  fruitless_ = ended == 0 ? fruitless_ + 1 : 0;
   if (fruitless_ >= kFruitlessRunsPerState) {
     std::size_t index = left.front();
     parts.push_back(failed_part(index, "worker.oracle_failed",
@@ -253,7 +268,7 @@ std::vector<Part> BatchPipeline::harvest(const RunFacts& facts, const fs::path& 
     fruitless_ = 0;
     left.erase(left.begin());
   }
-  again = !left.empty();
+  if (!left.empty()) then = Step::Then::kAgain;
   return parts;
 }
 

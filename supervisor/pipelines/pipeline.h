@@ -69,11 +69,14 @@ struct Step {
 
   // A step whose worker ends parts of the job one by one (a batch's states) has `harvest`
   // instead of `accept`: called after every run of its worker, whatever the exit, with the
-  // workspace and the evidence; returns the parts that run ended (the engine records each as a
-  // job of its own) and sets `again` when the step must run once more for parts still to do (a
-  // fresh workspace, input() rebuilt). Throws common::Error to fail the job.
+  // workspace and the evidence; returns some of the parts that run ended (the engine records
+  // each as a job of its own) and says what then: kMore (call again for the rest: the engine
+  // answers other requests in between, so that thousands of parts do not stall it), kAgain (run
+  // the step once more for parts still to do, in a fresh workspace with input() rebuilt), kNext.
+  // Throws common::Error to fail the job.
+  enum class Then { kNext, kAgain, kMore };
   std::function<std::vector<Part>(const RunFacts& facts, const std::filesystem::path& workspace,
-                                  const contain::Evidence& evidence, bool& again)>
+                                  const contain::Evidence& evidence, Then& then)>
       harvest = nullptr;
   // Polled while the worker runs: one progress message per piece of news (none: nothing new).
   std::function<std::vector<std::string>(const std::filesystem::path& workspace)> progress =

@@ -423,3 +423,34 @@ TEST_CASE(
         short_limits["memory_max"].get<std::uint64_t>() + (300ull << 20));
   CHECK(results[1]["oracle"]["process"]["oom_killed"] != true);
 }
+
+TEST_CASE(
+    "batch: recording a thousand states does not keep assayd from answering (health within 1 s "
+    "throughout; they were recorded in one turn of its loop, 2 s here)") {
+  if (!have_workers()) return;
+  TempDir tmp;
+  fs::path model = fixture_model(tmp.path / "llama-tiny");
+  Daemon d(tmp.path / "state", tmp.path / "assayd.sock",
+           {"--containment", containment(), "--fingerprint-worker", kFingerprint, "--oracle-worker",
+            kOracle});
+  REQUIRE_MESSAGE(d.start(), d.log());
+  Json states = Json::array();
+  for (int i = 0; i < 1000; ++i)
+    states.push_back(assay_state("s" + std::to_string(i), {32 + i % 90, 33 + (i / 90) % 90}));
+  auto sub = submit_batch(d, states, model, "thousand");
+  REQUIRE_MESSAGE(sub.status == 201, sub.body);
+  std::string id = sub.json()["id"];
+  int probes = 0, slow = 0;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(300);
+  while (std::chrono::steady_clock::now() < deadline) {
+    ++probes;
+    if (request_within(d.socket(), "GET", "/v1/health", 1.0).status != 200) ++slow;
+    if (terminal(request_get(d, "/v1/jobs/" + id).json())) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  Json job = get(d, "/v1/jobs/" + id);
+  REQUIRE_MESSAGE(job["state"] == "succeeded", job.dump(2));
+  CHECK(get(d, "/v1/jobs/" + id + "/result")["counts"]["succeeded"] == 1000);
+  CHECK(probes > 10);
+  CHECK(slow == 0);
+}

@@ -9,9 +9,9 @@
 #include <array>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <csignal>
 #include <cstring>
-#include <ctime>
 #include <string_view>
 
 #include <fcntl.h>
@@ -38,16 +38,20 @@ constexpr auto kEmptyDeadline = std::chrono::seconds(10);
 // Output still open after every process is gone (mode none: an escaped grandchild holds it).
 constexpr auto kOutputDeadline = std::chrono::seconds(2);
 
+// By calendar arithmetic: glibc's gmtime_r reads /etc/localtime on its first call (tzset),
+// a file open and parse on every one-shot spawn.
 std::string utc_now() {
-  auto now = std::chrono::system_clock::now();
-  std::time_t t = std::chrono::system_clock::to_time_t(now);
-  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()) % 1000;
-  std::tm tm{};
-  ::gmtime_r(&t, &tm);
+  using namespace std::chrono;
+  const auto now = time_point_cast<milliseconds>(system_clock::now());
+  const auto day = floor<days>(now);
+  const year_month_day date{day};
+  const hh_mm_ss<milliseconds> time{now - day};
   char buf[80];
-  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900,
-                tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
-                static_cast<int>(ms.count()));
+  std::snprintf(buf, sizeof buf, "%04d-%02u-%02uT%02d:%02d:%02d.%03dZ",
+                static_cast<int>(date.year()), static_cast<unsigned>(date.month()),
+                static_cast<unsigned>(date.day()), static_cast<int>(time.hours().count()),
+                static_cast<int>(time.minutes().count()), static_cast<int>(time.seconds().count()),
+                static_cast<int>(time.subseconds().count()));
   return buf;
 }
 
@@ -119,7 +123,8 @@ struct OutputSink {
   std::uint64_t written = 0;
   std::uint64_t dropped = 0;
   bool open = false;
-  std::array<char, 65536> buf{};
+  // Not zeroed: only what a read put there is used, and untouched pages cost no fault.
+  std::array<char, 65536> buf;
 
   StreamEvidence evidence() const {
     return {path.empty() ? std::nullopt : std::optional<std::string>(path), written, dropped};

@@ -35,6 +35,10 @@ struct SpawnSpec {
   std::vector<std::string> argv;  // argv[0] is an absolute path
   std::filesystem::path workdir;  // cwd of the worker
   std::vector<std::string> env;   // KEY=VALUE, the whole environment
+  // Names whose values come from the environment of the process that runs the spec elsewhere
+  // (`assayd contain --spec` on a Slurm node: CUDA_VISIBLE_DEVICES, the GPUs Slurm allocated
+  // there), added to `env` there when set. Not used by a local spawn.
+  std::vector<std::string> node_env;
   std::filesystem::path stdout_path;
   std::filesystem::path stderr_path;
   std::uint64_t output_cap_bytes = 8 * 1024 * 1024;

@@ -193,6 +193,13 @@ contain::SpawnSpec spec_from_file(const std::string& spec_file) {
     throw common::Error("contain.usage", "--spec \"" + spec_file + "\": workdir \"" +
                                              spec.workdir.string() + "\" is not a directory");
   }
+  // What only this node knows (the GPUs Slurm allocated here), replacing the head's value.
+  for (const auto& key : spec.node_env) {
+    const char* value = std::getenv(key.c_str());
+    if (!value) continue;
+    std::erase_if(spec.env, [&](const std::string& kv) { return kv.starts_with(key + "="); });
+    spec.env.push_back(key + "=" + value);
+  }
   return spec;
 }
 

@@ -90,7 +90,7 @@ inline common::Json spawn_spec_to_json(const contain::SpawnSpec& spec) {
   auto path_or_null = [](const std::filesystem::path& p) {
     return p.empty() ? common::Json(nullptr) : common::Json(p.string());
   };
-  return {
+  common::Json doc{
       {"schema", kContainSpecSchema},
       {"name", spec.name},
       {"argv", spec.argv},
@@ -111,6 +111,8 @@ inline common::Json spawn_spec_to_json(const contain::SpawnSpec& spec) {
         {"timeout_ms", static_cast<std::uint64_t>(spec.limits.timeout.count())},
         {"kill_grace_ms", static_cast<std::uint64_t>(spec.limits.kill_grace.count())}}},
   };
+  if (!spec.node_env.empty()) doc["node_env"] = spec.node_env;
+  return doc;
 }
 
 // Strict: throws common::Error("contain.bad_spec", ...) naming the field on a missing, unknown or
@@ -120,7 +122,7 @@ inline contain::SpawnSpec spawn_spec_from_json(const common::Json& j) {
   if (!j.is_object()) bad("(document)", "is not an object");
   only(j,
        {"schema", "name", "argv", "workdir", "env", "stdout_path", "stderr_path",
-        "output_cap_bytes", "hidden_paths", "uid", "gid", "nofile", "limits"},
+        "output_cap_bytes", "hidden_paths", "uid", "gid", "nofile", "limits", "node_env"},
        "");
   if (string_field(j, "schema") != kContainSpecSchema)
     bad("schema", "is not \"" + std::string(kContainSpecSchema) + "\"");
@@ -139,6 +141,12 @@ inline contain::SpawnSpec spawn_spec_from_json(const common::Json& j) {
   for (const auto& kv : spec.env)
     if (kv.find('=') == std::string::npos || kv.front() == '=')
       bad("env", "\"" + kv + "\" is not KEY=VALUE");
+  if (j.contains("node_env")) {
+    spec.node_env = strings(j, "node_env");
+    for (const auto& key : spec.node_env)
+      if (key.empty() || key.find('=') != std::string::npos || key == "PATH")
+        bad("node_env", "\"" + key + "\" is not a variable name (PATH excluded)");
+  }
   spec.stdout_path = nullable_string(j, "stdout_path").value_or("");
   spec.stderr_path = nullable_string(j, "stderr_path").value_or("");
   spec.output_cap_bytes = u64_field(j, "output_cap_bytes");

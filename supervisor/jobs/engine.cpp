@@ -175,7 +175,11 @@ void Engine::start_step(JobRun& run, Step& step) {
       }
     }
     prepare_workspace(step, input, ws);
-    if (slurm_) return start_slurm(run, step, spec, false);
+    if (slurm_) {
+      // The GPUs Slurm allocates to the step are named on the node, in its environment.
+      spec.node_env = {"CUDA_VISIBLE_DEVICES"};
+      return start_slurm(run, step, spec, false);
+    }
     set_phase(job, role, "running " + role + " worker");
     double t0 = common::now_unix();
     run.process = runtime_.start(io_, spec, [this, id, role, t0](contain::Evidence evidence) {

@@ -119,6 +119,15 @@ TEST_CASE("a spawn spec survives its JSON document exactly, and the reader is st
   CHECK(back.uid == s.uid);
   CHECK(!back.gid);
   CHECK(back.limits == s.limits);
+  CHECK(back.node_env.empty());
+  CHECK_FALSE(executors::spawn_spec_to_json(s).contains("node_env"));
+  s.node_env = {"CUDA_VISIBLE_DEVICES"};
+  CHECK(executors::spawn_spec_from_json(executors::spawn_spec_to_json(s)).node_env == s.node_env);
+  auto bad_env = executors::spawn_spec_to_json(s);
+  bad_env["node_env"] = common::Json::array({"PATH"});
+  CHECK_THROWS_WITH_AS(executors::spawn_spec_from_json(bad_env), doctest::Contains("node_env"),
+                       common::Error);
+  s.node_env.clear();
   auto j = executors::spawn_spec_to_json(s);
   j["limits"]["cpu_max"] = 1;
   CHECK_THROWS_WITH_AS(executors::spawn_spec_from_json(j), doctest::Contains("limits.cpu_max"),
@@ -176,6 +185,23 @@ TEST_CASE("a step runs on the node inside assayd contain and its evidence comes 
        std::string(std::getenv("ASSAY_TEST_SCHEMAS")) + "/process-containment.schema.json"});
   CHECK(verdict == "valid\n");
   CHECK(running->pid() == 0);
+}
+
+TEST_CASE("node_env takes a variable's value from the node (how a step sees its GPUs)") {
+  // Slurm sets SLURM_JOB_ID in every job as it sets CUDA_VISIBLE_DEVICES for allocated GPUs.
+  boost::asio::io_context io;
+  SlurmExecutor ex(io, options());
+  auto s = spec("printf '%s' \"$SLURM_JOB_ID\" > \"$PWD/job-id\"");
+  s.env.push_back("SLURM_JOB_ID=the-head-s-value");
+  s.node_env = {"SLURM_JOB_ID"};
+  Collected c;
+  auto running = ex.start(s, c.callbacks());
+  REQUIRE(run_until(
+      io, [&] { return c.result.has_value(); }, std::chrono::seconds(120)));
+  REQUIRE_MESSAGE(c.result->ok(), c.result->error_code << ": " << c.result->error_message);
+  std::ifstream in(s.workdir / "job-id");
+  std::string seen((std::istreambuf_iterator<char>(in)), {});
+  CHECK(seen == c.result->step.slurm_job_id);
 }
 
 TEST_CASE("a worker that fails is the evidence's business, not a Slurm error") {

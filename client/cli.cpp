@@ -159,6 +159,9 @@ void add_job_commands(CLI::App& app, cli::Options& o, Commands& c) {
 
   c.list = app.add_subcommand("list", "list jobs");
   c.list->add_option("--state", o.state, "only jobs in this state");
+  c.list->add_flag("--parts", o.parts,
+                   "also the states of batch jobs, each a job of its own (--json always lists "
+                   "them, with \"batch\": {id, index})");
 
   c.result = app.add_subcommand("result", "fetch a job's result record");
   c.result->add_option("ID", o.id, "job id")->required();

@@ -35,6 +35,7 @@ struct Options {
   bool batch = false;  // submit: FILE is JSONL, one next-token request per line
   double wait_timeout_s = 0;
   bool refresh = false;
+  bool parts = false;  // list: also the states of batches
 };
 
 class Cli {

@@ -263,9 +263,23 @@ int Cli::list() {
   Json doc = api_.get_json(target);
   if (o_.json) {
     print_json(doc);
-  } else {
-    out_ << jobs_table(doc);
+    return kExitOk;
   }
+  // A batch's states are jobs of their own; a sweep's hundreds of them hide the rest.
+  std::size_t hidden = 0;
+  if (!o_.parts && doc.contains("jobs") && doc["jobs"].is_array()) {
+    Json kept = Json::array();
+    for (const Json& job : doc["jobs"]) {
+      if (job.is_object() && job.contains("batch"))
+        ++hidden;
+      else
+        kept.push_back(job);
+    }
+    doc["jobs"] = std::move(kept);
+  }
+  out_ << jobs_table(doc);
+  if (hidden > 0)
+    out_ << "(" << hidden << " states of batch jobs not shown; `assay list --parts` shows them)\n";
   return kExitOk;
 }
 

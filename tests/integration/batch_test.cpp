@@ -274,8 +274,15 @@ TEST_CASE(
                       (tmp.path / "bad.jsonl").string() + " --model " + model.string());
     CHECK_MESSAGE(out.rfind("7:", 0) == 0, out);
     CHECK_MESSAGE(out.find("line 3") != std::string::npos, out);
-    // A state's result verifies offline like a single job's.
+    // `list` shows the batch, not its states, unless asked.
     std::string part = summary["states"][4]["job_id"];
+    out = run_capture(kClient + " --socket " + d.socket().string() + " list");
+    CHECK(out.find(id) != std::string::npos);
+    CHECK(out.find(part) == std::string::npos);
+    CHECK(out.find("states of batch jobs not shown") != std::string::npos);
+    out = run_capture(kClient + " --socket " + d.socket().string() + " list --parts");
+    CHECK(out.find(part) != std::string::npos);
+    // A state's result verifies offline like a single job's.
     out = run_capture(kClient + " --socket " + d.socket().string() + " result " + part + " -o " +
                       (tmp.path / "part.json").string());
     CHECK_MESSAGE(out.rfind("0:", 0) == 0, out);

@@ -116,6 +116,13 @@ void Engine::poll_progress(const std::string& id, const std::string& role) {
   try {
     for (const std::string& message : step.progress(store_.job_dir(id) / role))
       set_phase(*store_.find(id), role, message);
+    if (step.stalled) {
+      if (auto why = step.stalled()) {
+        set_phase(*store_.find(id), role, *why + ": stopping the worker");
+        run.process->kill();
+        return;  // its end comes through step_done, as any other
+      }
+    }
   } catch (const std::exception& e) {
     spdlog::warn("progress of {} {}: {}", id, role, e.what());
   }

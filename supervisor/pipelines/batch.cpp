@@ -3,6 +3,7 @@
 // ends as a job of its own whose result is a single job's plus "batch" (pipeline.h, Part); a
 // worker that dies part-way is run again for the states not yet done; the batch's own result is
 // a signed summary whose artifact lists every state's result digest.
+#include <chrono>
 #include <map>
 #include <set>
 
@@ -91,6 +92,16 @@ class BatchPipeline final : public Pipeline {
                           const contain::Evidence& evidence,
                           Step::Then& then) { return harvest(facts, ws, evidence, then); };
     step.progress = [this](const fs::path& ws) { return progress(ws); };
+    step.stalled = [this]() -> std::optional<std::string> {
+      // Each state (the first with the model's load) gets the worker timeout of a single job.
+      double limit = request_.limits.timeout_seconds.value_or(config_.worker_timeout_seconds);
+      if (stalled_ ||
+          std::chrono::steady_clock::now() - last_progress_ < std::chrono::duration<double>(limit))
+        return std::nullopt;
+      stalled_ = true;
+      return "no state ended in " + std::to_string(static_cast<long long>(limit)) +
+             " s (the timeout of one state)";
+    };
     return step;
   }
 
@@ -98,6 +109,8 @@ class BatchPipeline final : public Pipeline {
     ++attempt_;
     running_ = pending();
     seen_ = 0;
+    stalled_ = false;
+    last_progress_ = std::chrono::steady_clock::now();
     Json states = Json::array();
     for (std::size_t i : running_) {
       const common::NextTokenRequest& r = request_.states[i];
@@ -131,6 +144,7 @@ class BatchPipeline final : public Pipeline {
       fs::path file = ws / state_file(index, ".json");
       if (!fs::exists(file)) break;
       ++seen_;
+      last_progress_ = std::chrono::steady_clock::now();
       std::string what;
       try {
         Json out =
@@ -165,6 +179,11 @@ class BatchPipeline final : public Pipeline {
     return Admission{"", r.request_sha256, r.schema, r.id, model_dir_};
   }
   Json summary(const RunFacts& facts, const fs::path& artifact) const;
+  std::string exit_of(const contain::Evidence& evidence) const {
+    if (evidence.succeeded()) return "succeeded";
+    return stalled_ ? "stopped: no state ended within the timeout of one state"
+                    : evidence.failure_reason();
+  }
 
   const Config& config_;
   fs::path job_dir_;
@@ -179,6 +198,8 @@ class BatchPipeline final : public Pipeline {
   std::size_t harvested_ = 0;         // of those, how many the harvest has looked at
   std::size_t ended_ = 0;             // of those, how many had ended
   std::vector<std::size_t> left_;     // of those, the ones without a file
+  std::chrono::steady_clock::time_point last_progress_;  // the run's start or its last state
+  bool stalled_ = false;  // the engine stopped this run: no state ended within one timeout
   int attempt_ = 0;
   int fruitless_ = 0;              // runs in a row that ended no state
   Json attempts_ = Json::array();  // each run's exit, for the summary
@@ -248,7 +269,7 @@ std::vector<Part> BatchPipeline::harvest(const RunFacts& facts, const fs::path& 
   attempts_.push_back(Json{{"attempt", attempt_},
                            {"states_given", running_.size()},
                            {"states_ended", ended},
-                           {"exit", evidence.succeeded() ? "succeeded" : evidence.failure_reason()},
+                           {"exit", exit_of(evidence)},
                            {"process", evidence.to_json()}});
   then = Step::Then::kNext;
   if (left.empty()) return parts;
@@ -263,7 +284,7 @@ std::vector<Part> BatchPipeline::harvest(const RunFacts& facts, const fs::path& 
     parts.push_back(failed_part(index, "worker.oracle_failed",
                                 "the oracle worker died on this state in " +
                                     std::to_string(fruitless_) +
-                                    " runs in a row, the last time: " + evidence.failure_reason() +
+                                    " runs in a row, the last time: " + exit_of(evidence) +
                                     "; stderr: " + tail_file(ws / protocol::kStderrFile, 2000)));
     fruitless_ = 0;
     left.erase(left.begin());

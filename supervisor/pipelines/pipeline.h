@@ -81,6 +81,9 @@ struct Step {
   // Polled while the worker runs: one progress message per piece of news (none: nothing new).
   std::function<std::vector<std::string>(const std::filesystem::path& workspace)> progress =
       nullptr;
+  // Polled with `progress`: a reason when the worker made no progress for too long (a batch
+  // state that hangs), and the engine stops it; its harvest then decides what runs again.
+  std::function<std::optional<std::string>()> stalled = nullptr;
   // The worker's timeout is the configured (or requested) one times this (called after input();
   // unset: 1), e.g. per state of a batch.
   std::function<double()> timeout_factor = nullptr;

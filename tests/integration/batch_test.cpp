@@ -461,3 +461,56 @@ TEST_CASE(
   CHECK(probes > 10);
   CHECK(slow == 0);
 }
+
+TEST_CASE(
+    "batch: a state that hangs is stopped after one state's timeout, not the whole batch's; the "
+    "states it had not reached run in a fresh worker") {
+  if (!have_workers()) return;
+  TempDir tmp;
+  ::chmod(tmp.path.c_str(), 0755);
+  fs::path model = fixture_model(tmp.path / "llama-tiny");
+  fs::path marks = tmp.path / "marks";
+  fs::create_directories(marks);
+  ::chmod(marks.c_str(), 0777);
+  // The first run of the real worker is frozen (SIGSTOP) once its first state has ended: a
+  // state that hangs. Later runs go through.
+  fs::path wrapper = tmp.path / "freezing-oracle";
+  spit(wrapper, "#!/bin/sh\n\"" + kOracle + "\" \"$@\" &\npid=$!\nif mkdir '" +
+                    (marks / "frozen").string() +
+                    "' 2>/dev/null; then\n"
+                    "  while [ ! -e state-0.json ]; do sleep 0.05; done\n"
+                    "  kill -STOP $pid\nfi\nwait $pid\n");
+  ::chmod(wrapper.c_str(), 0755);
+  Daemon d(tmp.path / "state", tmp.path / "assayd.sock",
+           {"--containment", containment(), "--fingerprint-worker", kFingerprint, "--oracle-worker",
+            wrapper.string()});
+  REQUIRE_MESSAGE(d.start(), d.log());
+  // States after the first take ~0.2 s each here: the freeze lands while state 1 runs.
+  std::vector<std::int64_t> long_ids;
+  for (int t = 0; t < 2000; ++t) long_ids.push_back(32 + t * 7 % 90);
+  std::vector<std::int64_t> other_ids = long_ids;
+  other_ids[0] = 33;
+  Json states = Json::array(
+      {assay_state("a", {72, 101}), assay_state("b", long_ids), assay_state("c", other_ids)});
+  Json batch{{"schema", "assay.next-token-batch-request.v1"},
+             {"id", "hang"},
+             {"limits", {{"timeout_seconds", 3}}},
+             {"states", states}};
+  auto sub = request(d.socket(), "POST", "/v1/jobs?model_dir=" + model.string(), batch.dump());
+  REQUIRE_MESSAGE(sub.status == 201, sub.body);
+  std::string id = sub.json()["id"];
+  Json job = wait_job(d.socket(), id, terminal, 120);
+  REQUIRE_MESSAGE(job["state"] == "succeeded", job.dump(2) << "\n" << d.log());
+  CHECK(fs::exists(marks / "frozen"));
+  Json summary = get(d, "/v1/jobs/" + id + "/result");
+  CHECK(summary["counts"]["succeeded"] == 3);
+  REQUIRE(summary["oracle_runs"].size() == 2);
+  CHECK(summary["oracle_runs"][0]["states_ended"] == 1);
+  CHECK(summary["oracle_runs"][0]["exit"].get<std::string>().rfind("stopped: no state ended", 0) ==
+        0);
+  CHECK(summary["states"][0]["attempt"] == 1);
+  CHECK(summary["states"][1]["attempt"] == 2);
+  CHECK(summary["states"][2]["attempt"] == 2);
+  CHECK(get(d, "/v1/jobs/" + id)["events"].dump().find("no state ended in 3 s") !=
+        std::string::npos);
+}

@@ -245,13 +245,16 @@ void Engine::step_done(const std::string& id, const std::string& role, contain::
   next_step(run);
 }
 
+RunFacts Engine::run_facts(const JobRun& run) const {
+  return RunFacts{run.id,          store_.job_dir(run.id), run.started_unix,
+                  run.host_memory, runtime_.backend(),     key_.key_id()};
+}
+
 void Engine::complete(JobRun& run) {
   Job& job = *store_.find(run.id);
   set_phase(job, "assembling", "assembling and signing the result");
   try {
-    RunFacts facts{run.id,          store_.job_dir(run.id), run.started_unix,
-                   run.host_memory, runtime_.backend(),     key_.key_id()};
-    Sealed sealed = run.pipeline->assemble(facts);
+    Sealed sealed = run.pipeline->assemble(run_facts(run));
     CommitFiles files = seal(sealed, key_);
     finish(run.id, JobState::kSucceeded, sealed.message, std::nullopt, files);
   } catch (const Error& e) {

@@ -102,6 +102,7 @@ class Engine {
   void start_step(JobRun& run, Step& step);
   void step_done(const std::string& id, const std::string& role, contain::Evidence evidence);
   void complete(JobRun& run);
+  RunFacts run_facts(const JobRun& run) const;
   contain::SpawnSpec worker_spec(const JobRun& run, const Step& step,
                                  const std::filesystem::path& ws) const;
   void prepare_workspace(const Step& step, const common::Json& input,

@@ -90,10 +90,8 @@ void Engine::harvest_step(const std::string& id) {
   Step& step = run.steps[run.next_step - 1];
   Step::Then then = Step::Then::kNext;
   try {
-    RunFacts facts{run.id,          store_.job_dir(run.id), run.started_unix,
-                   run.host_memory, runtime_.backend(),     key_.key_id()};
     std::vector<Part> parts =
-        step.harvest(facts, store_.job_dir(id) / step.role, *run.harvesting, then);
+        step.harvest(run_facts(run), store_.job_dir(id) / step.role, *run.harvesting, then);
     for (Part& part : parts) record_part(run, part);
   } catch (const Error& e) {
     return fail(run.id, e.code() == "fs.no_space" ? "store.full" : e.code(), e.what());

@@ -46,8 +46,7 @@ class BatchPipeline final : public Pipeline {
         job_dir_(std::move(job_dir)),
         job_id_(job_dir_.filename().string()),
         model_dir_(std::move(model_dir)),
-        request_(common::validate_batch_request(read_request(job_dir_))),
-        documents_(read_request(job_dir_)["states"]) {}
+        request_(common::validate_batch_request(read_request(job_dir_))) {}
 
   std::uint64_t required_bytes() override {
     std::size_t longest = 0;
@@ -168,7 +167,7 @@ class BatchPipeline final : public Pipeline {
                   const contain::Evidence& evidence);
   Part failed_part(std::size_t index, const std::string& code, const std::string& message) {
     return Part{index,
-                documents_[index],
+                request_.states[index].document,
                 admission(index),
                 std::nullopt,
                 Json{{"code", code}, {"message", message}},
@@ -190,7 +189,6 @@ class BatchPipeline final : public Pipeline {
   std::string job_id_;
   std::string model_dir_;
   common::BatchRequest request_;
-  Json documents_;  // the states' request documents, as submitted
   FingerprintRun fingerprint_;
   std::map<std::size_t, PartRecord> records_;
   std::vector<std::size_t> running_;  // the states the current run of the worker was given
@@ -241,7 +239,9 @@ Part BatchPipeline::state_part(const RunFacts& facts, std::size_t index, const f
                 std::string(common::kArtifactFileName),
                 std::string(protocol::kResultPredicateType),
                 message};
-  return Part{index, documents_[index], admission(index), std::move(sealed), std::nullopt, message};
+  return Part{
+      index,  request_.states[index].document, admission(index), std::move(sealed), std::nullopt,
+      message};
 }
 
 std::vector<Part> BatchPipeline::harvest(const RunFacts& facts, const fs::path& ws,

@@ -132,13 +132,10 @@ class FidelityPipeline final : public Pipeline {
 
   Sealed assemble(const RunFacts& facts) override {
     const Json& cmp = compare_output_;
-    fs::path artifact = take_artifact(job_dir_ / kCompareRole / common::kKlArtifactFileName,
-                                      job_dir_ / common::kKlArtifactFileName);
-    std::string artifact_sha = common::sha256_file_id(artifact);
-    if (cmp.value("kl_file_sha256", "") != artifact_sha)
-      throw Error("worker.compare_output", "the KL vector hashes to " + artifact_sha +
-                                               ", the comparison reported " +
-                                               cmp.value("kl_file_sha256", Json()).dump());
+    fs::path artifact = job_dir_ / common::kKlArtifactFileName;
+    std::string artifact_sha =
+        take_reported_artifact(job_dir_ / kCompareRole / common::kKlArtifactFileName, artifact,
+                               cmp.value("kl_file_sha256", Json()), "the KL vector");
     auto artifact_bytes = fs::file_size(artifact);
     const contain::Evidence& ref_evidence = *captures_.at("reference").evidence;
 

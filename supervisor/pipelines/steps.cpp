@@ -357,6 +357,16 @@ fs::path take_artifact(const fs::path& from, const fs::path& to) {
   return to;
 }
 
+std::string take_reported_artifact(const fs::path& from, const fs::path& to, const Json& reported,
+                                   const std::string& what) {
+  take_artifact(from, to);
+  std::string sha = common::sha256_file_id(to);
+  if (reported != Json(sha))
+    throw Error("worker.compare_output",
+                what + " hashes to " + sha + ", the comparison reported " + reported.dump());
+  return sha;
+}
+
 Step compare_step(const Config& config, const std::string& mode,
                   std::vector<std::string> open_files,
                   std::function<Json(std::vector<std::pair<fs::path, std::string>>*)> input,

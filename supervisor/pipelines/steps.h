@@ -60,6 +60,13 @@ bool drop_fingerprint_cache(const std::filesystem::path& state_dir, const std::s
 void check_bytes_used(const common::Json& oracle_output, const FingerprintRun& fingerprint,
                       const std::string& role);
 
+// take_artifact, then the sha256 of what was moved, which must be what the worker reported
+// (`reported`, an "sha256:<hex>" or anything else): Error("worker.compare_output") naming both
+// and `what` otherwise. Returns the digest.
+std::string take_reported_artifact(const std::filesystem::path& from,
+                                   const std::filesystem::path& to, const common::Json& reported,
+                                   const std::string& what);
+
 // The comparison step of a kind ("compare": `assay-compare MODE`): `input(&move_in)` builds its
 // input and names the files moved into its workspace (`input(nullptr)`: the input only);
 // `open_files` are handed over as descriptors; its output is checked by `check` (which throws

@@ -67,13 +67,10 @@ class TrajectoryPipeline final : public Pipeline {
 
   Sealed assemble(const RunFacts& facts) override {
     const Json& cmp = compare_output_;
-    fs::path artifact = take_artifact(job_dir_ / kCompareRole / common::kTrajectoryArtifactFileName,
-                                      job_dir_ / common::kTrajectoryArtifactFileName);
-    std::string artifact_sha = common::sha256_file_id(artifact);
-    if (cmp.value("artifact_sha256", "") != artifact_sha)
-      throw Error("worker.compare_output", "the trajectory artifact hashes to " + artifact_sha +
-                                               ", the comparison reported " +
-                                               cmp.value("artifact_sha256", Json()).dump());
+    fs::path artifact = job_dir_ / common::kTrajectoryArtifactFileName;
+    std::string artifact_sha = take_reported_artifact(
+        job_dir_ / kCompareRole / common::kTrajectoryArtifactFileName, artifact,
+        cmp.value("artifact_sha256", Json()), "the trajectory artifact");
     Json engines = Json::array();
     for (std::size_t i = 0; i < r_.continuations.size(); ++i) {
       const auto& c = r_.continuations[i];

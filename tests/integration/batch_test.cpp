@@ -35,40 +35,11 @@ Json assay_state(const std::string& id, const std::vector<std::int64_t>& ids, st
                 {{"engine", "vllm"}, {"token_id", 66}, {"text", "B"}}}}};
 }
 
-// A Kiln request as Kiln writes it, for the model whose identity is `identity`.
-Json kiln_state(const Json& identity) {
-  const std::string message = "Hel";
-  Json receipt{{"path", "receipts/run.kiln.json"},
-               {"file_sha256", "sha256:" + std::string(64, 'd')},
-               {"content_sha256", "sha256:" + std::string(64, 'e')}};
-  std::vector<std::int64_t> ids{72, 101, 108, 108, 111};
-  return Json{{"schema", "kiln.hf-next-token-request.v1"},
-              {"id", "kiln-1"},
-              {"source",
-               {{"source_commit", std::string(40, 'f')},
-                {"kiln_receipt", receipt},
-                {"vllm_receipt", receipt}}},
-              {"model_identity", identity},
-              {"prompt",
-               {{"generator",
-                 {{"run_id", "run-1"},
-                  {"phase", "measure-c001-r000"},
-                  {"request_index", 0},
-                  {"profile", "short"},
-                  {"template_version", "fixed-serving-profiles-v1"}}},
-                {"messages", {{{"role", "user"}, {"content", message}}}},
-                {"add_generation_prompt", true},
-                {"template_kwargs", {{"enable_thinking", false}}},
-                {"utf8_sha256", common::sha256_id(message)},
-                {"token_count", 3},
-                {"token_ids", {72, 101, 108}}}},
-              {"continuation_prefix",
-               {{{"token_id", 108}, {"text", "l"}}, {{"token_id", 111}, {"text", "o"}}}},
-              {"input_token_ids", ids},
-              {"input_token_ids_sha256", common::token_ids_sha256(ids)},
-              {"candidates",
-               {{{"engine", "kiln"}, {"token_id", 65}, {"text", "A"}},
-                {{"engine", "vllm"}, {"token_id", 66}, {"text", "B"}}}}};
+// assayd on the test's own socket and state directory, with the real fingerprint worker.
+Daemon make_daemon(const TempDir& tmp, const std::string& oracle = kOracle) {
+  return Daemon(tmp.path / "state", tmp.path / "assayd.sock",
+                {"--containment", containment(), "--fingerprint-worker", kFingerprint,
+                 "--oracle-worker", oracle});
 }
 
 HttpReply submit_batch(const Daemon& d, const Json& states, const fs::path& model,
@@ -146,9 +117,7 @@ TEST_CASE(
   if (!have_workers()) return;
   TempDir tmp;
   fs::path model = fixture_model(tmp.path / "llama-tiny");
-  Daemon d(tmp.path / "state", tmp.path / "assayd.sock",
-           {"--containment", containment(), "--fingerprint-worker", kFingerprint, "--oracle-worker",
-            kOracle});
+  Daemon d = make_daemon(tmp);
   REQUIRE_MESSAGE(d.start(), d.log());
 
   // Single jobs first: the model's identity (for the Kiln request) and the logits to compare.
@@ -161,7 +130,7 @@ TEST_CASE(
   REQUIRE(wait_job(d.socket(), single_id, terminal, 120)["state"] == "succeeded");
   Json single_result = get(d, "/v1/jobs/" + single_id + "/result");
   Json identity = single_result["model_identity"];
-  Json kiln = kiln_state(identity);
+  Json kiln = kiln_request(identity);
   auto s2 = request(d.socket(), "POST", "/v1/jobs?model_dir=" + model.string(), kiln.dump());
   REQUIRE_MESSAGE(s2.status == 201, s2.body);
   std::string kiln_single = s2.json()["id"];
@@ -404,9 +373,7 @@ TEST_CASE(
   if (!have_workers()) return;
   TempDir tmp;
   fs::path model = fixture_model(tmp.path / "llama-tiny");
-  Daemon d(tmp.path / "state", tmp.path / "assayd.sock",
-           {"--containment", containment(), "--fingerprint-worker", kFingerprint, "--oracle-worker",
-            kOracle});
+  Daemon d = make_daemon(tmp);
   REQUIRE_MESSAGE(d.start(), d.log());
   std::vector<std::int64_t> seq;
   for (std::size_t t = 0; t < 3500; ++t) seq.push_back(32 + static_cast<std::int64_t>(t * 7 % 90));
@@ -437,9 +404,7 @@ TEST_CASE(
   if (!have_workers()) return;
   TempDir tmp;
   fs::path model = fixture_model(tmp.path / "llama-tiny");
-  Daemon d(tmp.path / "state", tmp.path / "assayd.sock",
-           {"--containment", containment(), "--fingerprint-worker", kFingerprint, "--oracle-worker",
-            kOracle});
+  Daemon d = make_daemon(tmp);
   REQUIRE_MESSAGE(d.start(), d.log());
   Json states = Json::array();
   for (int i = 0; i < 1000; ++i)
@@ -481,9 +446,7 @@ TEST_CASE(
                     "  while [ ! -e state-0.json ]; do sleep 0.05; done\n"
                     "  kill -STOP $pid\nfi\nwait $pid\n");
   ::chmod(wrapper.c_str(), 0755);
-  Daemon d(tmp.path / "state", tmp.path / "assayd.sock",
-           {"--containment", containment(), "--fingerprint-worker", kFingerprint, "--oracle-worker",
-            wrapper.string()});
+  Daemon d = make_daemon(tmp, wrapper.string());
   REQUIRE_MESSAGE(d.start(), d.log());
   // States after the first take ~0.2 s each here: the freeze lands while state 1 runs.
   std::vector<std::int64_t> long_ids;

@@ -24,6 +24,7 @@
 
 #include <doctest/doctest.h>
 
+#include "common/identity.h"
 #include "common/json.h"
 #include "common/request.h"
 
@@ -366,6 +367,44 @@ inline Json fake_identity() {
              {"sha256", "sha256:" + std::string(64, 'c')}}}}};
   mi["content_sha256"] = common::model_content_sha256(mi);
   return mi;
+}
+
+// A Kiln request as Kiln writes it (prompt "Hel" plus a two-token continuation prefix, ids
+// 72 101 108 108 111) for the model whose identity is `identity`.
+inline Json kiln_request(const Json& identity) {
+  const std::string message = "Hel";
+  Json receipt{{"path", "receipts/run.kiln.json"},
+               {"file_sha256", "sha256:" + std::string(64, 'd')},
+               {"content_sha256", "sha256:" + std::string(64, 'e')}};
+  Json r{{"schema", "kiln.hf-next-token-request.v1"},
+         {"id", "kiln-1"},
+         {"source",
+          {{"source_commit", std::string(40, 'f')},
+           {"kiln_receipt", receipt},
+           {"vllm_receipt", receipt}}},
+         {"model_identity", identity},
+         {"prompt",
+          {{"generator",
+            {{"run_id", "run-1"},
+             {"phase", "measure-c001-r000"},
+             {"request_index", 0},
+             {"profile", "short"},
+             {"template_version", "fixed-serving-profiles-v1"}}},
+           {"messages", {{{"role", "user"}, {"content", message}}}},
+           {"add_generation_prompt", true},
+           {"template_kwargs", {{"enable_thinking", false}}},
+           {"utf8_sha256", common::sha256_id(message)},
+           {"token_count", 3},
+           {"token_ids", {72, 101, 108}}}},
+         {"continuation_prefix",
+          {{{"token_id", 108}, {"text", "l"}}, {{"token_id", 111}, {"text", "o"}}}},
+         {"input_token_ids", {72, 101, 108, 108, 111}},
+         {"candidates",
+          {{{"engine", "kiln"}, {"token_id", 65}, {"text", "A"}},
+           {{"engine", "vllm"}, {"token_id", 66}, {"text", "B"}}}}};
+  r["input_token_ids_sha256"] =
+      common::token_ids_sha256(std::vector<std::int64_t>{72, 101, 108, 108, 111});
+  return r;
 }
 
 // The worker and client executables: the build's own, or ASSAY_TEST_<NAME> from the environment

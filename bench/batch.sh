@@ -36,35 +36,14 @@ for size in $sizes; do
 done
 sleep 2.1  # the fingerprint cache keeps no digest of a file changed in the last 2 s
 
-python3 - "$work" "$n" $sizes <<'PY' >"$work/results.json"
-import http.client, json, random, socket, sys, time
+PYTHONPATH=$root/bench python3 - "$work" "$n" $sizes <<'PY' >"$work/results.json"
+import json, random, sys, time
+from assayd_http import call as call_at, wait_healthy, wait_jobs
 work, n, sizes = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
-
-class Unix(http.client.HTTPConnection):
-    def connect(self):
-        self.sock = socket.socket(socket.AF_UNIX); self.sock.connect(work + "/sock")
-
-def call(method, target, body=None):
-    c = Unix("localhost"); c.request(method, target, body=json.dumps(body) if body else None,
-                                     headers={"Content-Type": "application/json"})
-    r = c.getresponse(); data = r.read(); c.close()
-    return r.status, json.loads(data)
-
-for _ in range(200):
-    try:
-        if call("GET", "/v1/health")[0] == 200: break
-    except OSError: pass
-    time.sleep(0.05)
-
-def wait(ids):
-    pending = set(ids)
-    while pending:
-        for i in list(pending):
-            s = call("GET", "/v1/jobs/" + i)[1]["state"]
-            if s in ("succeeded", "failed", "cancelled"):
-                if s != "succeeded": sys.exit("job %s %s" % (i, s))
-                pending.discard(i)
-        time.sleep(0.05)
+sock = work + "/sock"
+call = lambda *a: call_at(sock, *a)
+wait = lambda ids: wait_jobs(sock, ids)
+wait_healthy(sock)
 
 def state(size, i):
     rng = random.Random(1000 * len(size) + i)

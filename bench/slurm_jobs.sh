@@ -46,25 +46,15 @@ start local local 1
 start slurm slurm 1
 start queue slurm "$slots"
 
-python3 - "$work" "$serial" "$queued" <<'PY' >"$work/results.json"
-import http.client, json, random, socket, sys, time
+PYTHONPATH=$root/bench python3 - "$work" "$serial" "$queued" <<'PY' >"$work/results.json"
+import json, random, sys, time
+import assayd_http
 work, serial, queued = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-
-def call(name, method, target, body=None):
-    class Unix(http.client.HTTPConnection):
-        def connect(self):
-            self.sock = socket.socket(socket.AF_UNIX); self.sock.connect("%s/%s.sock" % (work, name))
-    c = Unix("localhost"); c.request(method, target, body=json.dumps(body) if body else None,
-                                     headers={"Content-Type": "application/json"})
-    r = c.getresponse(); data = r.read(); c.close()
-    return r.status, json.loads(data)
-
+sock = lambda name: "%s/%s.sock" % (work, name)
+call = lambda name, *a: assayd_http.call(sock(name), *a)
+wait = lambda name, ids: assayd_http.wait_jobs(sock(name), ids)
 for name in ("local", "slurm", "queue"):
-    for _ in range(200):
-        try:
-            if call(name, "GET", "/v1/health")[0] == 200: break
-        except OSError: pass
-        time.sleep(0.05)
+    assayd_http.wait_healthy(sock(name))
 
 def request(i):
     rng = random.Random(i)
@@ -73,16 +63,6 @@ def request(i):
             "input_token_ids": [rng.randint(32, 126) for _ in range(16)],
             "candidates": [{"engine": "kiln", "token_id": 65, "text": "A"},
                            {"engine": "vllm", "token_id": 66, "text": "B"}]}
-
-def wait(name, ids):
-    pending = set(ids)
-    while pending:
-        for i in list(pending):
-            s = call(name, "GET", "/v1/jobs/" + i)[1]["state"]
-            if s in ("succeeded", "failed", "cancelled"):
-                if s != "succeeded": sys.exit("%s job %s %s" % (name, i, s))
-                pending.discard(i)
-        time.sleep(0.05)
 
 out = {}
 # Warm-up on each daemon (page cache, fingerprint cache), then one job at a time, interleaved.

@@ -31,7 +31,7 @@ load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 pid=$!
 
 for size in $sizes; do
-  "${ASSAY_PYTHON3:-/usr/bin/python3}" "$root/tests/fixtures/make_fixture.py" --arch llama \
+  "${ASSAY_PYTHON3:-/opt/assay/venv/bin/python}" "$root/tests/fixtures/make_fixture.py" --arch llama \
     --size "$size" --out "$work/model-$size" >/dev/null
 done
 sleep 2.1  # the fingerprint cache keeps no digest of a file changed in the last 2 s

@@ -11,7 +11,7 @@ bin=${1:-$root/build/compare/assay-compare}
 positions=${2:-256}
 runs=${3:-5}
 vocab=248320
-py=/usr/bin/python3
+py=${ASSAY_PYTHON3:-/opt/assay/venv/bin/python}
 [ -x "$bin" ] || { echo "no binary at $bin (build target assay-compare)" >&2; exit 2; }
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
 

@@ -29,7 +29,7 @@ while [ $# -gt 0 ]; do
     *) echo "usage: $0 [--build DIR] [--model-dir DIR] [--warm] [--remove-model]" >&2; exit 2 ;;
   esac
 done
-py=${ASSAY_PYTHON3:-/usr/bin/python3}
+py=${ASSAY_PYTHON3:-/opt/assay/venv/bin/python}
 for b in "$build/supervisor/assayd" "$build/fingerprint/assay-fingerprint" "$build/worker/assay-oracle"; do
   [ -x "$b" ] || { echo "missing $b (build assayd assayd-serve assay-fingerprint assay-oracle)" >&2; exit 2; }
 done

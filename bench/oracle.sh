@@ -19,7 +19,7 @@ skip_reference=${SKIP_REFERENCE:-0}
 before=${ORACLE_BEFORE:-}
 out=${OUT:-$here/bench/oracle.md}
 oracle=$build/worker/assay-oracle
-python=/usr/bin/python3
+python=${ASSAY_PYTHON3:-/opt/assay/venv/bin/python}
 work=${TMPDIR:-/tmp}/assay-bench-oracle
 model=$work/llama-small
 mkdir -p "$work"

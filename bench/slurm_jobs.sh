@@ -28,7 +28,7 @@ trap cleanup EXIT
 conf=$("$root/tests/slurm/cluster.sh" start "$work/cluster")
 export SLURM_CONF=$conf
 mkdir -p "$work/shared"
-"${ASSAY_PYTHON3:-/usr/bin/python3}" "$root/tests/fixtures/make_fixture.py" --arch llama \
+"${ASSAY_PYTHON3:-/opt/assay/venv/bin/python}" "$root/tests/fixtures/make_fixture.py" --arch llama \
   --size tiny --out "$work/model" >/dev/null
 chmod -R a+rX "$work/model"
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)

@@ -12,7 +12,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build}
 runs=${2:-5}
 containment=${ASSAY_CONTAINMENT:-auto}
-py=/usr/bin/python3
+py=${ASSAY_PYTHON3:-/opt/assay/venv/bin/python}
 assayd=$build/supervisor/assayd
 load=$build/tests/integration/supervisor_load
 for b in "$assayd" "$load"; do [ -x "$b" ] || { echo "no $b (build assayd, supervisor_load)" >&2; exit 2; }; done

@@ -25,7 +25,7 @@ pid=""
 cleanup() { [ -n "$pid" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null; rm -rf "$work"; }
 trap cleanup EXIT
 
-"${ASSAY_PYTHON3:-/usr/bin/python3}" "$root/tests/fixtures/make_fixture.py" --arch llama --size tiny --out "$work/model" >/dev/null
+"${ASSAY_PYTHON3:-/opt/assay/venv/bin/python}" "$root/tests/fixtures/make_fixture.py" --arch llama --size tiny --out "$work/model" >/dev/null
 "$build/supervisor/assayd" serve --socket "$work/sock" --state-dir "$work/state" \
   --containment "$containment" --fingerprint-worker "$build/fingerprint/assay-fingerprint" \
   --oracle-worker "$oracle" --compare-worker "$build/compare/assay-compare" \

@@ -43,3 +43,16 @@ foreach(doc client/README.md supervisor/README.md fingerprint/README.md)
             COMPONENT assay)
   endif()
 endforeach()
+
+# Where the installed assay-oracle finds LibTorch (its RUNPATH). Empty: the lib folder of the
+# LibTorch it was built against (a GPU host's own PyTorch: `packaging/build-deb --torch-from-host`,
+# so libtorch_cuda.so beside it serves --device cuda). packaging/build-deb's default bundles
+# that LibTorch's CPU libraries in ${CMAKE_INSTALL_LIBDIR}/assay-oracle and points here.
+set(ASSAY_ORACLE_TORCH_RPATH "" CACHE STRING "RUNPATH of the installed assay-oracle")
+if(TARGET assay-oracle)
+  if(ASSAY_ORACLE_TORCH_RPATH)
+    set_target_properties(assay-oracle PROPERTIES INSTALL_RPATH "${ASSAY_ORACLE_TORCH_RPATH}")
+  else()
+    set_target_properties(assay-oracle PROPERTIES INSTALL_RPATH "${ASSAY_TORCH_ROOT}/lib")
+  endif()
+endif()

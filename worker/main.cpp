@@ -11,9 +11,6 @@
 #include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
 #include <torch/version.h>
-#ifdef ASSAY_ORACLE_CUDA
-#include <ATen/cuda/CUDAContext.h>
-#endif
 
 #include <CLI/CLI.hpp>
 
@@ -58,7 +55,7 @@ std::vector<std::int64_t> parse_token_ids(const std::string& text) {
 }
 
 struct LogitsArgs {
-  std::string model, token_ids, out, device = "cpu", dtype, gdn_variant = "current";
+  std::string model, token_ids, out, device = "cpu", dtype;
   bool all_positions = false, verbose = false;
   int threads = 1;
 };
@@ -70,7 +67,6 @@ int run_logits(const LogitsArgs& a) {
   ExecOptions options;
   options.device = parse_device(a.device);
   options.dtype = parse_dtype(a.dtype, read_config(files));
-  options.gdn_variant = a.gdn_variant;
   auto t0 = Clock::now();
   LoadedModel loaded = load_model(files, options, io_threads());
   double load_seconds = seconds_since(t0);
@@ -134,7 +130,7 @@ int run_capture(const std::string& input_path, const std::string& workdir) {
       {"architecture", loaded.model->architecture()},
       {"dtype", options.dtype == at::kBFloat16 ? "bfloat16" : "float32"},
       {"device", options.device.str()},
-      {"torch_version", TORCH_VERSION},
+      {"torch_version", torch_identity()["version"].get<std::string>()},
       {"block_positions", std::to_string(in.block_positions)}};
 
   Json captures = Json::array();
@@ -217,7 +213,9 @@ int run_capture(const std::string& input_path, const std::string& workdir) {
 
 int main(int argc, char** argv) {
   using namespace assay::oracle;
-  CLI::App app{"assay-oracle: eager, deterministic reference forward (LibTorch " TORCH_VERSION ")"};
+  CLI::App app{
+      "assay-oracle: eager, deterministic reference forward (built against LibTorch " TORCH_VERSION
+      " headers; the evidence names the library it runs)"};
   app.require_subcommand(1);
 
   LogitsArgs la;
@@ -230,9 +228,6 @@ int main(int argc, char** argv) {
   logits->add_option("--dtype", la.dtype, "bfloat16 or float32 (default: config's dtype)");
   logits->add_option("--threads", la.threads, "intra-op threads")
       ->check(CLI::Range(1, 1024))
-      ->capture_default_str();
-  logits->add_option("--gdn-variant", la.gdn_variant, "Qwen3.5 Gated DeltaNet: current|legacy")
-      ->check(CLI::IsMember({"current", "legacy"}))
       ->capture_default_str();
   logits->add_flag("--verbose", la.verbose, "print load/forward seconds and peak RSS to stderr");
 

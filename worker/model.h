@@ -18,9 +18,6 @@ namespace assay::oracle {
 struct ExecOptions {
   c10::ScalarType dtype = c10::kBFloat16;  // execution dtype of the model
   c10::Device device{c10::kCPU};
-  // Qwen3.5 Gated DeltaNet: "current" (fp32 l2norm, triangular solve) or "legacy"
-  // (bf16 l2norm, forward substitution).
-  std::string gdn_variant = "current";
 };
 
 // Tensors of a checkpoint, read into memory; each is handed out at most once and checked.

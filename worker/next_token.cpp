@@ -30,7 +30,7 @@ ModelFds parse_optional_model_fds(const Json& doc, const std::string& where) {
 Execution parse_execution(const Json& ex, const std::string& w) {
   Execution out;
   if (!ex.is_object()) throw Error("input.invalid", w + ": not an object");
-  common::reject_unknown_fields(ex, {"device", "dtype", "threads", "gdn_variant"}, w);
+  common::reject_unknown_fields(ex, {"device", "dtype", "threads"}, w);
   out.device = common::require_string(ex, "device", w);
   out.dtype = common::require_string(ex, "dtype", w);
   std::int64_t threads = common::require_int(ex, "threads", w);
@@ -39,7 +39,6 @@ Execution parse_execution(const Json& ex, const std::string& w) {
                                      std::to_string(kMaxThreads) + "]");
   }
   out.threads = static_cast<int>(threads);
-  if (ex.contains("gdn_variant")) out.gdn_variant = common::require_string(ex, "gdn_variant", w);
   return out;
 }
 

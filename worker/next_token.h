@@ -25,7 +25,6 @@ struct Execution {
   std::string device = "cpu";  // cpu, cuda, cuda:N
   std::string dtype = "bfloat16";
   int threads = 1;
-  std::string gdn_variant = "current";
 };
 
 // The files the supervisor opened (input "model_fds"); when given, the model is read only

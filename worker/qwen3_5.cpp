@@ -30,9 +30,6 @@ constexpr int64_t kChunkSize = 64;  // transformers' torch_chunk_gated_delta_rul
 // ---------------------------------------------------------------------------------------------
 // Config
 
-enum class GdnKernel { kChunk, kRecurrent };
-enum class GdnVariant { kCurrent, kLegacy };
-
 struct Config {
   std::string architecture;
   std::string prefix;  // "model.language_model." (qwen3_5) or "model." (qwen3_5_text)
@@ -184,17 +181,6 @@ Config parse_config(const Json& root) {
   return c;
 }
 
-GdnVariant parse_variant(const std::string& name, GdnKernel& kernel) {
-  kernel = GdnKernel::kChunk;
-  if (name == "current") return GdnVariant::kCurrent;
-  if (name == "legacy") return GdnVariant::kLegacy;
-  kernel = GdnKernel::kRecurrent;
-  if (name == "current-recurrent") return GdnVariant::kCurrent;
-  if (name == "legacy-recurrent") return GdnVariant::kLegacy;
-  unsupported("gdn_variant \"" + name +
-              "\" (expected current, legacy, current-recurrent or legacy-recurrent)");
-}
-
 // ---------------------------------------------------------------------------------------------
 // Shared pieces
 
@@ -250,115 +236,10 @@ Tensor l2norm(const Tensor& x) {
 // ---------------------------------------------------------------------------------------------
 // Gated delta rule. Inputs [1, T, heads, dim]; output [1, T, v_heads, v_dim] in q's dtype.
 
-// transformers since PR #47625 ("make gated delta rule more explicit"): q/k repeated to the value
-// heads, cast to fp32, then l2norm; UT system by triangular solve; decays folded in before the
-// loop.
-Tensor chunk_rule_current(Tensor query, Tensor key, Tensor value, Tensor g, Tensor beta) {
-  const auto initial_dtype = query.scalar_type();
-  const int64_t seq_len = key.size(1);
-  const int64_t v_heads = value.size(-2), v_dim = value.size(-1);
-  if (key.size(2) != v_heads) {
-    query = query.repeat_interleave(v_heads / query.size(2), 2);
-    key = key.repeat_interleave(v_heads / key.size(2), 2);
-  }
-  auto to_f32 = [](const Tensor& x) {
-    return x.transpose(1, 2).to(at::kFloat, false, false, at::MemoryFormat::Contiguous);
-  };
-  query = to_f32(query);
-  key = to_f32(key);
-  value = to_f32(value);
-  beta = to_f32(beta);
-  Tensor decay = to_f32(g);
-  query = l2norm(query);
-  key = l2norm(key);
-  query = query * std::pow(static_cast<double>(query.size(-1)), -0.5);
-
-  const int64_t pad = (kChunkSize - seq_len % kChunkSize) % kChunkSize;
-  query = at::constant_pad_nd(query, {0, 0, 0, pad});
-  key = at::constant_pad_nd(key, {0, 0, 0, pad});
-  value = at::constant_pad_nd(value, {0, 0, 0, pad});
-  beta = at::constant_pad_nd(beta, {0, pad});
-  decay = at::constant_pad_nd(decay, {0, pad});
-  const int64_t num_chunks = (seq_len + pad) / kChunkSize;
-
-  Tensor v_beta = value * beta.unsqueeze(-1);
-  Tensor k_beta = key * beta.unsqueeze(-1);
-  auto chunked = [](const Tensor& x) {
-    return x.reshape({x.size(0), x.size(1), -1, kChunkSize, x.size(-1)});
-  };
-  query = chunked(query);
-  key = chunked(key);
-  k_beta = chunked(k_beta);
-  v_beta = chunked(v_beta);
-  decay = decay.reshape({decay.size(0), decay.size(1), -1, kChunkSize});
-
-  Tensor strictly_upper =
-      at::ones({kChunkSize, kChunkSize}, query.options().dtype(at::kBool)).triu(1);
-  Tensor cum_decay = decay.cumsum(3);
-  Tensor pairwise = cum_decay.unsqueeze(4) - cum_decay.unsqueeze(3);
-  pairwise = pairwise.masked_fill(strictly_upper, -std::numeric_limits<double>::infinity()).exp();
-
-  Tensor ut_system = at::matmul(k_beta, key.transpose(-1, -2)) * pairwise;
-  Tensor intra = at::matmul(query, key.transpose(-1, -2)) * pairwise;
-  Tensor decayed_k_beta = k_beta * cum_decay.exp().unsqueeze(-1);
-  Tensor new_values = at::linalg_solve_triangular(ut_system, v_beta, /*upper=*/false,
-                                                  /*left=*/true, /*unitriangular=*/true);
-  Tensor k_cumdecay = at::linalg_solve_triangular(ut_system, decayed_k_beta, false, true, true);
-
-  Tensor state = at::zeros({query.size(0), v_heads, query.size(-1), v_dim}, new_values.options());
-  Tensor out = at::zeros_like(new_values);
-  query = query * cum_decay.exp().unsqueeze(-1);
-  key = key * (cum_decay.slice(-1, -1) - cum_decay).exp().unsqueeze(-1);
-  Tensor chunk_decay = cum_decay.select(-1, -1).exp().unsqueeze(-1).unsqueeze(-1);
-  for (int64_t i = 0; i < num_chunks; ++i) {
-    Tensor v_new = new_values.select(2, i) - at::matmul(k_cumdecay.select(2, i), state);
-    Tensor inter = at::matmul(query.select(2, i), state);
-    out.select(2, i).copy_(inter + at::matmul(intra.select(2, i), v_new));
-    state =
-        state * chunk_decay.select(2, i) + at::matmul(key.select(2, i).transpose(-1, -2), v_new);
-  }
-  out = out.reshape({out.size(0), v_heads, -1, v_dim}).slice(2, 0, seq_len);
-  return out.transpose(1, 2).to(initial_dtype, false, false, at::MemoryFormat::Contiguous);
-}
-
-// transformers (current) token-by-token rule, as used for decoding.
-Tensor recurrent_rule_current(Tensor query, Tensor key, Tensor value, Tensor g, Tensor beta) {
-  const auto initial_dtype = query.scalar_type();
-  const int64_t seq_len = key.size(1);
-  const int64_t v_heads = value.size(-2), v_dim = value.size(-1);
-  if (key.size(2) != v_heads) {
-    query = query.repeat_interleave(v_heads / query.size(2), 2);
-    key = key.repeat_interleave(v_heads / key.size(2), 2);
-  }
-  auto to_f32 = [](const Tensor& x) {
-    return x.transpose(1, 2).to(at::kFloat, false, false, at::MemoryFormat::Contiguous);
-  };
-  query = to_f32(query);
-  key = to_f32(key);
-  value = to_f32(value);
-  beta = to_f32(beta);
-  Tensor decay = to_f32(g);
-  query = l2norm(query);
-  key = l2norm(key);
-  query = query / std::pow(static_cast<double>(query.size(-1)), 0.5);
-  Tensor state = at::zeros({query.size(0), v_heads, query.size(-1), v_dim}, value.options());
-  Tensor out = at::zeros_like(value);
-  for (int64_t i = 0; i < seq_len; ++i) {
-    Tensor q_t = query.select(2, i), k_t = key.select(2, i), v_t = value.select(2, i);
-    state = state * decay.select(2, i).exp().unsqueeze(-1).unsqueeze(-1);
-    Tensor beta_t = beta.select(2, i).unsqueeze(-1);
-    Tensor kv_mem = (state * k_t.unsqueeze(-1)).sum({-2});
-    Tensor delta = (v_t - kv_mem) * beta_t;
-    state = state + k_t.unsqueeze(-1) * delta.unsqueeze(-2);
-    out.select(2, i).copy_((state * q_t.unsqueeze(-1)).sum({-2}));
-  }
-  return out.transpose(1, 2).contiguous().to(initial_dtype);
-}
-
-// transformers before PR #47625 (the code Qwen3.5 was added with): l2norm on the model-dtype q/k
-// (already repeated to the value heads by the caller), forward substitution, decays applied
-// inside the chunk loop.
-Tensor chunk_rule_legacy(Tensor query, Tensor key, Tensor value, Tensor g, Tensor beta) {
+// transformers 5.13.1's torch_chunk_gated_delta_rule (with use_qk_l2norm_in_kernel): l2norm on
+// the model-dtype q/k (already repeated to the value heads by the caller), then fp32, forward
+// substitution within each chunk, decays applied inside the chunk loop.
+Tensor chunk_gated_delta_rule(Tensor query, Tensor key, Tensor value, Tensor g, Tensor beta) {
   const auto initial_dtype = query.scalar_type();
   query = l2norm(query);
   key = l2norm(key);
@@ -406,12 +287,11 @@ Tensor chunk_rule_legacy(Tensor query, Tensor key, Tensor value, Tensor g, Tenso
   Tensor k_cumdecay = at::matmul(attn, k_beta * g.exp().unsqueeze(-1));
   Tensor state = at::zeros({batch, heads, k_dim, v_dim}).to(value);
   Tensor out = at::zeros_like(value);
-  mask = at::ones({kChunkSize, kChunkSize}, bool_options).triu(1);
   for (int64_t i = 0; i < total / kChunkSize; ++i) {
     Tensor q_i = query.select(2, i), k_i = key.select(2, i), v_i = value.select(2, i);
     Tensor g_i = g.select(2, i);
-    Tensor attn_i =
-        (at::matmul(q_i, k_i.transpose(-1, -2)) * decay_mask.select(2, i)).masked_fill_(mask, 0);
+    // transformers masks nothing here: decay_mask is already zero above the diagonal.
+    Tensor attn_i = at::matmul(q_i, k_i.transpose(-1, -2)) * decay_mask.select(2, i);
     Tensor v_prime = at::matmul(k_cumdecay.select(2, i), state);
     Tensor v_new = v_i - v_prime;
     Tensor attn_inter = at::matmul(q_i * g_i.unsqueeze(-1).exp(), state);
@@ -422,34 +302,6 @@ Tensor chunk_rule_legacy(Tensor query, Tensor key, Tensor value, Tensor g, Tenso
                        v_new);
   }
   out = out.reshape({out.size(0), out.size(1), -1, out.size(-1)}).slice(2, 0, seq_len);
-  return out.transpose(1, 2).contiguous().to(initial_dtype);
-}
-
-Tensor recurrent_rule_legacy(Tensor query, Tensor key, Tensor value, Tensor g, Tensor beta) {
-  const auto initial_dtype = query.scalar_type();
-  query = l2norm(query);
-  key = l2norm(key);
-  auto to_f32 = [](const Tensor& x) { return x.transpose(1, 2).contiguous().to(at::kFloat); };
-  query = to_f32(query);
-  key = to_f32(key);
-  value = to_f32(value);
-  beta = to_f32(beta);
-  g = to_f32(g);
-  const int64_t batch = key.size(0), heads = key.size(1), seq_len = key.size(2);
-  const int64_t k_dim = key.size(3), v_dim = value.size(-1);
-  query = query * (1.0 / std::pow(static_cast<double>(query.size(-1)), 0.5));
-  Tensor out = at::zeros({batch, heads, seq_len, v_dim}).to(value);
-  Tensor state = at::zeros({batch, heads, k_dim, v_dim}).to(value);
-  for (int64_t i = 0; i < seq_len; ++i) {
-    Tensor q_t = query.select(2, i), k_t = key.select(2, i), v_t = value.select(2, i);
-    Tensor g_t = g.select(2, i).exp().unsqueeze(-1).unsqueeze(-1);
-    Tensor beta_t = beta.select(2, i).unsqueeze(-1);
-    state = state * g_t;
-    Tensor kv_mem = (state * k_t.unsqueeze(-1)).sum({-2});
-    Tensor delta = (v_t - kv_mem) * beta_t;
-    state = state + k_t.unsqueeze(-1) * delta.unsqueeze(-2);
-    out.select(2, i).copy_((state * q_t.unsqueeze(-1)).sum({-2}));
-  }
   return out.transpose(1, 2).contiguous().to(initial_dtype);
 }
 
@@ -478,7 +330,6 @@ class Qwen3_5Model final : public Model {
  public:
   Qwen3_5Model(Config config, Weights& w, const ExecOptions& options)
       : c_(std::move(config)), options_(options) {
-    variant_ = parse_variant(options.gdn_variant, kernel_);
     const std::string& p = c_.prefix;
     const int64_t h = c_.hidden;
     embed_tokens_ = w.get(p + "embed_tokens.weight", {c_.vocab, h});
@@ -573,9 +424,7 @@ class Qwen3_5Model final : public Model {
   std::string architecture() const override { return c_.architecture; }
   std::string attention_implementation() const override { return "eager"; }
   std::string linear_attention_implementation() const override {
-    std::string rule = kernel_ == GdnKernel::kChunk ? "torch_chunk_gated_delta_rule"
-                                                    : "torch_recurrent_gated_delta_rule";
-    return rule + (variant_ == GdnVariant::kCurrent ? " (current)" : " (legacy)");
+    return "torch_chunk_gated_delta_rule";
   }
 
  private:
@@ -678,19 +527,12 @@ class Qwen3_5Model final : public Model {
     Tensor beta = b.sigmoid();
     // A_log and the softplus argument in fp32 (transformers: fp16 would overflow exp(A_log)).
     Tensor decay = -g.a_log.to(at::kFloat).exp() * at::softplus(a.to(at::kFloat) + g.dt_bias);
-    Tensor core;
-    if (variant_ == GdnVariant::kCurrent) {
-      core = kernel_ == GdnKernel::kChunk ? chunk_rule_current(query, key, value, decay, beta)
-                                          : recurrent_rule_current(query, key, value, decay, beta);
-    } else {
-      const int64_t rep = c_.v_heads / c_.k_heads;
-      if (rep > 1) {
-        query = query.repeat_interleave(rep, 2);
-        key = key.repeat_interleave(rep, 2);
-      }
-      core = kernel_ == GdnKernel::kChunk ? chunk_rule_legacy(query, key, value, decay, beta)
-                                          : recurrent_rule_legacy(query, key, value, decay, beta);
+    const int64_t rep = c_.v_heads / c_.k_heads;
+    if (rep > 1) {
+      query = query.repeat_interleave(rep, 2);
+      key = key.repeat_interleave(rep, 2);
     }
+    Tensor core = chunk_gated_delta_rule(query, key, value, decay, beta);
     core = core.reshape({-1, c_.v_dim});
     z = z.reshape({-1, c_.v_dim});
     core = rms_norm_gated(core, z, g.norm, c_.eps);
@@ -704,8 +546,6 @@ class Qwen3_5Model final : public Model {
 
   Config c_;
   ExecOptions options_;
-  GdnVariant variant_ = GdnVariant::kCurrent;
-  GdnKernel kernel_ = GdnKernel::kChunk;
   Tensor embed_tokens_, norm_, lm_head_;
   std::vector<Layer> layers_;
 };

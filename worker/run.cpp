@@ -6,11 +6,9 @@
 #include <fstream>
 
 #include <ATen/Parallel.h>
+#include <ATen/detail/CUDAHooksInterface.h>
 #include <c10/core/InferenceMode.h>
 #include <torch/version.h>
-#ifdef ASSAY_ORACLE_CUDA
-#include <ATen/cuda/CUDAContext.h>
-#endif
 
 #include "common/error.h"
 #include "common/identity.h"
@@ -65,34 +63,17 @@ c10::Device parse_device(const std::string& name) {
     throw Error("input.invalid", "device \"" + name + "\" is not cpu, cuda or cuda:N");
   }
   c10::Device device(name);
-  if (device.is_cuda() && !at::hasCUDA()) {
-    throw Error("oracle.device_unavailable",
-                "device \"" + name + "\" requested but this LibTorch build has no usable CUDA");
+  if (device.is_cuda()) {
+    load_gpu_backend();
+    int count = at::detail::getCUDAHooks().getNumGPUs();
+    int index = device.has_index() ? device.index() : 0;
+    if (index >= count) {
+      throw Error("oracle.device_unavailable", "device \"" + name + "\" requested but " +
+                                                   std::to_string(count) + " GPU(s) are visible");
+    }
   }
   return device;
 }
-
-namespace {
-std::string device_name(const c10::Device& device) {
-#ifdef ASSAY_ORACLE_CUDA
-  if (device.is_cuda()) {
-    return at::cuda::getDeviceProperties(device.has_index() ? device.index() : 0)->name;
-  }
-#endif
-  if (device.is_cpu()) {
-    std::ifstream cpuinfo("/proc/cpuinfo");
-    std::string line;
-    while (std::getline(cpuinfo, line)) {
-      if (line.starts_with("model name")) {
-        auto colon = line.find(':');
-        if (colon != std::string::npos) return line.substr(line.find_first_not_of(' ', colon + 1));
-      }
-    }
-    return "cpu";
-  }
-  return device.str();
-}
-}  // namespace
 
 Forward run_forward(const std::filesystem::path& model_dir, std::span<const std::int64_t> ids,
                     const ExecOptions& options, const LoadedModel& loaded) {
@@ -138,7 +119,7 @@ std::map<std::string, std::string> logits_metadata(const Forward& f, const ExecO
   return {{"architecture", f.architecture},
           {"dtype", o.dtype == at::kBFloat16 ? "bfloat16" : "float32"},
           {"device", o.device.str()},
-          {"torch_version", TORCH_VERSION}};
+          {"torch_version", torch_identity()["version"].get<std::string>()}};
 }
 
 namespace {
@@ -152,14 +133,13 @@ void add_execution_report(Json& out, const ExecOptions& options, int threads,
   out["device"] = options.device.str();
   out["device_name"] = device_name(options.device);
   out["dtype"] = options.dtype == at::kBFloat16 ? "bfloat16" : "float32";
-  out["torch_version"] = TORCH_VERSION;
+  out["torch_version"] = torch_identity()["version"];
   out["threads"] = threads;
   out["deterministic_algorithms"] = at::globalContext().deterministicAlgorithms();
   out["tf32_allowed"] =
       at::globalContext().allowTF32CuBLAS() || at::globalContext().allowTF32CuDNN();
   out["attention_implementation"] = attention;
   out["linear_attention_implementation"] = linear_attention;
-  out["gdn_variant"] = options.gdn_variant;
   out["executable_sha256"] = executable_sha256();
   Json configuration = execution_configuration(options, attention, linear_attention);
   out["configuration_sha256"] = common::sha256_canonical_id(configuration);
@@ -175,15 +155,10 @@ ModelFiles open_model_files(const std::filesystem::path& dir, const ModelFds& fd
 // The worker-protocol "execution" object as options, after making ATen deterministic (which
 // must come before any ATen work).
 ExecOptions prepare_execution(const Execution& e, ModelFiles& files) {
-  if (e.gdn_variant != "current" && e.gdn_variant != "legacy") {
-    throw Error("input.invalid",
-                "execution.gdn_variant \"" + e.gdn_variant + "\" is not current or legacy");
-  }
   make_deterministic(e.threads);
   ExecOptions options;
   options.device = parse_device(e.device);
   options.dtype = parse_dtype(e.dtype, read_config(files));
-  options.gdn_variant = e.gdn_variant;
   return options;
 }
 

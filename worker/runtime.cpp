@@ -1,7 +1,11 @@
 #include "worker/runtime.h"
 
+#include <dlfcn.h>
+#include <link.h>
+
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -10,15 +14,16 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/Version.h>
+#include <ATen/detail/CUDAHooksInterface.h>
 #include <ATen/native/DispatchStub.h>
 #include <c10/core/InferenceMode.h>
 #include <torch/version.h>
-#ifdef ASSAY_ORACLE_CUDA
-#include <ATen/cuda/CUDAContext.h>
-#endif
+
+#include "common/error.h"
 
 namespace assay::oracle {
 
+using common::Error;
 using common::Json;
 
 namespace {
@@ -100,30 +105,118 @@ std::string cpu_capability_name() {
   return config.substr(start, end == std::string::npos ? end : end - start);
 }
 
-Json gpu_report([[maybe_unused]] const c10::Device& device) {
-#ifdef ASSAY_ORACLE_CUDA
-  if (device.is_cuda()) {
-    // Compiled only against a CUDA/ROCm LibTorch; untested on this project's CPU hosts.
-    int index = device.has_index() ? device.index() : 0;
-    const cudaDeviceProp* p = at::cuda::getDeviceProperties(index);
-    int driver = 0, runtime = 0;
-    cudaDriverGetVersion(&driver);
-    cudaRuntimeGetVersion(&runtime);
-#ifdef USE_ROCM
-    const char* platform = "hip";
-#else
-    const char* platform = "cuda";
-#endif
-    return Json{{"platform", platform},
-                {"index", index},
-                {"name", std::string(p->name)},
-                {"compute_capability", std::to_string(p->major) + "." + std::to_string(p->minor)},
-                {"total_memory_bytes", static_cast<std::uint64_t>(p->totalGlobalMem)},
-                {"driver_version", driver},
-                {"runtime_version", runtime}};
+// The folder of the libtorch_cpu.so mapped in this process (the LibTorch it links).
+std::filesystem::path torch_library_dir() {
+  std::string found;
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, std::size_t, void* out) {
+        std::string name = info->dlpi_name ? info->dlpi_name : "";
+        if (name.ends_with("/libtorch_cpu.so")) {
+          *static_cast<std::string*>(out) = name;
+          return 1;
+        }
+        return 0;
+      },
+      &found);
+  if (found.empty()) return {};
+  return std::filesystem::weakly_canonical(found).parent_path();
+}
+
+// The GPU runtime's C entry points, from the libraries libtorch_cuda/libtorch_hip brought in;
+// looked up by name so that the oracle builds without a CUDA or ROCm toolkit.
+template <typename F>
+F runtime_symbol(void* library, const char* name) {
+  void* p = dlsym(library ? library : RTLD_DEFAULT, name);
+  return reinterpret_cast<F>(p);
+}
+
+bool is_hip() {
+  return at::detail::getCUDAHooks().hasROCM();
+}
+
+Json cuda_report(int index) {
+  // cudaDeviceAttr values from the CUDA runtime's driver_types.h (stable since CUDA 3).
+  constexpr int kComputeCapabilityMajor = 75, kComputeCapabilityMinor = 76;
+  using AttrFn = int (*)(int*, int, int);
+  using VersionFn = int (*)(int*);
+  using MemFn = int (*)(std::size_t*, std::size_t*);
+  using SetFn = int (*)(int);
+  auto attr = runtime_symbol<AttrFn>(nullptr, "cudaDeviceGetAttribute");
+  auto driver_version = runtime_symbol<VersionFn>(nullptr, "cudaDriverGetVersion");
+  auto runtime_version = runtime_symbol<VersionFn>(nullptr, "cudaRuntimeGetVersion");
+  auto mem_info = runtime_symbol<MemFn>(nullptr, "cudaMemGetInfo");
+  auto set_device = runtime_symbol<SetFn>(nullptr, "cudaSetDevice");
+  // The device's name is the driver API's (libcuda, loaded by the runtime when it started).
+  void* libcuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  using DeviceGetFn = int (*)(int*, int);
+  using NameFn = int (*)(char*, int, int);
+  auto device_get = runtime_symbol<DeviceGetFn>(libcuda, "cuDeviceGet");
+  auto get_name = runtime_symbol<NameFn>(libcuda, "cuDeviceGetName");
+  if (!attr || !driver_version || !runtime_version || !mem_info || !set_device) {
+    throw Error("oracle.device_unavailable",
+                "the CUDA runtime LibTorch loaded does not export cudaDeviceGetAttribute, "
+                "cudaDriverGetVersion, cudaRuntimeGetVersion, cudaMemGetInfo and cudaSetDevice");
   }
-#endif
-  return nullptr;
+  int major = -1, minor = -1, driver = 0, runtime = 0;
+  std::size_t free_bytes = 0, total_bytes = 0;
+  set_device(index);
+  attr(&major, kComputeCapabilityMajor, index);
+  attr(&minor, kComputeCapabilityMinor, index);
+  driver_version(&driver);
+  runtime_version(&runtime);
+  mem_info(&free_bytes, &total_bytes);
+  char name[256] = {};
+  int dev = 0;
+  bool named = device_get && get_name && device_get(&dev, index) == 0 &&
+               get_name(name, sizeof name - 1, dev) == 0;
+  return Json{{"name", named ? Json(std::string(name)) : Json(nullptr)},
+              {"compute_capability", std::to_string(major) + "." + std::to_string(minor)},
+              {"total_memory_bytes", static_cast<std::uint64_t>(total_bytes)},
+              {"driver_version", driver},
+              {"runtime_version", runtime}};
+}
+
+Json hip_report(int index) {
+  using NameFn = int (*)(char*, int, int);
+  using VersionFn = int (*)(int*);
+  using MemFn = int (*)(std::size_t*, std::size_t*);
+  using SetFn = int (*)(int);
+  auto get_name = runtime_symbol<NameFn>(nullptr, "hipDeviceGetName");
+  auto driver_version = runtime_symbol<VersionFn>(nullptr, "hipDriverGetVersion");
+  auto runtime_version = runtime_symbol<VersionFn>(nullptr, "hipRuntimeGetVersion");
+  auto mem_info = runtime_symbol<MemFn>(nullptr, "hipMemGetInfo");
+  auto set_device = runtime_symbol<SetFn>(nullptr, "hipSetDevice");
+  if (!get_name || !driver_version || !runtime_version || !mem_info || !set_device) {
+    throw Error("oracle.device_unavailable",
+                "the HIP runtime LibTorch loaded does not export hipDeviceGetName, "
+                "hipDriverGetVersion, hipRuntimeGetVersion, hipMemGetInfo and hipSetDevice");
+  }
+  char name[256] = {};
+  int driver = 0, runtime = 0;
+  std::size_t free_bytes = 0, total_bytes = 0;
+  set_device(index);
+  bool named = get_name(name, sizeof name - 1, index) == 0;
+  driver_version(&driver);
+  runtime_version(&runtime);
+  mem_info(&free_bytes, &total_bytes);
+  // A compute capability is CUDA's notion; the gfx target is in hooks_config.
+  return Json{{"name", named ? Json(std::string(name)) : Json(nullptr)},
+              {"compute_capability", nullptr},
+              {"total_memory_bytes", static_cast<std::uint64_t>(total_bytes)},
+              {"driver_version", driver},
+              {"runtime_version", runtime}};
+}
+
+Json gpu_report(const c10::Device& device) {
+  if (!device.is_cuda()) return nullptr;
+  const auto& hooks = at::detail::getCUDAHooks();
+  int index = device.has_index() ? device.index() : 0;
+  Json out = is_hip() ? hip_report(index) : cuda_report(index);
+  out["platform"] = is_hip() ? "hip" : "cuda";
+  out["index"] = index;
+  out["cudnn_version"] = is_hip() ? hooks.versionMIOpen() : hooks.versionRuntimeCuDNN();
+  out["hooks_config"] = hooks.showConfig();
+  return out;
 }
 
 bool is_runtime_library(const std::string& name) {
@@ -153,20 +246,25 @@ Json execution_configuration(const ExecOptions& options, const std::string& atte
               {"cudnn_benchmark", ctx.benchmarkCuDNN()},
               {"cudnn_deterministic", ctx.deterministicCuDNN()},
               {"float32_matmul_precision", precision_name(ctx.float32MatmulPrecision())},
-              {"fp16_reduction_cublas", ctx.allowFP16ReductionCuBLAS()},
+              // torch's defaults, as transformers runs (reduced-precision split-K reductions
+              // allowed); recorded, not changed.
+              {"fp16_reduction_cublas", ctx.allowFP16ReductionCuBLAS() ==
+                                            at::CuBLASReductionOption::AllowReducedPrecisionWithSplitK},
+              {"bf16_reduction_cublas", ctx.allowBF16ReductionCuBLAS() ==
+                                            at::CuBLASReductionOption::AllowReducedPrecisionWithSplitK},
               {"intra_op_threads", at::get_num_threads()},
               {"inter_op_threads", at::get_num_interop_threads()},
               {"cublas_workspace_config", workspace ? Json(workspace) : Json(nullptr)},
               {"inference_mode", true},
               {"attention_implementation", attention},
-              {"linear_attention_implementation", linear_attention},
-              {"gdn_variant", options.gdn_variant}};
+              {"linear_attention_implementation", linear_attention}};
 }
 
 Json runtime_report(const c10::Device& device) {
   std::string config = at::show_config();
   return Json{
-      {"torch_version", TORCH_VERSION},
+      {"torch_version", torch_identity()["version"]},
+      {"torch", torch_identity()},
       {"show_config", config},
       {"parallel_info", at::get_parallel_info()},
       {"blas", build_setting(config, "BLAS_INFO")},
@@ -177,6 +275,75 @@ Json runtime_report(const c10::Device& device) {
       {"cpu_capability", cpu_capability_name()},
       {"cpu", cpu_report()},
       {"gpu", gpu_report(device)}};
+}
+
+Json torch_identity() {
+  std::string config = at::show_config();
+  std::filesystem::path dir = torch_library_dir();
+  // The wheel's label (with its local part, "+cu130") is written beside the library, not in it.
+  Json label = nullptr;
+  std::ifstream version_py(dir / ".." / "version.py");
+  for (std::string line; std::getline(version_py, line);) {
+    if (!line.starts_with("__version__")) continue;
+    auto q = line.find_first_of("'\"");
+    auto e = q == std::string::npos ? q : line.find(line[q], q + 1);
+    if (e != std::string::npos) label = line.substr(q + 1, e - q - 1);
+  }
+  return Json{{"version", build_setting(config, "TORCH_VERSION")},
+              {"version_label", label},
+              {"git_commit", build_setting(config, "COMMIT_SHA")},
+              {"cuda_version", build_setting(config, "CUDA_VERSION")},
+              {"hip_version", build_setting(config, "HIP_VERSION")},
+              {"compiled_against", TORCH_VERSION},
+              {"library_dir", dir.empty() ? Json(nullptr) : Json(dir.string())}};
+}
+
+void load_gpu_backend() {
+  static bool loaded = false;
+  if (loaded) return;
+  std::filesystem::path dir = torch_library_dir();
+  if (dir.empty()) {
+    throw Error("oracle.device_unavailable", "no libtorch_cpu.so is mapped in this process");
+  }
+  std::filesystem::path library;
+  for (const char* name : {"libtorch_cuda.so", "libtorch_hip.so"}) {
+    if (std::filesystem::exists(dir / name)) {
+      library = dir / name;
+      break;
+    }
+  }
+  if (library.empty()) {
+    throw Error("oracle.device_unavailable",
+                "a GPU was requested but the LibTorch at " + dir.string() +
+                    " has neither libtorch_cuda.so nor libtorch_hip.so (a CPU build); build "
+                    "assay-oracle against this host's CUDA or ROCm PyTorch (packaging/README.md)");
+  }
+  if (!dlopen(library.c_str(), RTLD_NOW | RTLD_GLOBAL)) {
+    throw Error("oracle.device_unavailable", library.string() + " does not load: " + dlerror());
+  }
+  if (!at::hasCUDA()) {
+    throw Error("oracle.device_unavailable",
+                library.string() +
+                    " loaded but sees no usable GPU (driver, device nodes, or "
+                    "CUDA_VISIBLE_DEVICES/HIP_VISIBLE_DEVICES)");
+  }
+  loaded = true;
+}
+
+std::string device_name(const c10::Device& device) {
+  if (device.is_cuda()) {
+    Json gpu = gpu_report(device);
+    return gpu["name"].is_string() ? gpu["name"].get<std::string>() : device.str();
+  }
+  std::string model = cpuinfo_value(
+      [] {
+        std::ifstream f("/proc/cpuinfo");
+        std::stringstream text;
+        text << f.rdbuf();
+        return text.str();
+      }(),
+      "model name");
+  return model.empty() ? "cpu" : model;
 }
 
 Json loaded_libraries() {

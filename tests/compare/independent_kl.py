@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/opt/assay/venv/bin/python
 """Checks assay-compare against an independent numpy computation on the same logits.
 
 Usage: independent_kl.py ASSAY_COMPARE_BINARY

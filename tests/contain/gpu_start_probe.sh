@@ -39,7 +39,7 @@ assert e["spawn"]["uid"] != 0, e["spawn"]["uid"]
 print("gpu: CUDA started under seccomp", e["spawn"]["seccomp"]["policy_sha256"], "as uid", e["spawn"]["uid"])
 PY
 [ -n "$oracle" ] || exit 0
-/usr/bin/python3 tests/fixtures/make_fixture.py --arch llama --size tiny --out "$work/model" >/dev/null
+"${ASSAY_PYTHON3:-/opt/assay/venv/bin/python}" tests/fixtures/make_fixture.py --arch llama --size tiny --out "$work/model" >/dev/null
 chmod -R a+rX "$work/model"
 mkdir "$work/job" && chmod 777 "$work/job"
 /usr/bin/python3 - "$work" <<'PY'

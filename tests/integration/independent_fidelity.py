@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/opt/assay/venv/bin/python
 """Recomputes a fidelity job independently of assay and checks its KL vector and receipt.
 
     independent_fidelity.py --request REQUEST.json --kl kl.safetensors --result result.json

@@ -9,6 +9,8 @@ import os
 import sys
 
 import jsonschema
+from referencing import Registry, Resource
+from referencing.jsonschema import DRAFT202012
 
 
 def main():
@@ -30,8 +32,10 @@ def main():
             continue
         with open(path) as f:
             doc = json.load(f)
-        resolver = jsonschema.RefResolver(base_uri=schema.get("$id", ""), referrer=schema, store=store)
-        validator = jsonschema.Draft202012Validator(schema, resolver=resolver)
+        registry = Registry().with_resources(
+            (uri, Resource.from_contents(s, default_specification=DRAFT202012))
+            for uri, s in store.items() if "://" in uri)
+        validator = jsonschema.Draft202012Validator(schema, registry=registry)
         errors = sorted(validator.iter_errors(doc), key=lambda e: list(e.path))
         for e in errors[:5]:
             print("%s: %s at /%s" % (path, e.message, "/".join(str(p) for p in e.path)))

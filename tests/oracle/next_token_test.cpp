@@ -49,7 +49,6 @@ TEST_CASE("oracle input parses every field") {
   CHECK(in.candidates[1].engine == "vllm");
   CHECK(in.candidates[1].token_id == 5);
   CHECK(in.execution.threads == 2);
-  CHECK(in.execution.gdn_variant == "current");
 }
 
 TEST_CASE("oracle input rejects missing, unknown and out-of-range fields") {

@@ -252,10 +252,10 @@ def chunk_rule_legacy(query, key, value, g, beta, chunk_size=CHUNK_SIZE):
     k_cumdecay = attn @ (k_beta * g.exp().unsqueeze(-1))
     state = torch.zeros(batch_size, num_heads, k_head_dim, v_head_dim).to(value)
     out = torch.zeros_like(value)
-    mask = torch.triu(torch.ones(chunk_size, chunk_size, dtype=torch.bool), diagonal=1)
     for i in range(0, total_sequence_length // chunk_size):
         q_i, k_i, v_i = query[:, :, i], key[:, :, i], value[:, :, i]
-        attn = (q_i @ k_i.transpose(-1, -2) * decay_mask[:, :, i]).masked_fill_(mask, 0)
+        # transformers 5.13.1 masks nothing here: decay_mask is zero above the diagonal already
+        attn = q_i @ k_i.transpose(-1, -2) * decay_mask[:, :, i]
         v_prime = (k_cumdecay[:, :, i]) @ state
         v_new = v_i - v_prime
         attn_inter = (q_i * g[:, :, i, :, None].exp()) @ state
@@ -347,9 +347,9 @@ def mlp(w, p, x):
 def forward(config: dict, weights: dict, input_ids: torch.LongTensor, gdn_variant: str = None,
             gdn_mode: str = "chunk") -> torch.Tensor:
     """Logits [1, T, V] in the model dtype. The GDN variant defaults to config["_gdn_variant"]
-    (set by reference.py --gdn-variant), else "current"."""
+    (set by reference.py --gdn-variant), else "legacy" (transformers 5.13.1)."""
     if gdn_variant is None:
-        gdn_variant = config.get("_gdn_variant", "current")
+        gdn_variant = config.get("_gdn_variant", "legacy")
     if (gdn_variant, gdn_mode) not in GDN_RULES:
         raise ValueError(f"ref_qwen3_5: unknown gdn variant/mode {gdn_variant!r}/{gdn_mode!r}")
     c = text_config(config)

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/opt/assay/venv/bin/python
 """Independent Python reference forward for assay-oracle's bitwise tests.
 
     reference.py --model DIR --token-ids 1,2,3 --out FILE.safetensors [--all-positions]
@@ -81,7 +81,8 @@ def main():
     parser.add_argument("--all-positions", action="store_true")
     parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--gdn-variant", choices=["current", "legacy"], default="current")
+    # legacy: transformers 5.13.1 (the oracle's only rule); current: after PR #47625, a cross-check
+    parser.add_argument("--gdn-variant", choices=["current", "legacy"], default="legacy")
     parser.add_argument("--verbose", action="store_true",
                         help="print load and forward seconds to stderr")
     args = parser.parse_args()

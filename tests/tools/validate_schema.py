@@ -11,9 +11,10 @@ JSON pointer), 2 bad usage, unreadable file or invalid schema.
 import json
 import pathlib
 import sys
-import warnings
 
 import jsonschema
+from referencing import Registry, Resource
+from referencing.jsonschema import DRAFT202012
 
 
 def load(path):
@@ -40,17 +41,19 @@ def main(argv):
     schema_path = pathlib.Path(argv[1]).resolve()
     try:
         schema = load(schema_path)
-        store = {}
+        # The sibling schemas by their $id (they $ref each other), in a referencing registry.
+        resources = []
         for sibling in schema_path.parent.glob("*.schema.json"):
             s = load(sibling)
-            store[s.get("$id", sibling.as_uri())] = s
+            resource = Resource.from_contents(s, default_specification=DRAFT202012)
+            resources.append((s.get("$id", sibling.as_uri()), resource))
+        if "$id" not in schema:
+            resources.append((schema_path.as_uri(), Resource.from_contents(
+                schema, default_specification=DRAFT202012)))
+        registry = Registry().with_resources(resources)
         cls = jsonschema.validators.validator_for(schema)
         cls.check_schema(schema)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            resolver = jsonschema.RefResolver(
-                base_uri=schema.get("$id", schema_path.as_uri()), referrer=schema, store=store)
-        validator = cls(schema, resolver=resolver, format_checker=jsonschema.FormatChecker())
+        validator = cls(schema, registry=registry, format_checker=jsonschema.FormatChecker())
     except (OSError, ValueError, jsonschema.exceptions.SchemaError) as e:
         print(f"{schema_path}: cannot use schema: {e}", file=sys.stderr)
         return 2

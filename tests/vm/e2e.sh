@@ -34,7 +34,7 @@ while [ $# -gt 0 ]; do
 done
 vm=${ASSAY_VM_SCRIPTS:-$root/../shared/vm}
 image=${ASSAY_VM_IMAGE:-/var/tmp/assay-vmimage}
-py=/usr/bin/python3
+py=${ASSAY_PYTHON3:-/opt/assay/venv/bin/python}
 [ "$(id -u)" = 0 ] || { echo "e2e.sh: must run as root (the VM scripts need it)" >&2; exit 2; }
 for tool in qemu-system-x86_64 mmdebstrap; do
   command -v $tool >/dev/null ||
@@ -46,7 +46,8 @@ say() { printf '== %s\n' "$*" >&2; }
 
 # Runtime packages the binaries need inside the VM (the packages' Depends, resolved offline:
 # the VM has no network), plus jq for the checks.
-packages=libtorch1.13,libopenblas0-openmp,libspdlog1.10,libsystemd0,libfmt9,libssl3,jq
+# (LibTorch comes bundled in the assay-oracle package: packaging/build-deb.)
+packages=libspdlog1.10,libsystemd0,libfmt9,libssl3,jq
 if [ "$(cat "$image/assay-packages" 2>/dev/null)" != "$packages" ]; then
   say "building the VM image in $image (once; packages: $packages)"
   VMTEST_EXTRA_PACKAGES=$packages VMTEST_IMAGE_SIZE=5G "$vm/build-image.sh" "$image" >&2

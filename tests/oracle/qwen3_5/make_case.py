@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/opt/assay/venv/bin/python
 """Writes the Qwen3.5 bitwise test case: a tiny checkpoint in both config forms and the Python
 reference logits for every GDN variant and kernel.
 

@@ -89,7 +89,7 @@ def main():
         return SKIP
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
-    print("torch %s, transformers %s" % (torch.__version__, transformers.__version__))
+    print("torch %s, transformers %s" % (torch.__version__, transformers.__version__), flush=True)
 
     work = args.keep or tempfile.mkdtemp(prefix="spark-parity-")
     failures = 0
@@ -116,7 +116,7 @@ def main():
                 diff = (ours - hf).abs().max().item() if ours.shape == hf.shape else float("inf")
                 failures += not same
                 print("%s  %-72s %-8s T=%-3d %s" % ("ok  " if same else "FAIL", name, dtype, n,
-                                                    "bitwise" if same else "max |diff| %g" % diff))
+                                                    "bitwise" if same else "max |diff| %g" % diff), flush=True)
     print("%d of %d comparisons differ" % (failures, len(VARIANTS) * 2 * len(LENGTHS)))
     return 1 if failures else 0
 

@@ -480,8 +480,8 @@ TEST_CASE("Spark2.5 refuses config values it does not implement, naming field an
              {"full_attention", {{"partial_rotary_factor", 0.25}}}}}},
           "model.unsupported", "partial_rotary_factor = 0.0625");
   refused("spark-no-window", {{"sliding_window", nullptr}}, "model.bad_config", "sliding_window");
-  refused("spark-layer-count", {{"layer_types", {"full_attention"}}}, "model.bad_config",
-          "layer_types must list 4");
+  refused("spark-layer-count", {{"layer_types", Json::array({"full_attention"})}},
+          "model.bad_config", "layer_types must list 4");
 
   // Weights that disagree with the config's fields are refused by tensor name.
   fs::path m = copy_fixture("spark2_5", "spark-untied-without-head");

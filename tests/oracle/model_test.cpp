@@ -321,13 +321,13 @@ TEST_CASE("hostile inputs and checkpoints give a clear error naming the offender
     fs::path m = copy_fixture("spark2_5", "wrong-shape");
     rewrite_safetensors(m / "model.safetensors", [](auto& ts) {
       for (auto& t : ts) {
-        if (t.name == "model.layers.2.attention.g_proj.weight") {
+        if (t.name == "model.layers.2.self_attn.g_proj.weight") {
           t.shape = {8, 32};
         }
       }
     });
     expect_error(oracle_cmd(m, ids, out), out, "model.bad_shape",
-                 "model.layers.2.attention.g_proj.weight");
+                 "model.layers.2.self_attn.g_proj.weight");
   }
   SUBCASE("tensor stored as integers") {
     fs::path m = copy_fixture("qwen3", "int-tensor");
@@ -393,6 +393,117 @@ TEST_CASE("hostile inputs and checkpoints give a clear error naming the offender
     fs::remove(m / "model.safetensors");
     expect_error(oracle_cmd(m, ids, out), out, "model.no_weights", m.string());
   }
+}
+
+namespace {
+
+// A copy of the tiny Spark2.5 fixture whose config has `settings` merged in (null drops a field,
+// so Spark2_5Config's default applies) and whose weights tests/fixtures/arch_spark2_5.py made
+// for that config (lm_head when untied, biases, g_proj only with the gate).
+fs::path spark_variant(const std::string& name, const Json& settings) {
+  fs::path dir = copy_fixture("spark2_5", name);
+  Result r = run(kPython + " " + (kSource / "tests/fixtures/arch_spark2_5.py").string() +
+                     " --out " + dir.string() + " --set '" + settings.dump() + "'",
+                 scratch_root());
+  REQUIRE_MESSAGE(r.status == 0, r.err);
+  return dir;
+}
+
+}  // namespace
+
+TEST_CASE("Spark2.5 config variants the remote code implements equal the reference bitwise") {
+  const std::vector<std::pair<std::string, Json>> variants = {
+      {"spark-untied-biases-silu",
+       {{"tie_word_embeddings", false},
+        {"attention_bias", true},
+        {"mlp_bias", true},
+        {"gate_attn_act_mode", "silu"}}},
+      {"spark-no-gate", {{"headwise_attn_output_gate", false}, {"num_key_value_heads", 2}}},
+      // Spark2_5Config's defaults: untied, no gate, no biases, every layer full attention.
+      {"spark-defaults",
+       {{"tie_word_embeddings", nullptr},
+        {"headwise_attn_output_gate", nullptr},
+        {"gate_attn_act_mode", nullptr},
+        {"attention_bias", nullptr},
+        {"mlp_bias", nullptr},
+        {"layer_types", nullptr},
+        {"sliding_window", nullptr},
+        {"head_dim", nullptr}}},
+      {"spark-head-dim-256", {{"head_dim", 256}}},
+  };
+  fs::path base = fixture("spark2_5");
+  for (const auto& [name, settings] : variants) {
+    CAPTURE(name);
+    fs::path model = spark_variant(name, settings);
+    auto ids = token_ids(40, vocab_of(model), 21);
+    for (const std::string extra : {"--all-positions", "--all-positions --dtype float32"}) {
+      CAPTURE(extra);
+      Logits a = oracle(model, ids, extra);
+      Logits b = reference(model, ids, extra);
+      REQUIRE(b.shape == a.shape);
+      CHECK_MESSAGE(first_difference(a, b) == std::string::npos,
+                    "first differing logit at flat index " << first_difference(a, b));
+    }
+    CHECK(oracle(model, ids).bytes != oracle(base, ids).bytes);  // the variant really differs
+  }
+  // The defaults really are untied and ungated: the checkpoint has lm_head and no g_proj.
+  auto weights =
+      assay::common::SafetensorsFile::open(scratch_root() / "spark-defaults" / "model.safetensors");
+  CHECK(weights.find("lm_head.weight") != nullptr);
+  CHECK(weights.find("model.layers.0.self_attn.g_proj.weight") == nullptr);
+}
+
+TEST_CASE("Spark2.5 refuses config values it does not implement, naming field and value") {
+  fs::path out = scratch_root() / "spark-refused.safetensors";
+  auto ids = std::vector<std::int64_t>{1, 2, 3};
+  auto refused = [&](const std::string& name, const Json& settings, const std::string& code,
+                     const std::string& needle) {
+    CAPTURE(name);
+    fs::path m = spark_variant(name, settings);
+    expect_error(oracle_cmd(m, ids, out), out, code, needle);
+  };
+  refused("spark-gate-relu", {{"gate_attn_act_mode", "relu"}}, "model.unsupported",
+          "gate_attn_act_mode = \"relu\"");
+  refused("spark-act-silu", {{"hidden_act", "silu"}}, "model.unsupported", "hidden_act = \"silu\"");
+  refused("spark-linear-layer",
+          {{"layer_types",
+            {"sliding_attention", "linear_attention", "sliding_attention", "full_attention"}}},
+          "model.unsupported", "layer_types[1] = \"linear_attention\"");
+  refused("spark-yarn",
+          {{"rope_parameters",
+            {{"sliding_attention", {{"rope_theta", 10000}}},
+             {"full_attention", {{"rope_theta", 5000000}, {"rope_type", "yarn"}}}}}},
+          "model.unsupported", "rope_type = \"yarn\"");
+  refused("spark-odd-rotary",
+          {{"rope_parameters",
+            {{"sliding_attention", {{"partial_rotary_factor", 0.0625}}},
+             {"full_attention", {{"partial_rotary_factor", 0.25}}}}}},
+          "model.unsupported", "partial_rotary_factor = 0.0625");
+  refused("spark-no-window", {{"sliding_window", nullptr}}, "model.bad_config", "sliding_window");
+  refused("spark-layer-count", {{"layer_types", Json::array({"full_attention"})}},
+          "model.bad_config", "layer_types must list 4");
+
+  // Weights that disagree with the config's fields are refused by tensor name.
+  fs::path m = copy_fixture("spark2_5", "spark-untied-without-head");
+  edit_config(m, [](Json& c) { c["tie_word_embeddings"] = false; });
+  expect_error(oracle_cmd(m, ids, out), out, "model.missing_tensor", "lm_head.weight");
+  edit_config(m, [](Json& c) {
+    c["tie_word_embeddings"] = true;
+    c["attention_bias"] = true;
+  });
+  expect_error(oracle_cmd(m, ids, out), out, "model.missing_tensor",
+               "model.layers.0.self_attn.q_k_v_proj.bias");
+  edit_config(m, [](Json& c) {
+    c["attention_bias"] = false;
+    c["headwise_attn_output_gate"] = false;
+  });
+  expect_error(oracle_cmd(m, ids, out), out, "model.unexpected_tensor", "self_attn.g_proj.weight");
+
+  // As in the remote code, gate_attn_act_mode is only read when the gate exists.
+  fs::path ungated = spark_variant(
+      "spark-ungated-relu", {{"headwise_attn_output_gate", false}, {"gate_attn_act_mode", "relu"}});
+  Result r = run(oracle_cmd(ungated, ids, out), scratch_root());
+  CHECK_MESSAGE(r.status == 0, r.err);
 }
 
 namespace {

@@ -1,26 +1,33 @@
-"""Spark2.5, written from the architecture description in issue 5 (there is no public
-transformers code): fp32 residual stream; RMSNorm computed in fp32 with a plain weight, cast
-to the model dtype; fused q_k_v_proj; one sigmoid gate per head (g_proj); per-layer-type RoPE
-(rope_parameters[layer_type]: rope_theta, partial_rotary_factor) on the leading rotary dims;
-sliding-window mask (q - window < k <= q) on sliding layers; eager attention that subtracts
-the row max in the model dtype before the fp32 softmax; GELU (erf) gated MLP; logits from the
-tied model.embedding.weight."""
+"""Spark2.5 as its Hugging Face remote code (modeling_spark.py / configuration_spark.py, written
+for transformers 4.57) computes it, written here from reading that code: fp32 residual
+stream; RMSNorm in fp32 returning fp32, cast to the weights' dtype by the decoder layer; fused
+q_k_v_proj (+ bias with attention_bias); RoPE per layer type (rope_parameters[layer_type]:
+rope_theta 10000 and partial_rotary_factor 1.0 by default) with cos/sin and the rotation in
+fp32, cast back once; sliding-window mask (q - window < k <= q) on sliding layers, built in the
+embeddings' dtype; eager attention that subtracts the row max in the model dtype before the
+fp32 softmax; with headwise_attn_output_gate one gate per head, sigmoid or silu of the fp32
+score cast back; out_proj; GELU (erf) gated MLP (+ bias with mlp_bias); logits from
+model.embedding.weight when tie_word_embeddings, else lm_head.weight. Defaults are
+Spark2_5Config's: untied, no gate, no biases, every layer full attention."""
+
+import math
 
 import torch
 import torch.nn.functional as F
 
 
-def rms_norm(x32, weight, eps, dtype):
-    variance = x32.pow(2).mean(-1, keepdim=True)
-    return (x32 * torch.rsqrt(variance + eps) * weight.float()).to(dtype)
+def rms_norm(x, weight, eps):
+    x32 = x.to(torch.float32)
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return (weight.float() * x32).to(x.dtype)
 
 
-def rope(theta, rot_dim, t, dtype):
-    freq = 1.0 / (theta ** (torch.arange(0, rot_dim, 2, dtype=torch.int64).float() / rot_dim))
-    pos = torch.arange(t).float()
-    freqs = torch.outer(pos, freq)
-    emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos().to(dtype), emb.sin().to(dtype)  # [T, rot_dim]
+def cos_sin(theta, head_dim, factor, t):
+    rot = int(head_dim * factor)
+    inv_freq = 1.0 / (theta ** (torch.arange(0, rot, 2, dtype=torch.int64).float() / rot))
+    freqs = torch.outer(torch.arange(t).float(), inv_freq)
+    freqs = torch.cat((freqs, freqs), dim=-1)
+    return freqs.cos(), freqs.sin()  # fp32 [T, rot]
 
 
 def rotate_half(x):
@@ -28,67 +35,83 @@ def rotate_half(x):
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def apply_partial_rope(x, cos, sin):
+def rope(x, cos, sin):
     rot = cos.shape[-1]
-    x_rot, x_pass = x[..., :rot], x[..., rot:]
-    x_rot = x_rot * cos + rotate_half(x_rot) * sin
-    return torch.cat((x_rot, x_pass), dim=-1)
+    x32 = x.float()
+    c, s = cos[None, None], sin[None, None]
+    if x32.shape[-1] > rot:
+        out = torch.cat((x32[..., :rot] * c + rotate_half(x32[..., :rot]) * s, x32[..., rot:]),
+                        dim=-1)
+    else:
+        out = x32 * c + rotate_half(x32) * s
+    return out.to(x.dtype)
 
 
-def mask_for(layer_type, t, window, dtype):
+def mask_for(sliding, t, window, dtype):
     q = torch.arange(t)[:, None]
     k = torch.arange(t)[None, :]
     visible = k <= q
-    if layer_type == "sliding_attention":
+    if sliding:
         visible = visible & (k > q - window)
     return torch.where(visible, torch.tensor(0.0, dtype=dtype), torch.finfo(dtype).min)
 
 
+def linear(x, weights, name, bias):
+    return F.linear(x, weights[name + ".weight"], weights[name + ".bias"] if bias else None)
+
+
 def forward(config, weights, input_ids):
-    hidden = config["hidden_size"]
-    nh = config["num_attention_heads"]
-    nkv = config["num_key_value_heads"]
-    hd = config["head_dim"]
-    eps = config["rms_norm_eps"]
+    heads = config.get("num_attention_heads", 32)
+    kv_heads = config.get("num_key_value_heads") or heads
+    hd = config.get("head_dim") or config.get("hidden_size", 4096) // heads
+    eps = config.get("rms_norm_eps", 1e-6)
+    attn_bias = config.get("attention_bias", False)
+    mlp_bias = config.get("mlp_bias", False)
+    gated = config.get("headwise_attn_output_gate", False)
+    layer_types = config.get("layer_types") or ["full_attention"] * config["num_hidden_layers"]
     t = input_ids.shape[1]
     emb_w = weights["model.embedding.weight"]
     dtype = emb_w.dtype
 
-    h = F.embedding(input_ids, emb_w).float()
     tables = {}
-    for layer_type, params in config["rope_parameters"].items():
-        rot = int(hd * params.get("partial_rotary_factor", 1.0))
-        cos, sin = rope(params["rope_theta"], rot, t, dtype)
-        tables[layer_type] = (cos, sin, mask_for(layer_type, t, config["sliding_window"], dtype))
+    for layer_type in set(layer_types):
+        params = config["rope_parameters"].get(layer_type, {})
+        cos, sin = cos_sin(params.get("rope_theta", 10000), hd,
+                           params.get("partial_rotary_factor", 1.0), t)
+        sliding = layer_type == "sliding_attention"
+        tables[layer_type] = (cos, sin, mask_for(sliding, t, config.get("sliding_window"), dtype))
 
-    for layer, layer_type in enumerate(config["layer_types"]):
+    h = F.embedding(input_ids, emb_w).float()
+    for layer, layer_type in enumerate(layer_types):
         p = "model.layers.%d." % layer
         cos, sin, mask = tables[layer_type]
-        x = rms_norm(h, weights[p + "attn_norm.weight"], eps, dtype)
-        qkv = F.linear(x, weights[p + "attention.q_k_v_proj.weight"])
-        q, k, v = qkv.split([nh * hd, nkv * hd, nkv * hd], dim=-1)
-        q = q.reshape(1, t, nh, hd).transpose(1, 2)
-        k = k.reshape(1, t, nkv, hd).transpose(1, 2)
-        v = v.reshape(1, t, nkv, hd).transpose(1, 2)
-        gate = torch.sigmoid(F.linear(x, weights[p + "attention.g_proj.weight"]))  # [1, T, H]
-        q = apply_partial_rope(q, cos, sin)
-        k = apply_partial_rope(k, cos, sin)
-        rep = nh // nkv
-        k = k.repeat_interleave(rep, dim=1)
-        v = v.repeat_interleave(rep, dim=1)
-        scores = torch.matmul(q, k.transpose(-1, -2)) * hd ** -0.5
-        scores = scores + mask
-        scores = scores - scores.amax(dim=-1, keepdim=True)
-        probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(dtype)
-        o = torch.matmul(probs, v).transpose(1, 2)  # [1, T, H, hd]
-        o = o * gate.unsqueeze(-1)
-        o = F.linear(o.reshape(1, t, nh * hd), weights[p + "attention.o_proj.weight"])
-        h = h + o.float()
+        x = rms_norm(h, weights[p + "input_layernorm.weight"], eps).to(dtype)
+        qkv = linear(x, weights, p + "self_attn.q_k_v_proj", attn_bias)
+        q = qkv[..., : heads * hd].view(1, t, heads, hd).transpose(1, 2)
+        k = qkv[..., heads * hd : (heads + kv_heads) * hd].view(1, t, kv_heads, hd).transpose(1, 2)
+        v = qkv[..., (heads + kv_heads) * hd :].view(1, t, kv_heads, hd).transpose(1, 2)
+        q, k = rope(q, cos, sin), rope(k, cos, sin)
+        rep = heads // kv_heads
+        k = k[:, :, None].expand(1, kv_heads, rep, t, hd).reshape(1, heads, t, hd)
+        v = v[:, :, None].expand(1, kv_heads, rep, t, hd).reshape(1, heads, t, hd)
+        scores = torch.matmul(q, k.transpose(2, 3)) * (1.0 / math.sqrt(hd)) + mask
+        scores = scores - scores.max(dim=-1, keepdim=True).values
+        probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+        o = torch.matmul(probs, v)  # [1, H, T, hd]
+        if gated:
+            act = {"sigmoid": torch.sigmoid, "silu": F.silu}[config.get("gate_attn_act_mode",
+                                                                           "sigmoid")]
+            g = linear(x, weights, p + "self_attn.g_proj", attn_bias)
+            g = g.view(1, t, heads, 1).transpose(1, 2)
+            o = o * act(g.float()).to(o.dtype)
+        o = o.transpose(1, 2).contiguous().view(1, t, heads * hd)
+        h = h + linear(o, weights, p + "self_attn.out_proj", attn_bias)
 
-        x = rms_norm(h, weights[p + "mlp_norm.weight"], eps, dtype)
-        g = F.gelu(F.linear(x, weights[p + "mlp.gate_proj.weight"]))
-        u = F.linear(x, weights[p + "mlp.up_proj.weight"])
-        h = h + F.linear(g * u, weights[p + "mlp.down_proj.weight"]).float()
+        x = rms_norm(h, weights[p + "post_attention_layernorm.weight"], eps).to(dtype)
+        gate = F.gelu(linear(x, weights, p + "mlp.gate_proj", mlp_bias))
+        up = linear(x, weights, p + "mlp.up_proj", mlp_bias)
+        h = h + linear(gate * up, weights, p + "mlp.down_proj", mlp_bias)
 
-    x = rms_norm(h, weights["model.norm.weight"], eps, dtype)
-    return F.linear(x, emb_w)
+    x = rms_norm(h, weights["model.norm.weight"], eps).to(dtype)
+    tied = config.get("tie_word_embeddings", False)
+    return F.linear(x, emb_w if tied else weights["lm_head.weight"])

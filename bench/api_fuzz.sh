@@ -27,6 +27,7 @@ set -e
   echo '```'
   cat "$report"
   echo
+  sed -n '/ERRORS/,/SUMMARY/p;/FAILURES/,/SUMMARY/p' "$out" | head -60
   grep -E "passed|failed|errored|Summary|operations|test cases|schemathesis exit" "$out" | tail -20
   echo '```'
 } >"$root/bench/api_fuzz.md"

@@ -102,7 +102,7 @@ TEST_CASE("a rewritten shard is hashed again even with its old mtime put back (c
 
   std::set<std::string> read;
   Fingerprint second = fingerprint_model(dir.path(), "m", with_cache(entries_of(first), &read));
-  CHECK(read == std::set<std::string>{"model-b.safetensors"});
+  CHECK(read == std::set<std::string>{"model-b.safetensors", "config.json", "tokenizer.json"});
   CHECK_FALSE(file(second, "model-b.safetensors").from_cache);
   CHECK(file(second, "model-a.safetensors").from_cache);
   CHECK(file(second, "model-b.safetensors").state.sha256 !=
@@ -223,11 +223,12 @@ TEST_CASE("the worker reuses the input's cache and says so in output.json, both 
   input["cache"] = cache;
   common::Json second = run(input);
   CHECK(second["model_identity"] == first["model_identity"]);
-  CHECK(second["stats"]["cached_files"] == 4);
-  CHECK(second["stats"]["files"] == 0);
+  CHECK(second["stats"]["cached_files"] == 2);  // the shards; config and tokenizer are read
+  CHECK(second["stats"]["files"] == 2);
   for (const auto& f : second["files"]) {
-    CHECK(f["source"] == "cache");
-    CHECK(f["job"] == "job-1");
+    bool shard = f["name"].get<std::string>().ends_with(".safetensors");
+    CHECK(f["source"] == (shard ? "cache" : "computed"));
+    CHECK(f["job"] == (shard ? common::Json("job-1") : common::Json(nullptr)));
   }
   auto validate = [&](const char* schema, const fs::path& doc) {
     auto r = run_command(std::string(ASSAY_PYTHON3) + " " + ASSAY_SOURCE_DIR +

@@ -14,7 +14,9 @@ thread count) with assay-oracle's through every mode that computes them: `logits
 --all-positions` at every length, `next-token`, `capture` (with a block size that splits the
 rows unevenly) and `next-token-batch`. Every comparison is bitwise on the float32 bits; where one
 differs it prints the largest difference and the test fails. Exits 77 (CTest's skip code) only
-when transformers is not importable, saying why.
+when transformers is not importable, saying why. Spark2.5 has no class in transformers: its
+Hugging Face remote code (written for transformers 4.57) is compared by
+tests/hf_parity/spark_remote_parity.py where a copy of it is at hand (worker/README.md).
 """
 
 import argparse

@@ -24,11 +24,8 @@ namespace {
 namespace fs = std::filesystem;
 using common::Json;
 
-// cpu.shares of a worker's leaf (1024 is the default, the supervisor's).
-constexpr int kWorkerCpuShares = 64;
-
 struct Hierarchy {
-  std::string controller;  // "memory", "pids", "freezer", "cpuacct", "cpu"
+  std::string controller;  // "memory", "pids", "freezer", "cpuacct"
   fs::path base;           // directory of the base cgroup in this hierarchy
 };
 
@@ -197,16 +194,6 @@ class V1Backend : public Backend {
         common::throw_errno("contain.cgroup_io", "mkdir " + leaf.string(), err);
       }
       dirs.push_back({b.controller, leaf});
-      // A worker's CPU weight is a sixteenth of the supervisor's, which must keep answering
-      // while workers compute (the cpu hierarchy, where assayd may write to it).
-      std::error_code ec;
-      if (fs::exists(leaf / "cpu.shares", ec)) {
-        try {
-          write_cgroup_file(leaf / "cpu.shares", std::to_string(kWorkerCpuShares));
-        } catch (const common::Error&) {
-          // An optional weight: the worker is still niced (child.cpp).
-        }
-      }
     }
     return std::make_unique<V1Cgroup>(name, memory_path_ + "/" + leaf_name, std::move(dirs), false);
   }
@@ -263,7 +250,7 @@ std::unique_ptr<Backend> make_v1_backend(const RuntimeOptions& options,
                                          const std::vector<CgroupMount>& mounts) {
   std::vector<Hierarchy> bases;
   std::string memory_path;
-  for (const char* controller : {"memory", "pids", "freezer", "cpuacct", "cpu"}) {
+  for (const char* controller : {"memory", "pids", "freezer", "cpuacct"}) {
     const CgroupMount* mount = nullptr;
     for (const auto& m : mounts) {
       if (!m.v2 && std::find(m.controllers.begin(), m.controllers.end(), controller) !=
@@ -305,9 +292,6 @@ std::unique_ptr<Backend> make_v1_backend(const RuntimeOptions& options,
       continue;
     }
     if (required) memory_path = path == "/" ? std::string() : path;
-    // "cpu,cpuacct" is often one hierarchy: one leaf in it, not two.
-    if (std::any_of(bases.begin(), bases.end(), [&](const Hierarchy& b) { return b.base == dir; }))
-      continue;
     bases.push_back({controller, dir});
   }
   return std::make_unique<V1Backend>(std::move(bases), memory_path);

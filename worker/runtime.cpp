@@ -237,27 +237,28 @@ Json execution_configuration(const ExecOptions& options, const std::string& atte
                              const std::string& linear_attention) {
   auto& ctx = at::globalContext();
   const char* workspace = std::getenv("CUBLAS_WORKSPACE_CONFIG");
-  return Json{{"dtype", options.dtype == at::kBFloat16 ? "bfloat16" : "float32"},
-              {"device", options.device.str()},
-              {"deterministic_algorithms", ctx.deterministicAlgorithms()},
-              {"deterministic_algorithms_warn_only", ctx.deterministicAlgorithmsWarnOnly()},
-              {"tf32_cublas", ctx.allowTF32CuBLAS()},
-              {"tf32_cudnn", ctx.allowTF32CuDNN()},
-              {"cudnn_benchmark", ctx.benchmarkCuDNN()},
-              {"cudnn_deterministic", ctx.deterministicCuDNN()},
-              {"float32_matmul_precision", precision_name(ctx.float32MatmulPrecision())},
-              // torch's defaults, as transformers runs (reduced-precision split-K reductions
-              // allowed); recorded, not changed.
-              {"fp16_reduction_cublas", ctx.allowFP16ReductionCuBLAS() ==
-                                            at::CuBLASReductionOption::AllowReducedPrecisionWithSplitK},
-              {"bf16_reduction_cublas", ctx.allowBF16ReductionCuBLAS() ==
-                                            at::CuBLASReductionOption::AllowReducedPrecisionWithSplitK},
-              {"intra_op_threads", at::get_num_threads()},
-              {"inter_op_threads", at::get_num_interop_threads()},
-              {"cublas_workspace_config", workspace ? Json(workspace) : Json(nullptr)},
-              {"inference_mode", true},
-              {"attention_implementation", attention},
-              {"linear_attention_implementation", linear_attention}};
+  return Json{
+      {"dtype", options.dtype == at::kBFloat16 ? "bfloat16" : "float32"},
+      {"device", options.device.str()},
+      {"deterministic_algorithms", ctx.deterministicAlgorithms()},
+      {"deterministic_algorithms_warn_only", ctx.deterministicAlgorithmsWarnOnly()},
+      {"tf32_cublas", ctx.allowTF32CuBLAS()},
+      {"tf32_cudnn", ctx.allowTF32CuDNN()},
+      {"cudnn_benchmark", ctx.benchmarkCuDNN()},
+      {"cudnn_deterministic", ctx.deterministicCuDNN()},
+      {"float32_matmul_precision", precision_name(ctx.float32MatmulPrecision())},
+      // torch's defaults, as transformers runs (reduced-precision split-K reductions
+      // allowed); recorded, not changed.
+      {"fp16_reduction_cublas", ctx.allowFP16ReductionCuBLAS() ==
+                                    at::CuBLASReductionOption::AllowReducedPrecisionWithSplitK},
+      {"bf16_reduction_cublas", ctx.allowBF16ReductionCuBLAS() ==
+                                    at::CuBLASReductionOption::AllowReducedPrecisionWithSplitK},
+      {"intra_op_threads", at::get_num_threads()},
+      {"inter_op_threads", at::get_num_interop_threads()},
+      {"cublas_workspace_config", workspace ? Json(workspace) : Json(nullptr)},
+      {"inference_mode", true},
+      {"attention_implementation", attention},
+      {"linear_attention_implementation", linear_attention}};
 }
 
 Json runtime_report(const c10::Device& device) {

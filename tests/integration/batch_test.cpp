@@ -399,11 +399,12 @@ TEST_CASE(
 }
 
 // KNOWN FAILURE since the move to torch 2.13 (7-8 answers over 1 s, also on a quiet machine):
-// reported, not hidden (doctest may_fail still runs and prints it). Not the library digests:
-// hash_file (supervisor/pipelines/steps.cpp) caches them by (dev, ino, size, mtime, ctime), so
-// libtorch_cpu.so is hashed once per daemon life. Left to suspect: job.json rewritten on every
-// progress event, unbounded /events queues, and workers at the daemon's CPU weight. Issue 23's
-// health work must make this pass and drop may_fail.
+// reported, not hidden (doctest may_fail still runs and prints it). The library digests explain
+// at most one slow answer: hash_file (supervisor/pipelines/steps.cpp) caches them by (dev, ino,
+// size, mtime, ctime), so libtorch_cpu.so is hashed on the loop once per daemon life, at the
+// first state's harvest. Left to suspect: job.json rewritten on every progress event, unbounded
+// /events queues, and workers at the daemon's CPU weight. Issue 23's health work must make this
+// pass and drop may_fail.
 TEST_CASE(
     "batch: recording a thousand states does not keep assayd from answering (health within 1 s "
     "throughout; they were recorded in one turn of its loop, 2 s here)" *

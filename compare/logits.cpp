@@ -107,8 +107,10 @@ void Logits::hash(bool whole_file, bool raw) {
 
 void Logits::check_sha256() const {
   if (ref.sha256 && *ref.sha256 != *file_sha256)
-    throw Error("compare.sha_mismatch", what + ": the file's sha256 is " + *file_sha256 +
-                                            " but the input expects " + *ref.sha256);
+    // The file's own digest is not named: the error reaches the submitter, who may not be
+    // allowed to read what the path led to.
+    throw Error("compare.sha_mismatch", what + ": the file's sha256 differs from the " +
+                                            *ref.sha256 + " the input expects");
 }
 
 double Logits::at(std::size_t row, std::size_t vocab, std::int64_t column) const {

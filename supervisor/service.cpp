@@ -10,6 +10,7 @@
 
 #include "common/error.h"
 #include "common/fs.h"
+#include "common/identity.h"
 #include "common/protocol.h"
 #include "common/result.h"
 #include "common/text.h"
@@ -130,9 +131,11 @@ Submitted Service::submit(const Json& document, const std::map<std::string, std:
     ++metrics_.rejected;
     throw;
   }
+  // Each user's submissions are deduplicated among themselves: another user's identical request
+  // neither blocks this one nor is revealed by the answer.
+  admission.key =
+      common::sha256_canonical_id(Json{{"key", admission.key}, {"submitter", peer.uid}});
   if (Job* existing = store_.find_by_key(admission.key)) {
-    if (!peer.admin && existing->submitter_uid != peer.uid)
-      throw Error("api.duplicate", "an identical request was submitted by another user");
     bool rerun =
         retry && (existing->state == JobState::kFailed || existing->state == JobState::kCancelled);
     if (!rerun) {
@@ -144,6 +147,7 @@ Submitted Service::submit(const Json& document, const std::map<std::string, std:
     existing->state = JobState::kQueued;
     existing->phase = "queued";
     existing->error.reset();
+    existing->admitted = admission.opened;  // the files as this submission found them
     JobStore::add_event(*existing, "queued again: resubmitted with retry");
     store_.save(*existing);
     engine_->enqueue(existing->id);
@@ -165,6 +169,9 @@ Submitted Service::submit(const Json& document, const std::map<std::string, std:
   job.request_id = admission.request_id;
   job.model_dir = admission.model_dir;
   job.submitter_uid = peer.uid;
+  job.submitter_gid = peer.gid;
+  job.submitter_admin = peer.admin;
+  job.admitted = std::move(admission.opened);
   job.created_at = common::now_rfc3339();
   job.created_unix = common::now_unix();
   JobStore::add_event(job, "accepted");

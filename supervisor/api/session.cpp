@@ -21,6 +21,9 @@ using Stream = beast::basic_stream<local, asio::any_io_executor, beast::unlimite
 
 namespace {
 
+// What one /events stream may hold unsent (its replay of a job's earlier events included).
+constexpr std::size_t kMaxPendingStreamBytes = 4 << 20;
+
 class Session : public std::enable_shared_from_this<Session> {
  public:
   Session(local::socket socket, Service& service, const Peer& peer, std::shared_ptr<Budget> budget)
@@ -184,6 +187,11 @@ class Session : public std::enable_shared_from_this<Session> {
       return send(error_answer(e));
     }
     watch_id_ = id;
+    if (dropped_) {  // its replay alone was more than a stream may hold
+      if (watch_handle_) service_.unwatch(id, watch_handle_);
+      watch_handle_ = 0;
+      return;
+    }
     keep_alive_ = false;
     stream_.expires_never();
     auto res = std::make_shared<http::response<http::empty_body>>(http::status::ok, 11);
@@ -212,6 +220,21 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void queue_chunk(const std::string& line, bool last) {
+    if (dropped_) return;
+    // A reader slower than the events is dropped, never buffered without limit: it may
+    // reconnect and be sent every event again.
+    if (pending_bytes_ + line.size() > kMaxPendingStreamBytes) {
+      dropped_ = true;
+      pending_.clear();
+      pending_bytes_ = 0;
+      if (watch_handle_ && !last) {
+        // Not from inside publish()'s loop over the sinks: it copied them, so this is safe.
+        service_.unwatch(watch_id_, watch_handle_);
+      }
+      watch_handle_ = 0;
+      return close();
+    }
+    pending_bytes_ += line.size();
     pending_.push_back(line);
     if (last) {
       ended_ = true;
@@ -236,6 +259,7 @@ class Session : public std::enable_shared_from_this<Session> {
     writing_ = true;
     auto line = std::make_shared<std::string>(std::move(pending_.front()));
     pending_.pop_front();
+    pending_bytes_ -= line->size();
     asio::async_write(stream_, http::make_chunk(asio::buffer(*line)),
                       [self = shared_from_this(), line](beast::error_code ec, std::size_t) {
                         self->writing_ = false;
@@ -256,6 +280,8 @@ class Session : public std::enable_shared_from_this<Session> {
   std::string watch_id_;
   std::uint64_t watch_handle_ = 0;
   std::deque<std::string> pending_;
+  std::size_t pending_bytes_ = 0;
+  bool dropped_ = false;
   bool header_sent_ = false, writing_ = false, ended_ = false, final_sent_ = false;
   std::array<char, 256> scratch_{};
 };

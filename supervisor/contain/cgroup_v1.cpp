@@ -24,8 +24,11 @@ namespace {
 namespace fs = std::filesystem;
 using common::Json;
 
+// cpu.shares of a worker's leaf (1024 is the default, the supervisor's).
+constexpr int kWorkerCpuShares = 64;
+
 struct Hierarchy {
-  std::string controller;  // "memory", "pids", "freezer", "cpuacct"
+  std::string controller;  // "memory", "pids", "freezer", "cpuacct", "cpu"
   fs::path base;           // directory of the base cgroup in this hierarchy
 };
 
@@ -194,6 +197,16 @@ class V1Backend : public Backend {
         common::throw_errno("contain.cgroup_io", "mkdir " + leaf.string(), err);
       }
       dirs.push_back({b.controller, leaf});
+      // A worker's CPU weight is a sixteenth of the supervisor's, which must keep answering
+      // while workers compute (the cpu hierarchy, where assayd may write to it).
+      std::error_code ec;
+      if (fs::exists(leaf / "cpu.shares", ec)) {
+        try {
+          write_cgroup_file(leaf / "cpu.shares", std::to_string(kWorkerCpuShares));
+        } catch (const common::Error&) {
+          // An optional weight: the worker is still niced (child.cpp).
+        }
+      }
     }
     return std::make_unique<V1Cgroup>(name, memory_path_ + "/" + leaf_name, std::move(dirs), false);
   }
@@ -250,7 +263,7 @@ std::unique_ptr<Backend> make_v1_backend(const RuntimeOptions& options,
                                          const std::vector<CgroupMount>& mounts) {
   std::vector<Hierarchy> bases;
   std::string memory_path;
-  for (const char* controller : {"memory", "pids", "freezer", "cpuacct"}) {
+  for (const char* controller : {"memory", "pids", "freezer", "cpuacct", "cpu"}) {
     const CgroupMount* mount = nullptr;
     for (const auto& m : mounts) {
       if (!m.v2 && std::find(m.controllers.begin(), m.controllers.end(), controller) !=
@@ -292,6 +305,9 @@ std::unique_ptr<Backend> make_v1_backend(const RuntimeOptions& options,
       continue;
     }
     if (required) memory_path = path == "/" ? std::string() : path;
+    // "cpu,cpuacct" is often one hierarchy: one leaf in it, not two.
+    if (std::any_of(bases.begin(), bases.end(), [&](const Hierarchy& b) { return b.base == dir; }))
+      continue;
     bases.push_back({controller, dir});
   }
   return std::make_unique<V1Backend>(std::move(bases), memory_path);

@@ -254,6 +254,23 @@ bool v2_has_memory(const RuntimeOptions& options, const std::vector<CgroupMember
   }
 }
 
+namespace {
+
+// All workers together weigh a tenth of a sibling at the default 100 (the supervisor's cgroup
+// when delegated), which must keep answering while they compute. Where the cpu controller is
+// not enabled there is no cpu.weight; the workers are still niced (child.cpp).
+void lower_cpu_weight(const fs::path& workers) {
+  std::error_code ec;
+  if (!fs::exists(workers / "cpu.weight", ec)) return;
+  try {
+    write_cgroup_file(workers / "cpu.weight", "10");
+  } catch (const common::Error&) {
+    // Optional, as above.
+  }
+}
+
+}  // namespace
+
 std::unique_ptr<Backend> make_v2_backend(const RuntimeOptions& options,
                                          const std::vector<CgroupMembership>& membership,
                                          const std::vector<CgroupMount>& mounts) {
@@ -279,6 +296,7 @@ std::unique_ptr<Backend> make_v2_backend(const RuntimeOptions& options,
       common::throw_errno("contain.unavailable", "mkdir " + workers.string(), errno);
     }
     auto controllers = enable_controllers(workers);
+    lower_cpu_weight(workers);
     return std::make_unique<V2Backend>(workers, base + "/workers", true, controllers);
   }
   enable_controllers(base_dir);
@@ -294,6 +312,7 @@ std::unique_ptr<Backend> make_v2_backend(const RuntimeOptions& options,
     ::rmdir(owner_dir.c_str());
     throw;
   }
+  lower_cpu_weight(owner_dir);
   return std::make_unique<V2Backend>(owner_dir, base + "/" + owner, false, controllers);
 }
 

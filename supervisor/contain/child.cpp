@@ -11,9 +11,11 @@
 #include <linux/seccomp.h>
 #include <net/if.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -82,6 +84,9 @@ const char* stage_name(int stage) {
 }
 
 namespace {
+
+// Workers run at this nice value (weight ~110 against the supervisor's 1024).
+constexpr int kWorkerNice = 10;
 
 [[noreturn]] void child_fail(const ChildPlan& p, int stage, int op = -1) {
   ChildReport r{stage, errno, op};
@@ -186,6 +191,14 @@ int child_setup(const ChildPlan& p, int* op, int* old_sys) {
   if (::setrlimit(RLIMIT_CORE, &core) != 0 || ::setrlimit(RLIMIT_NOFILE, &nofile) != 0) {
     return kStageRlimit;
   }
+  // A worker yields the CPU to the supervisor, which must keep answering while it computes: a
+  // batch-class, niced process (lowering one's own priority needs no privilege and cannot fail
+  // for a valid value; the cgroup backends add their own lower weight where they can).
+  struct sched_param batch {};
+  batch.sched_priority = 0;
+  if (::sched_setscheduler(0, SCHED_BATCH, &batch) != 0 ||
+      ::setpriority(PRIO_PROCESS, 0, kWorkerNice) != 0)
+    return kStageRlimit;
   sigset_t none;
   sigemptyset(&none);
   if (::sigprocmask(SIG_SETMASK, &none, nullptr) != 0) return kStageSignals;

@@ -14,6 +14,7 @@
 #include "common/protocol.h"
 #include "common/text.h"
 #include "common/time.h"
+#include "supervisor/pipelines/admission.h"
 #include "supervisor/pipelines/documents.h"
 #include "supervisor/pipelines/steps.h"
 
@@ -119,32 +120,33 @@ contain::SpawnSpec Engine::worker_spec(const JobRun& run, const Step& step,
   return spec;
 }
 
-void Engine::open_model_files(JobRun& run, const std::string& model_dir, Json& input,
-                              contain::SpawnSpec& spec) const {
-  constexpr std::size_t kMaxModelFiles = 1024;
-  std::vector<std::string> names;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(model_dir, ec)) names.push_back(e.path().filename());
-  if (ec) common::throw_errno("worker.model_files", "cannot list " + model_dir, ec.value());
-  std::sort(names.begin(), names.end());
-  Json listed = Json::array();
-  for (const auto& name : names) {
-    // Following a symlink (a Hugging Face cache links its snapshot's files to blobs); admission
-    // checked that the submitter may read each target. Non-blocking: a FIFO is skipped, not
-    // waited on.
-    int fd = ::open((fs::path(model_dir) / name).c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0) continue;
-    common::UniqueFd owned(fd);
-    struct stat st {};
-    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) continue;
-    if (run.model_fds.size() == kMaxModelFiles)
-      throw Error("worker.model_files",
-                  model_dir + " holds more than " + std::to_string(kMaxModelFiles) + " files");
-    listed.push_back(Json{{"name", name}, {"fd", 3 + static_cast<int>(run.model_fds.size())}});
-    spec.pass_fds.push_back(fd);
-    run.model_fds.push_back(std::move(owned));
+Peer Engine::submitter_of(const Job& job) {
+  return submitter_peer(job.submitter_uid, job.submitter_gid, job.submitter_admin);
+}
+
+void Engine::open_step_files(JobRun& run, const Job& job, const Step& step, Json& input,
+                             contain::SpawnSpec& spec) const {
+  Peer peer = submitter_of(job);
+  // Whether they are still what admission saw was checked when the job began (scheduler.cpp);
+  // a shard replaced between steps is the oracle's bytes_used check's to find.
+  auto hand = [&](Opened& f) {
+    spec.pass_fds.push_back(f.fd.get());
+    run.model_fds.push_back(std::move(f.fd));
+  };
+  if (!step.model_dir.empty()) {
+    OpenedModel m = open_model_as(step.model_dir, peer);
+    Json listed = Json::array();
+    for (std::size_t i = 0; i < m.files.size(); ++i) {
+      listed.push_back(
+          Json{{"name", m.names[i]}, {"fd", 3 + static_cast<int>(run.model_fds.size())}});
+      hand(m.files[i]);
+    }
+    input["model_fds"] = std::move(listed);
   }
-  input["model_fds"] = std::move(listed);
+  for (const auto& path : step.open_files) {
+    Opened f = open_file_as(path, peer, "request.bad_logits_file", "file");
+    hand(f);
+  }
 }
 
 void Engine::start_step(JobRun& run, Step& step) {
@@ -169,12 +171,7 @@ void Engine::start_step(JobRun& run, Step& step) {
                         ", ...): give the candidate as a model_dir, or "
                         "run the job with executor local");
     } else {
-      if (!step.model_dir.empty()) open_model_files(run, step.model_dir, input, spec);
-      for (const auto& path : step.open_files) {
-        common::UniqueFd fd = common::open_regular(path);
-        spec.pass_fds.push_back(fd.get());
-        run.model_fds.push_back(std::move(fd));
-      }
+      open_step_files(run, job, step, input, spec);
     }
     prepare_workspace(step, input, ws);
     if (slurm_) {

@@ -108,9 +108,11 @@ class Engine {
   void prepare_workspace(const Step& step, const common::Json& input,
                          const std::filesystem::path& ws) const;
   // Opens every regular file at the top of `model_dir` for the worker (fds 3, 4, ... in its
-  // spawn) and lists them in the input's "model_fds".
-  void open_model_files(JobRun& run, const std::string& model_dir, common::Json& input,
-                        contain::SpawnSpec& spec) const;
+  // spawn) as the submitter may (admission.h: no link followed, rights checked) and lists them in
+  // the input's "model_fds"; then the step's open_files.
+  void open_step_files(JobRun& run, const Job& job, const Step& step, common::Json& input,
+                       contain::SpawnSpec& spec) const;
+  static Peer submitter_of(const Job& job);
   // Records a phase change and tells watchers; `durable` when a restart must see it.
   void set_phase(Job& job, const std::string& phase, const std::string& message,
                  bool durable = false);

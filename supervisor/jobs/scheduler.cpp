@@ -9,6 +9,7 @@
 #include "common/time.h"
 #include "supervisor/contain/memory.h"
 #include "supervisor/jobs/engine.h"
+#include "supervisor/pipelines/admission.h"
 
 namespace assay::supervisor {
 
@@ -120,6 +121,9 @@ void Engine::begin(const std::string& id) {
   JobRun& r = *(runs_[id] = std::move(run));
   try {
     const JobKind& kind = kind_for_schema(job->request_schema);
+    // Before anything of the job's files is read (the pipeline reads config.json): the paths
+    // are still what admission checked, and still the submitter's to read.
+    verify_admitted(job->admitted, submitter_of(*job));
     r.pipeline = kind.open(config_, store_.job_dir(id), job->model_dir);
     r.recovered = recovered_.erase(id) > 0 && slurm_ != nullptr;
     if (!r.recovered) {

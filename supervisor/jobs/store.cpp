@@ -6,6 +6,7 @@
 #include <thread>
 
 #include <fcntl.h>
+#include <pwd.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -38,6 +39,33 @@ fs::path staging_path(const fs::path& path) {
 void rename_or_throw(const fs::path& from, const fs::path& to) {
   if (::rename(from.c_str(), to.c_str()) != 0)
     common::throw_errno("fs.rename", "rename " + from.string() + " to " + to.string(), errno);
+}
+
+constexpr std::string_view kEventsFile = "events.jsonl";
+
+std::string event_lines(const Json& events, std::size_t from) {
+  std::string out;
+  for (std::size_t i = from; i < events.size(); ++i) out += events[i].dump() + "\n";
+  return out;
+}
+
+// The job's events from its log; a last line cut off by a crash is dropped.
+void load_events(const fs::path& file, Job& job) {
+  std::error_code ec;
+  if (!fs::exists(file, ec)) return;
+  std::string text = common::read_file(file, 1ull << 30);
+  std::size_t pos = 0;
+  while (pos < text.size()) {
+    std::size_t nl = text.find('\n', pos);
+    if (nl == std::string::npos) break;
+    try {
+      job.events.push_back(common::parse_strict(text.substr(pos, nl - pos)));
+    } catch (const common::Error& e) {
+      spdlog::warn("{}: skipping an unreadable event line: {}", file.string(), e.what());
+    }
+    pos = nl + 1;
+  }
+  job.events_logged = job.events.size();
 }
 
 // Makes a new job directory with `files` in it (0600) under a staging name and renames it into
@@ -117,6 +145,9 @@ Json Job::to_json() const {
          {"request_id", request_id},
          {"model_dir", model_dir},
          {"submitter_uid", submitter_uid},
+         {"submitter_gid", submitter_gid},
+         {"submitter_admin", submitter_admin},
+         {"admitted", admitted},
          {"state", state_name(state)},
          {"phase", phase},
          {"created_at", created_at},
@@ -124,8 +155,7 @@ Json Job::to_json() const {
          {"created_unix", created_unix},
          {"attempts", attempts},
          {"error", error ? *error : Json(nullptr)},
-         {"waiting_reason", waiting_reason.empty() ? Json(nullptr) : Json(waiting_reason)},
-         {"events", events}};
+         {"waiting_reason", waiting_reason.empty() ? Json(nullptr) : Json(waiting_reason)}};
   if (batch) j["batch"] = *batch;
   return j;
 }
@@ -139,6 +169,13 @@ Job Job::from_json(const Json& j) {
   job.request_id = common::require_string(j, "request_id", "job");
   job.model_dir = common::require_string(j, "model_dir", "job");
   job.submitter_uid = static_cast<uid_t>(common::require_int(j, "submitter_uid", "job"));
+  // Records written before these fields: the submitter's own group, root alone an admin.
+  if (auto g = j.find("submitter_gid"); g != j.end() && g->is_number_integer())
+    job.submitter_gid = g->get<gid_t>();
+  else if (struct passwd* pw = ::getpwuid(job.submitter_uid))
+    job.submitter_gid = pw->pw_gid;
+  job.submitter_admin = j.value("submitter_admin", job.submitter_uid == 0);
+  if (auto a = j.find("admitted"); a != j.end() && a->is_array()) job.admitted = *a;
   job.state = state_from_name(common::require_string(j, "state", "job"));
   job.phase = common::require_string(j, "phase", "job");
   job.created_at = common::require_string(j, "created_at", "job");
@@ -147,7 +184,8 @@ Job Job::from_json(const Json& j) {
   job.attempts = static_cast<int>(common::require_int(j, "attempts", "job"));
   if (auto e = j.find("error"); e != j.end() && !e->is_null()) job.error = *e;
   if (auto w = j.find("waiting_reason"); w != j.end() && w->is_string()) job.waiting_reason = *w;
-  job.events = common::require(j, "events", "job");
+  // A record from before events.jsonl holds its events itself; they are logged on its next save.
+  if (auto e = j.find("events"); e != j.end() && e->is_array()) job.events = *e;
   if (auto b = j.find("batch"); b != j.end() && b->is_object()) job.batch = *b;
   return job;
 }
@@ -162,9 +200,11 @@ std::string Job::artifact_name() const {
 
 Json Job::summary() const {
   Json j = to_json();
-  j.erase("events");
   j.erase("key");
   j.erase("created_unix");
+  j.erase("admitted");
+  j.erase("submitter_gid");
+  j.erase("submitter_admin");
   j["links"] = {{"self", "/v1/jobs/" + id},
                 {"events", "/v1/jobs/" + id + "/events"},
                 {"result", "/v1/jobs/" + id + "/result"},
@@ -205,6 +245,7 @@ JobStore::JobStore(std::filesystem::path state_dir) : jobs_dir_(state_dir / "job
     }
     try {
       Job job = Job::from_json(common::parse_strict(common::read_file(file, kMaxJobFileBytes)));
+      if (job.events.empty()) load_events(entry.path() / kEventsFile, job);
       if (job.state == JobState::kSucceeded && !has_result_files(entry.path(), job)) {
         // Cut off inside commit(), before the success was acknowledged: run it again.
         spdlog::warn("job {} says succeeded but lacks result files; re-running it", job.id);
@@ -240,13 +281,18 @@ std::vector<Job*> JobStore::all() {
 Job& JobStore::create(Job job, const std::string& request_canonical) {
   auto dir = job_dir(job.id);
   std::string job_json = common::canonical(job.to_json());
+  std::string events = event_lines(job.events, 0);
   if (std::error_code ec; fs::exists(dir, ec)) {
     // A leftover of a job that did not load: replace its files one by one, job.json last.
     common::atomic_write_file(dir / "request.json", request_canonical, 0600);
+    common::atomic_write_file(dir / kEventsFile, events, 0600);
     common::atomic_write_file(dir / "job.json", job_json, 0600);
   } else {
-    create_dir_durably(dir, {{"request.json", request_canonical}, {"job.json", job_json}});
+    create_dir_durably(dir, {{"request.json", request_canonical},
+                             {std::string(kEventsFile), events},
+                             {"job.json", job_json}});
   }
+  job.events_logged = job.events.size();
   common::fsync_directory(jobs_dir_);
   by_key_[job.key] = job.id;
   auto [it, inserted] = jobs_.insert_or_assign(job.id, std::move(job));
@@ -260,7 +306,9 @@ Job& JobStore::create_finished(Job job, const std::string& request_canonical,
   if (std::error_code ec; fs::exists(dir, ec)) fs::remove_all(dir, ec);  // a job that did not load
   std::vector<std::pair<std::string, std::string>> all{{"request.json", request_canonical}};
   all.insert(all.end(), files.write.begin(), files.write.end());
+  all.emplace_back(std::string(kEventsFile), event_lines(job.events, 0));
   all.emplace_back("job.json", common::canonical(job.to_json()));
+  job.events_logged = job.events.size();
   create_dir_durably(dir, all, moved, 0644);
   common::fsync_directory(jobs_dir_);
   by_key_[job.key] = job.id;
@@ -271,7 +319,26 @@ Job& JobStore::create_finished(Job job, const std::string& request_canonical,
 void JobStore::save(Job& job, bool durable) {
   if (durable) return commit(job, CommitFiles{});
   job.rendered.clear();
+  append_events(job, false);
   common::replace_file_fast(job_dir(job.id) / "job.json", common::canonical(job.to_json()), 0600);
+}
+
+void JobStore::append_events(Job& job, bool durable) {
+  if (job.events_logged >= job.events.size()) return;
+  fs::path file = job_dir(job.id) / kEventsFile;
+  common::UniqueFd fd = common::open_nofollow(file, O_WRONLY | O_APPEND | O_CREAT, 0600);
+  std::string lines = event_lines(job.events, job.events_logged);
+  for (std::size_t off = 0; off < lines.size();) {
+    ssize_t n = ::write(fd.get(), lines.data() + off, lines.size() - off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0)
+      common::throw_errno(errno == ENOSPC ? "fs.no_space" : "fs.write",
+                          "append to " + file.string(), errno);
+    off += static_cast<std::size_t>(n);
+  }
+  if (durable && ::fsync(fd.get()) != 0)
+    common::throw_errno("fs.fsync", "fsync " + file.string(), errno);
+  job.events_logged = job.events.size();
 }
 
 // Every file is written under its staging name, all of them (and `in_place`) are fsynced at
@@ -290,6 +357,8 @@ void JobStore::commit(Job& job, const CommitFiles& files) {
     renames.emplace_back(staged, dir / name);
   };
   for (const auto& [name, content] : files.write) stage(name, content, 0644);
+  // The events first, durably: job.json never names a state whose events are not on disk.
+  append_events(job, true);
   stage("job.json", common::canonical(job.to_json()), 0600);
   common::fsync_together(to_sync);
   for (const auto& [from, to] : renames) rename_or_throw(from, to);

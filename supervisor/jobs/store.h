@@ -31,6 +31,11 @@ struct Job {
   std::string request_id;
   std::string model_dir;
   uid_t submitter_uid = 0;
+  gid_t submitter_gid = 0;
+  bool submitter_admin = false;
+  // What admission opened (admission.h opened_record): a job whose files changed owner, mode or
+  // identity before it starts fails instead of reading them.
+  common::Json admitted = common::Json::array();
   JobState state = JobState::kQueued;
   std::string phase = "queued";  // finer than state: preflight, fingerprint, oracle, ...
   std::string created_at;        // RFC 3339 UTC
@@ -41,7 +46,10 @@ struct Job {
   std::string waiting_reason;         // why a queued job is not started (preflight)
   // A batch's state: {"id": the batch job, "index"}; such a job is recorded terminal at once.
   std::optional<common::Json> batch;
-  common::Json events = common::Json::array();  // every phase change, in order
+  // Every phase change, in order. On disk in STATE/jobs/<id>/events.jsonl, one line each,
+  // appended as they come (job.json does not grow with them); the first `events_logged` are there.
+  common::Json events = common::Json::array();
+  std::size_t events_logged = 0;
   // GET /v1/jobs/{id} as rendered since the last save(); status requests far outnumber changes.
   std::string rendered;
 
@@ -100,6 +108,8 @@ class JobStore {
   static void add_event(Job& job, const std::string& message);
 
  private:
+  // Appends the events not yet in the job's events.jsonl (fsynced when `durable`).
+  void append_events(Job& job, bool durable);
   std::filesystem::path jobs_dir_;
   std::map<std::string, Job> jobs_;
   std::map<std::string, std::string> by_key_;

@@ -1,12 +1,17 @@
 #include "supervisor/pipelines/admission.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <filesystem>
 #include <vector>
 
+#include <dirent.h>
+#include <fcntl.h>
 #include <grp.h>
+#include <linux/openat2.h>
 #include <pwd.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "common/error.h"
@@ -15,9 +20,13 @@
 namespace assay::supervisor {
 
 using common::Error;
+using common::Json;
+using common::UniqueFd;
 namespace fs = std::filesystem;
 
 namespace {
+
+constexpr std::size_t kMaxModelFiles = 1024;
 
 std::vector<gid_t> groups_of(const Peer& peer) {
   std::vector<gid_t> groups(64);
@@ -35,52 +44,42 @@ std::vector<gid_t> groups_of(const Peer& peer) {
   return groups;
 }
 
+// The peer's rights on an opened file: `need` is a combination of 4 (read), 1 (search/execute),
+// taken from the owner's, the group's or the others' bits as the kernel would.
 bool allowed(const struct stat& st, const Peer& peer, const std::vector<gid_t>& groups,
-             mode_t user_bit, mode_t group_bit, mode_t other_bit) {
+             mode_t need) {
   if (peer.admin) return true;
-  if (st.st_uid == peer.uid) return (st.st_mode & user_bit) != 0;
-  if (std::find(groups.begin(), groups.end(), st.st_gid) != groups.end())
-    return (st.st_mode & group_bit) != 0;
-  return (st.st_mode & other_bit) != 0;
+  mode_t bits = st.st_mode & 07;
+  if (st.st_uid == peer.uid)
+    bits = (st.st_mode >> 6) & 07;
+  else if (std::find(groups.begin(), groups.end(), st.st_gid) != groups.end())
+    bits = (st.st_mode >> 3) & 07;
+  return (bits & need) == need;
 }
 
 std::string quote_path(const std::string& path) {
   return "\"" + common::printable(path, 300) + "\"";
 }
 
-// Walks `path` from the root as the peer would: each directory above it must be searchable by
-// the peer. Until the walk passed a directory the peer may search, nothing is said of what lies
-// below it, so a refusal never tells whether a path exists.
-struct stat walk(const std::string& path, const Peer& peer, const std::string& code,
-                 const std::string& what) {
-  auto groups = groups_of(peer);
-  auto forbidden = [&] {
-    return Error("request.forbidden", what + " " + quote_path(path) + " is not readable by uid " +
-                                          std::to_string(peer.uid) + ", who submitted it");
-  };
-  fs::path p(path);
-  fs::path prefix = "/";
-  struct stat st {};
-  for (auto it = std::next(p.begin()); it != p.end(); ++it) {
-    if (::lstat(prefix.c_str(), &st) != 0)
-      throw Error(code, what + " " + quote_path(path) + " does not exist");
-    if (!allowed(st, peer, groups, S_IXUSR, S_IXGRP, S_IXOTH)) throw forbidden();
-    prefix /= *it;
+// One component below an opened directory, never through a link: openat2 refuses any (and
+// magic links), openat's O_NOFOLLOW the last one, which is the only one a single name has.
+int open_component(int dir, const std::string& name, int flags) {
+  static bool have_openat2 = true;
+  if (have_openat2) {
+    struct open_how how {};
+    how.flags = static_cast<std::uint64_t>(flags | O_NOFOLLOW | O_CLOEXEC);
+    how.resolve = RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_BENEATH;
+    long fd = ::syscall(SYS_openat2, dir, name.c_str(), &how, sizeof how);
+    if (fd >= 0 || (errno != ENOSYS && errno != EPERM)) return static_cast<int>(fd);
+    have_openat2 = false;  // an old kernel, or a seccomp filter that refuses it
   }
-  if (::lstat(path.c_str(), &st) != 0)
-    throw Error(code, what + " " + quote_path(path) + " does not exist");
-  if (S_ISLNK(st.st_mode)) throw Error(code, what + " " + quote_path(path) + " is a symlink");
-  mode_t need_user = S_IRUSR, need_group = S_IRGRP, need_other = S_IROTH;
-  if (S_ISDIR(st.st_mode)) need_user |= S_IXUSR, need_group |= S_IXGRP, need_other |= S_IXOTH;
-  auto ok = [&](mode_t u, mode_t g, mode_t o) {
-    if (peer.admin) return true;
-    if (st.st_uid == peer.uid) return (st.st_mode & u) == u;
-    if (std::find(groups.begin(), groups.end(), st.st_gid) != groups.end())
-      return (st.st_mode & g) == g;
-    return (st.st_mode & o) == o;
-  };
-  if (!ok(need_user, need_group, need_other)) throw forbidden();
-  return st;
+  return ::openat(dir, name.c_str(), flags | O_NOFOLLOW | O_CLOEXEC);
+}
+
+std::vector<std::string> components(const std::string& path) {
+  std::vector<std::string> parts;
+  for (const auto& part : fs::path(path).relative_path()) parts.push_back(part.string());
+  return parts;
 }
 
 std::string normalised(const std::string& dir, const std::string& code, const std::string& what) {
@@ -93,42 +92,263 @@ std::string normalised(const std::string& dir, const std::string& code, const st
   return n;
 }
 
+Error forbidden(const std::string& what, const std::string& path, const Peer& peer) {
+  return Error("request.forbidden", what + " " + quote_path(path) + " is not readable by uid " +
+                                        std::to_string(peer.uid) + ", who submitted it");
+}
+
+// Why `name` below `dir` could not be opened, said only of a directory the peer may search.
+[[noreturn]] void refuse_component(int dir, const std::string& name, int err,
+                                   const std::string& here, const std::string& path,
+                                   const std::string& code, const std::string& what) {
+  struct stat lst {};
+  if (::fstatat(dir, name.c_str(), &lst, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(lst.st_mode))
+    throw Error(code, what + " " + quote_path(path) + " has a symlink at " + quote_path(here) +
+                          "; links are not followed");
+  if (err == ENOENT) throw Error(code, what + " " + quote_path(path) + " does not exist");
+  if (err == ENOTDIR)
+    throw Error(code,
+                what + " " + quote_path(path) + ": " + quote_path(here) + " is not a directory");
+  common::throw_errno(code, "cannot open " + quote_path(here) + " of " + what, err);
+}
+
+// Opens `raw` as described in the header: a directory (read + search) or a regular file (read).
+Opened open_as(const std::string& raw, const Peer& peer, const std::string& code,
+               const std::string& what, bool want_dir) {
+  std::string path = normalised(raw, code, what);
+  auto groups = groups_of(peer);
+  UniqueFd dir(::open("/", O_PATH | O_DIRECTORY | O_CLOEXEC));
+  if (!dir) common::throw_errno(code, "cannot open /", errno);
+  struct stat st {};
+  if (::fstat(dir.get(), &st) != 0) common::throw_errno(code, "cannot stat /", errno);
+  std::vector<std::string> parts = components(path);
+  if (parts.empty()) {
+    if (!want_dir) throw Error(code, what + " \"/\" is not a regular file");
+    if (!allowed(st, peer, groups, 05)) throw forbidden(what, path, peer);
+    return Opened{path, UniqueFd(::open("/", O_RDONLY | O_DIRECTORY | O_CLOEXEC)), st};
+  }
+  std::string here;
+  UniqueFd parent;
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    // Nothing below a directory the peer may not search is looked at.
+    if (!allowed(st, peer, groups, 01)) throw forbidden(what, path, peer);
+    const bool last = i + 1 == parts.size();
+    here += "/" + parts[i];
+    int flags = !last ? O_PATH | O_DIRECTORY : want_dir ? O_RDONLY | O_DIRECTORY : O_PATH;
+    int fd = open_component(dir.get(), parts[i], flags);
+    if (fd < 0) refuse_component(dir.get(), parts[i], errno, here, path, code, what);
+    UniqueFd next(fd);
+    if (::fstat(next.get(), &st) != 0) common::throw_errno(code, "cannot stat " + here, errno);
+    if (S_ISLNK(st.st_mode))
+      throw Error(code, what + " " + quote_path(path) + " is a symlink; links are not followed");
+    parent = std::move(dir);
+    dir = std::move(next);
+  }
+  if (want_dir) {
+    if (!allowed(st, peer, groups, 05)) throw forbidden(what, path, peer);
+    return Opened{path, std::move(dir), st};
+  }
+  if (!S_ISREG(st.st_mode))
+    throw Error(code, what + " " + quote_path(path) + " is not a regular file");
+  if (!allowed(st, peer, groups, 04)) throw forbidden(what, path, peer);
+  // Checked through an O_PATH descriptor (no open of a device or FIFO), read through this one:
+  // the same file, or an error.
+  int fd = open_component(parent.get(), parts.back(), O_RDONLY | O_NONBLOCK | O_NOCTTY);
+  if (fd < 0) refuse_component(parent.get(), parts.back(), errno, here, path, code, what);
+  UniqueFd file(fd);
+  struct stat opened {};
+  if (::fstat(file.get(), &opened) != 0 || opened.st_dev != st.st_dev || opened.st_ino != st.st_ino)
+    throw Error(code, what + " " + quote_path(path) + " was replaced while it was opened");
+  return Opened{path, std::move(file), opened};
+}
+
+Json record_of(const Opened& o) {
+  return Json{{"path", o.path},
+              {"type", S_ISDIR(o.st.st_mode) ? "directory" : "file"},
+              {"dev", std::to_string(o.st.st_dev)},
+              {"ino", std::to_string(o.st.st_ino)},
+              {"uid", o.st.st_uid},
+              {"gid", o.st.st_gid},
+              {"mode", o.st.st_mode & 07777}};
+}
+
+std::string octal(unsigned mode) {
+  char buf[8];
+  std::snprintf(buf, sizeof buf, "%04o", mode);
+  return buf;
+}
+
 }  // namespace
 
-std::string check_model_dir(const std::string& raw, const Peer& peer) {
-  const std::string what = "model directory";
-  std::string dir = normalised(raw, "request.bad_model", what);
-  struct stat st = walk(dir, peer, "request.bad_model", what);
-  if (!S_ISDIR(st.st_mode))
-    throw Error("request.bad_model", what + " " + quote_path(dir) + " is not a directory");
-  std::error_code ec;
-  auto real = fs::canonical(dir, ec);
-  if (ec || real.string() != dir)
-    throw Error("request.bad_model", what + " " + quote_path(dir) +
-                                         " has a symlink in its path (resolves to " +
-                                         quote_path(real.string()) + ")");
-  // Workers read every regular file at the top of the directory (engine.cpp hands them the
-  // descriptors): each must be readable by the submitter, a symlinked one at its target.
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    std::error_code fec;
-    if (!e.is_regular_file(fec)) continue;
-    fs::path target = e.is_symlink(fec) ? fs::canonical(e.path(), fec) : e.path();
-    if (fec) continue;
-    walk(target.string(), peer, "request.bad_model", "model file");
+Opened open_dir_as(const std::string& path, const Peer& peer, const std::string& code,
+                   const std::string& what) {
+  return open_as(path, peer, code, what, true);
+}
+
+Opened open_file_as(const std::string& path, const Peer& peer, const std::string& code,
+                    const std::string& what) {
+  return open_as(path, peer, code, what, false);
+}
+
+OpenedModel open_model_as(const std::string& raw, const Peer& peer) {
+  const std::string code = "request.bad_model";
+  OpenedModel m;
+  m.dir = open_dir_as(raw, peer, code, "model directory");
+  if (!S_ISDIR(m.dir.st.st_mode))
+    throw Error(code, "model directory " + quote_path(m.dir.path) + " is not a directory");
+  auto groups = groups_of(peer);
+  // Listed through its own descriptor: fdopendir takes the one it is given.
+  int listing = ::openat(m.dir.fd.get(), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  DIR* d = listing < 0 ? nullptr : ::fdopendir(listing);
+  if (!d) {
+    int err = errno;
+    if (listing >= 0) ::close(listing);
+    common::throw_errno(code, "cannot list model directory " + quote_path(m.dir.path), err);
   }
-  if (ec)
-    common::throw_errno("request.bad_model", "cannot list model directory " + quote_path(dir),
-                        ec.value());
-  return dir;
+  std::vector<std::string> names;
+  while (struct dirent* e = ::readdir(d)) {
+    std::string name = e->d_name;
+    if (name != "." && name != "..") names.push_back(name);
+  }
+  ::closedir(d);
+  std::sort(names.begin(), names.end());
+  for (const auto& name : names) {
+    std::string path = (fs::path(m.dir.path) / name).string();
+    struct stat lst {};
+    if (::fstatat(m.dir.fd.get(), name.c_str(), &lst, AT_SYMLINK_NOFOLLOW) != 0) continue;
+    if (S_ISLNK(lst.st_mode))
+      throw Error(code, "model file " + quote_path(path) + " is a symlink; links are not followed");
+    // Workers read every regular file at the top of the directory: each must be readable by
+    // the submitter. Non-blocking: a FIFO is never waited on.
+    if (!S_ISREG(lst.st_mode)) continue;
+    if (!allowed(lst, peer, groups, 04)) throw forbidden("model file", path, peer);
+    int fd = open_component(m.dir.fd.get(), name, O_RDONLY | O_NONBLOCK | O_NOCTTY);
+    if (fd < 0) continue;  // gone since the listing
+    UniqueFd file(fd);
+    struct stat st {};
+    if (::fstat(file.get(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_ino != lst.st_ino ||
+        st.st_dev != lst.st_dev || !allowed(st, peer, groups, 04))
+      throw Error(code, "model file " + quote_path(path) + " changed while it was opened");
+    if (m.files.size() == kMaxModelFiles)
+      throw Error(code, "model directory " + quote_path(m.dir.path) + " holds more than " +
+                            std::to_string(kMaxModelFiles) + " files");
+    m.files.push_back(Opened{path, std::move(file), st});
+    m.names.push_back(name);
+  }
+  return m;
+}
+
+Json opened_record(const std::vector<const Opened*>& opened) {
+  Json out = Json::array();
+  for (const Opened* o : opened) out.push_back(record_of(*o));
+  return out;
+}
+
+Json opened_record(const OpenedModel& model) {
+  std::vector<const Opened*> all{&model.dir};
+  for (const auto& f : model.files) all.push_back(&f);
+  return opened_record(all);
+}
+
+void check_unchanged(const Json& admitted, const Opened& now) {
+  if (!admitted.is_array()) return;
+  for (const Json& e : admitted) {
+    if (!e.is_object() || e.value("path", "") != now.path) continue;
+    Json n = record_of(now);
+    std::string what;
+    if (e.value("uid", Json()) != n["uid"] || e.value("gid", Json()) != n["gid"])
+      what += "owner " + e.value("uid", Json()).dump() + ":" + e.value("gid", Json()).dump() +
+              " is now " + n["uid"].dump() + ":" + n["gid"].dump() + "; ";
+    if (e.value("mode", Json()) != n["mode"])
+      what += "mode " + octal(e.value("mode", 0u)) + " is now " + octal(n["mode"].get<unsigned>()) +
+              "; ";
+    if (e.value("dev", Json()) != n["dev"] || e.value("ino", Json()) != n["ino"])
+      what += "it is another file (device:inode " + e.value("dev", std::string("?")) + ":" +
+              e.value("ino", std::string("?")) + " is now " + n["dev"].get<std::string>() + ":" +
+              n["ino"].get<std::string>() + "); ";
+    if (what.empty()) return;
+    what.resize(what.size() - 2);
+    throw Error("job.files_changed", quote_path(now.path) +
+                                         " changed between admission and start: " + what +
+                                         "; nothing was read (resubmit with retry=1 to run it "
+                                         "on the files as they are now)");
+  }
+}
+
+void verify_admitted(const Json& admitted, const Peer& peer) {
+  if (!admitted.is_array()) return;
+  for (const Json& e : admitted) {
+    if (!e.is_object() || !e.value("path", Json()).is_string()) continue;
+    bool dir = e.value("type", "") == "directory";
+    Opened now = open_as(e["path"].get<std::string>(), peer, "job.files_changed",
+                         dir ? "directory" : "file", dir);
+    check_unchanged(admitted, now);
+  }
+}
+
+std::string check_model_dir(const std::string& raw, const Peer& peer, Json* record) {
+  OpenedModel m = open_model_as(raw, peer);
+  if (record)
+    for (Json& e : opened_record(m)) record->push_back(std::move(e));
+  return m.dir.path;
 }
 
 void check_readable_file(const std::string& raw, const Peer& peer, const std::string& code,
-                         const std::string& what) {
+                         const std::string& what, Json* record) {
   std::string path = normalised(raw, code, what);
   if (path != raw) throw Error(code, what + " " + quote_path(raw) + " is not a normalised path");
-  struct stat st = walk(path, peer, code, what);
-  if (!S_ISREG(st.st_mode))
-    throw Error(code, what + " " + quote_path(path) + " is not a regular file");
+  Opened f = open_file_as(path, peer, code, what);
+  if (record) record->push_back(record_of(f));
+}
+
+UniqueFd open_no_links(const fs::path& path) {
+  struct open_how how {};
+  how.flags = O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC | O_NOFOLLOW;
+  how.resolve = RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
+  long fd = ::syscall(SYS_openat2, AT_FDCWD, path.c_str(), &how, sizeof how);
+  if (fd < 0 && (errno == ENOSYS || errno == EPERM)) {
+    // Without openat2: every component by itself, none of them a link.
+    std::string p = path.string();
+    UniqueFd dir(::open("/", O_PATH | O_DIRECTORY | O_CLOEXEC));
+    auto parts = components(p);
+    for (std::size_t i = 0; dir && i < parts.size(); ++i) {
+      bool last = i + 1 == parts.size();
+      int next = ::openat(dir.get(), parts[i].c_str(),
+                          (last ? how.flags : O_PATH | O_DIRECTORY) | O_NOFOLLOW | O_CLOEXEC);
+      dir = UniqueFd(next);
+    }
+    fd = dir ? dir.release() : -1;
+  }
+  if (fd < 0) common::throw_errno("fs.open", "open " + path.string() + " (no links)", errno);
+  UniqueFd out(static_cast<int>(fd));
+  struct stat st {};
+  if (::fstat(out.get(), &st) != 0) common::throw_errno("fs.stat", "stat " + path.string(), errno);
+  if (!S_ISREG(st.st_mode)) throw Error("fs.not_regular", path.string() + " is not a regular file");
+  return out;
+}
+
+std::string read_no_links(const fs::path& path, std::size_t max_bytes) {
+  UniqueFd fd = open_no_links(path);
+  std::string out;
+  char buf[65536];
+  for (;;) {
+    ssize_t n = ::read(fd.get(), buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) common::throw_errno("fs.read", "read " + path.string(), errno);
+    if (n == 0) return out;
+    out.append(buf, static_cast<std::size_t>(n));
+    if (out.size() > max_bytes)
+      throw Error("fs.too_large", path.string() + " has more than the limit of " +
+                                      std::to_string(max_bytes) + " bytes");
+  }
+}
+
+Peer submitter_peer(uid_t uid, gid_t gid, bool admin) {
+  Peer p;
+  p.uid = uid;
+  p.gid = gid;
+  p.admin = admin;
+  return p;
 }
 
 void check_request_limits(const common::RequestLimits& asked, const Config& config) {

@@ -392,7 +392,8 @@ Admission admit_batch(const Json& document, const SubmitContext& context) {
     throw Error("request.mixed_models", "the batch names model_dir \"" + *b.model_dir +
                                             "\" and the submission \"" + context.query_model_dir +
                                             "\"");
-  std::string model_dir = check_model_dir(dir, context.peer);
+  Json opened = Json::array();
+  std::string model_dir = check_model_dir(dir, context.peer, &opened);
   if (context.query_model_dir.empty() && model_dir != dir)
     throw Error("request.bad_model",
                 "model_dir \"" + dir + "\" is not normalised (as " + model_dir + ")");
@@ -401,7 +402,11 @@ Admission admit_batch(const Json& document, const SubmitContext& context) {
   return Admission{common::sha256_canonical_id(Json{{"request_sha256", b.request_sha256},
                                                     {"model_dir", model_dir},
                                                     {"kind", "next-token-batch"}}),
-                   b.request_sha256, b.schema, b.id, model_dir};
+                   b.request_sha256,
+                   b.schema,
+                   b.id,
+                   model_dir,
+                   std::move(opened)};
 }
 
 std::unique_ptr<Pipeline> open_batch(const Config& config, const fs::path& job_dir,

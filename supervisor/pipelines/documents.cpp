@@ -12,6 +12,7 @@
 #include "common/identity.h"
 #include "common/protocol.h"
 #include "common/text.h"
+#include "supervisor/pipelines/admission.h"
 
 namespace assay::supervisor {
 
@@ -23,7 +24,7 @@ std::string execution_dtype(const std::string& model_dir) {
   std::string dtype = "bfloat16";
   try {
     Json cfg = common::parse_strict(
-        common::read_file(std::filesystem::path(model_dir) / "config.json", 4 << 20));
+        read_no_links(std::filesystem::path(model_dir) / "config.json", 4 << 20));
     const Json& c = cfg.contains("text_config") && cfg["text_config"].contains("torch_dtype")
                         ? cfg["text_config"]
                         : cfg;
@@ -39,7 +40,7 @@ namespace {
 Json read_config(const std::filesystem::path& model_dir) {
   auto cfg_path = model_dir / "config.json";
   try {
-    return common::parse_strict(common::read_file(cfg_path, 4 << 20));
+    return common::parse_strict(read_no_links(cfg_path, 4 << 20));
   } catch (const Error& e) {
     throw Error("request.bad_model", "cannot read " + cfg_path.string() + ": " + e.what());
   }
@@ -68,6 +69,20 @@ std::optional<std::int64_t> read_max_positions(const std::filesystem::path& mode
   return config_int(read_config(model_dir), "max_position_embeddings");
 }
 
+std::vector<std::int64_t> read_eos_token_ids(const std::filesystem::path& model_dir) {
+  Json cfg = read_config(model_dir);
+  std::vector<std::int64_t> ids;
+  for (const Json* c : {&cfg, cfg.contains("text_config") ? &cfg["text_config"] : nullptr}) {
+    if (!c || !c->is_object() || !c->contains("eos_token_id")) continue;
+    const Json& v = (*c)["eos_token_id"];
+    if (v.is_number_integer()) ids.push_back(v.get<std::int64_t>());
+    if (v.is_array())
+      for (const Json& e : v)
+        if (e.is_number_integer()) ids.push_back(e.get<std::int64_t>());
+  }
+  return ids;
+}
+
 std::uint64_t estimate_required_bytes(const std::filesystem::path& model_dir, std::uint64_t tokens,
                                       std::optional<std::uint64_t> logit_rows) {
   std::uint64_t shard_bytes = 0;
@@ -84,7 +99,7 @@ std::uint64_t estimate_required_bytes(const std::filesystem::path& model_dir, st
   // the bytes get converted.
   double factor = 1.0;
   try {
-    common::parse_strict(common::read_file(model_dir / "config.json", 4 << 20));
+    common::parse_strict(read_no_links(model_dir / "config.json", 4 << 20));
   } catch (const Error&) {
     factor = 1.5;
   }

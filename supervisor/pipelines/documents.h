@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "common/json.h"
 #include "common/request.h"
@@ -19,6 +20,9 @@ std::string execution_dtype(const std::string& model_dir);
 std::int64_t read_vocab_size(const std::filesystem::path& model_dir);
 // config.json's max_position_embeddings, when it has one.
 std::optional<std::int64_t> read_max_positions(const std::filesystem::path& model_dir);
+// config.json's eos_token_id (an integer or a list of them, at the top or in text_config); empty
+// when it names none.
+std::vector<std::int64_t> read_eos_token_ids(const std::filesystem::path& model_dir);
 
 // Bytes the oracle needs for a model directory and a forward over `tokens` tokens (the longest
 // sequence of the job): shard bytes, the dtype of config.json and estimate_sequence_bytes. Looks

@@ -409,7 +409,8 @@ class FidelityPipeline final : public Pipeline {
 Admission admit_fidelity(const Json& document, const SubmitContext& context) {
   common::FidelityRequest r = common::validate_fidelity_request(document);
   check_request_limits(r.limits, context.config);
-  std::string ref_dir = check_model_dir(r.reference.model_dir, context.peer);
+  Json opened = Json::array();
+  std::string ref_dir = check_model_dir(r.reference.model_dir, context.peer, &opened);
   if (ref_dir != r.reference.model_dir)
     throw Error("request.bad_model", "reference.model_dir \"" + r.reference.model_dir +
                                          "\" is not normalised (as " + ref_dir + ")");
@@ -417,7 +418,7 @@ Admission admit_fidelity(const Json& document, const SubmitContext& context) {
   r.check_vocab(vocab);
   if (auto max_positions = read_max_positions(ref_dir)) r.check_context_length(*max_positions);
   if (r.candidate_model) {
-    std::string cand_dir = check_model_dir(r.candidate_model->model_dir, context.peer);
+    std::string cand_dir = check_model_dir(r.candidate_model->model_dir, context.peer, &opened);
     if (cand_dir != r.candidate_model->model_dir)
       throw Error("request.bad_model", "candidate.model_dir \"" + r.candidate_model->model_dir +
                                            "\" is not normalised (as " + cand_dir + ")");
@@ -430,10 +431,14 @@ Admission admit_fidelity(const Json& document, const SubmitContext& context) {
   }
   for (std::size_t i = 0; i < r.candidate_logits.size(); ++i)
     check_readable_file(r.candidate_logits[i].path, context.peer, "request.bad_logits_file",
-                        "request.candidate.logits[" + std::to_string(i) + "].path");
+                        "request.candidate.logits[" + std::to_string(i) + "].path", &opened);
   return Admission{
       common::sha256_canonical_id(Json{{"request_sha256", r.request_sha256}, {"kind", "fidelity"}}),
-      r.request_sha256, r.schema, r.id, ref_dir};
+      r.request_sha256,
+      r.schema,
+      r.id,
+      ref_dir,
+      std::move(opened)};
 }
 
 std::unique_ptr<Pipeline> open_fidelity(const Config& config, const fs::path& job_dir,

@@ -142,7 +142,8 @@ Admission admit_next_token(const Json& document, const SubmitContext& context) {
     throw Error("request.no_model_dir",
                 "no model directory: the request has no model_dir (Kiln requests never do); "
                 "pass ?model_dir=/abs/dir");
-  std::string model_dir = check_model_dir(dir, context.peer);
+  Json opened = Json::array();
+  std::string model_dir = check_model_dir(dir, context.peer, &opened);
   // The request's own model_dir is part of its identity: a second spelling of the same
   // directory would make a second job of the same dispute.
   if (context.query_model_dir.empty() && model_dir != dir)
@@ -151,7 +152,11 @@ Admission admit_next_token(const Json& document, const SubmitContext& context) {
   request.check_vocab(read_vocab_size(model_dir));
   return Admission{common::sha256_canonical_id(
                        Json{{"request_sha256", request.request_sha256}, {"model_dir", model_dir}}),
-                   request.request_sha256, request.schema, request.id, model_dir};
+                   request.request_sha256,
+                   request.schema,
+                   request.id,
+                   model_dir,
+                   std::move(opened)};
 }
 
 std::unique_ptr<Pipeline> open_next_token(const Config& config, const fs::path& job_dir,

@@ -38,6 +38,8 @@ struct Admission {
   std::string request_schema;
   std::string request_id;
   std::string model_dir;
+  // What was opened to check the paths the request names (admission.h opened_record).
+  common::Json opened = common::Json::array();
 };
 
 struct SubmitContext {

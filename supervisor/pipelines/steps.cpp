@@ -32,7 +32,9 @@ Json read_request(const fs::path& job_dir) {
 }
 
 int worker_threads() {
-  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  // One core is left to the supervisor (and the kernel) where there are several.
+  unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  return static_cast<int>(cores > 1 ? cores - 1 : 1);
 }
 
 namespace {

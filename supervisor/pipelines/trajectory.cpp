@@ -14,6 +14,7 @@
 #include "common/identity.h"
 #include "common/protocol.h"
 #include "common/result.h"
+#include "common/text.h"
 #include "common/time.h"
 #include "common/trajectory.h"
 #include "supervisor/pipelines/admission.h"
@@ -248,15 +249,38 @@ class TrajectoryPipeline final : public Pipeline {
 Admission admit_trajectory(const Json& document, const SubmitContext& context) {
   common::TrajectoryRequest r = common::validate_trajectory_request(document);
   check_request_limits(r.limits, context.config);
-  std::string model_dir = check_model_dir(r.model_dir, context.peer);
+  Json opened = Json::array();
+  std::string model_dir = check_model_dir(r.model_dir, context.peer, &opened);
   if (model_dir != r.model_dir)
     throw Error("request.bad_model",
                 "model_dir \"" + r.model_dir + "\" is not normalised (as " + model_dir + ")");
   r.check_vocab(read_vocab_size(model_dir));
   if (auto max_positions = read_max_positions(model_dir)) r.check_context_length(*max_positions);
+  // A continuation runs up to its first end-of-sequence: tokens after it (an engine's padding)
+  // would be scored as departures, so they are refused rather than silently cut.
+  std::vector<std::int64_t> eos = read_eos_token_ids(model_dir);
+  for (std::size_t i = 0; i < r.continuations.size(); ++i) {
+    const auto& ids = r.continuations[i].token_ids;
+    auto first = std::find_first_of(ids.begin(), ids.end(), eos.begin(), eos.end());
+    if (first == ids.end() || first + 1 == ids.end()) continue;
+    auto at = first - ids.begin();
+    throw Error("request.tokens_after_eos",
+                "continuations[" + std::to_string(i) + "] (engine \"" +
+                    common::printable(r.continuations[i].engine, 64) + "\") has " +
+                    std::to_string(ids.end() - first - 1) +
+                    " tokens after its first end-of-sequence token " + std::to_string(*first) +
+                    " at index " + std::to_string(at) +
+                    " (config.json eos_token_id); a continuation ends at its first EOS: send "
+                    "token_ids[0.." +
+                    std::to_string(at) + "]");
+  }
   return Admission{common::sha256_canonical_id(
                        Json{{"request_sha256", r.request_sha256}, {"kind", "trajectory"}}),
-                   r.request_sha256, r.schema, r.id, model_dir};
+                   r.request_sha256,
+                   r.schema,
+                   r.id,
+                   model_dir,
+                   std::move(opened)};
 }
 
 std::unique_ptr<Pipeline> open_trajectory(const Config& config, const fs::path& job_dir,

@@ -265,6 +265,9 @@ struct Refusal {
   std::function<Json(const TempDir&)> setup;
   std::string code;
   std::vector<std::string> named;
+  // Files in `d` whose sha256 the error must not tell (the submitter may not be allowed to read
+  // what the path led to).
+  std::vector<std::string> digest_untold = {};
 };
 
 std::string header_file(const std::string& header, std::size_t data_bytes) {
@@ -335,7 +338,8 @@ TEST_CASE("bad inputs fail with exit 2 and a code naming the value, leaving no o
          return in;
        },
        "compare.sha_mismatch",
-       {common::sha256_id("something else"), "cand.safetensors"}},
+       {common::sha256_id("something else"), "cand.safetensors", "differs"},
+       {"cand.safetensors"}},
       {"NaN in the candidate",
        [&](const TempDir& d) {
          return standard(d, with_values(3 * kVocab + 17, nan, common::Dtype::kF32));
@@ -468,6 +472,8 @@ TEST_CASE("bad inputs fail with exit 2 and a code naming the value, leaving no o
     CHECK(r.status == 2);
     CHECK(contains(r.out, "assay-compare: error [" + c.code + "]: "));
     for (const std::string& word : c.named) CHECK(contains(r.out, word));
+    for (const std::string& file : c.digest_untold)
+      CHECK_FALSE(contains(r.out, common::sha256_file_id(d / file).substr(7)));
     CHECK(!fs::exists(d / "work" / "output.json"));
     CHECK(!fs::exists(d / "work" / "kl.safetensors"));
     std::size_t entries = 0;

@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -10,6 +11,7 @@
 
 #include "common/error.h"
 #include "common/fs.h"
+#include "common/identity.h"
 #include "common/json.h"
 #include "fingerprint/fingerprint.h"
 #include "tests/fingerprint/util.h"
@@ -51,7 +53,8 @@ const FileDigest& file(const Fingerprint& f, const std::string& name) {
 }  // namespace
 
 TEST_CASE(
-    "an unchanged model is not read again: every digest comes from the cache, same identity") {
+    "an unchanged model's shards are not read again: their digests come from the cache, the "
+    "small files are hashed every time, same identity") {
   TempDir dir;
   make_model(dir.path(), kShards);
   Fingerprint first = fingerprint_model(dir.path(), "m");
@@ -62,13 +65,14 @@ TEST_CASE(
   std::set<std::string> read;
   Fingerprint second = fingerprint_model(dir.path(), "m", with_cache(entries_of(first), &read));
   CHECK(second.identity == first.identity);
-  CHECK(read.empty());
-  CHECK(second.stats.bytes == 0);
-  CHECK(second.stats.cached_files == 4);
-  CHECK(second.stats.cached_bytes ==
-        300000 + 70000 + first.files[2].state.size + first.files[3].state.size);
+  CHECK(read == std::set<std::string>{"config.json", "tokenizer.json"});
+  CHECK(second.stats.bytes == first.files[2].state.size + first.files[3].state.size);
+  CHECK(second.stats.cached_files == 2);
+  CHECK(second.stats.cached_bytes == 300000 + 70000);
   for (const auto& d : second.files) {
-    CHECK(d.from_cache);
+    bool shard = d.state.name.ends_with(".safetensors");
+    CHECK(d.from_cache == shard);
+    if (!shard) continue;
     CHECK(d.state.job == "j1");
     CHECK(d.state.at == "2025-01-01T00:00:00.000Z");
   }
@@ -98,7 +102,7 @@ TEST_CASE("a rewritten shard is hashed again even with its old mtime put back (c
 
   std::set<std::string> read;
   Fingerprint second = fingerprint_model(dir.path(), "m", with_cache(entries_of(first), &read));
-  CHECK(read == std::set<std::string>{"model-b.safetensors"});
+  CHECK(read == std::set<std::string>{"model-b.safetensors", "config.json", "tokenizer.json"});
   CHECK_FALSE(file(second, "model-b.safetensors").from_cache);
   CHECK(file(second, "model-a.safetensors").from_cache);
   CHECK(file(second, "model-b.safetensors").state.sha256 !=
@@ -116,7 +120,7 @@ TEST_CASE("each key field must match: another inode, size, mtime or name is hash
     CAPTURE(field);
     std::vector<CacheEntry> cache = entries_of(first);
     for (auto& e : cache) {
-      if (e.name != "config.json") continue;
+      if (e.name != "model-a.safetensors") continue;
       if (field == 0) e.ino += 1;
       if (field == 1) e.size += 1;
       if (field == 2) e.mtime_ns += 1;
@@ -125,9 +129,40 @@ TEST_CASE("each key field must match: another inode, size, mtime or name is hash
     }
     std::set<std::string> read;
     Fingerprint f = fingerprint_model(dir.path(), "m", with_cache(cache, &read));
-    CHECK(read == std::set<std::string>{"config.json"});
-    CHECK(f.stats.cached_files == 3);
+    CHECK(read == std::set<std::string>{"model-a.safetensors", "config.json", "tokenizer.json"});
+    CHECK(f.stats.cached_files == 1);
   }
+}
+
+TEST_CASE(
+    "a chat template rewritten through a shared mapping (mtime and ctime unchanged) is hashed "
+    "afresh, never taken from the cache") {
+  TempDir dir;
+  make_model(dir.path(), kShards);
+  fs::path jinja = dir.path() / "chat_template.jinja";
+  write_file(jinja, std::string(4096, 'a'));
+  common::UniqueFd fd(::open(jinja.c_str(), O_RDWR | O_CLOEXEC));
+  REQUIRE(fd);
+  void* map = ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+  REQUIRE(map != MAP_FAILED);
+  auto* bytes = static_cast<char*>(map);
+  bytes[0] = 'b';  // the first write fault of the clean page moves mtime and ctime
+  Fingerprint first = fingerprint_model(dir.path(), "m");
+  struct stat before {};
+  REQUIRE(::stat(jinja.c_str(), &before) == 0);
+  bytes[1] = 'c';  // the page is still dirty: no fault, no time update
+  struct stat after {};
+  REQUIRE(::stat(jinja.c_str(), &after) == 0);
+  REQUIRE(after.st_mtim.tv_nsec == before.st_mtim.tv_nsec);
+  REQUIRE(after.st_ctim.tv_nsec == before.st_ctim.tv_nsec);
+  Fingerprint second = fingerprint_model(dir.path(), "m", with_cache(entries_of(first)));
+  ::munmap(map, 4096);
+  std::string now(4096, 'a');
+  now[0] = 'b', now[1] = 'c';
+  REQUIRE(second.identity.chat_template_hash);
+  CHECK(*second.identity.chat_template_hash == common::sha256_id(now));
+  CHECK(*second.identity.chat_template_hash != *first.identity.chat_template_hash);
+  CHECK_FALSE(file(second, "chat_template.jinja").from_cache);
 }
 
 TEST_CASE("cache entries are parsed strictly") {
@@ -188,11 +223,12 @@ TEST_CASE("the worker reuses the input's cache and says so in output.json, both 
   input["cache"] = cache;
   common::Json second = run(input);
   CHECK(second["model_identity"] == first["model_identity"]);
-  CHECK(second["stats"]["cached_files"] == 4);
-  CHECK(second["stats"]["files"] == 0);
+  CHECK(second["stats"]["cached_files"] == 2);  // the shards; config and tokenizer are read
+  CHECK(second["stats"]["files"] == 2);
   for (const auto& f : second["files"]) {
-    CHECK(f["source"] == "cache");
-    CHECK(f["job"] == "job-1");
+    bool shard = f["name"].get<std::string>().ends_with(".safetensors");
+    CHECK(f["source"] == (shard ? "cache" : "computed"));
+    CHECK(f["job"] == (shard ? common::Json("job-1") : common::Json(nullptr)));
   }
   auto validate = [&](const char* schema, const fs::path& doc) {
     auto r = run_command(std::string(ASSAY_PYTHON3) + " " + ASSAY_SOURCE_DIR +

@@ -436,6 +436,51 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "batch: during a 4096-state sweep of the tiny fixture health answers within 1 s throughout, "
+    "and job.json does not grow with the events (they go to events.jsonl)") {
+  if (!have_workers()) return;
+  TempDir tmp;
+  fs::path model = fixture_model(tmp.path / "llama-tiny");
+  Daemon d = make_daemon(tmp);
+  REQUIRE_MESSAGE(d.start(), d.log());
+  Json states = Json::array();
+  for (int i = 0; i < 4096; ++i)
+    states.push_back(assay_state("s" + std::to_string(i), {32 + i % 90, 33 + (i / 90) % 90}));
+  auto sub = submit_batch(d, states, model, "sweep-4096");
+  REQUIRE_MESSAGE(sub.status == 201, sub.body);
+  std::string id = sub.json()["id"];
+  fs::path job_json = d.state() / "jobs" / id / "job.json";
+  int probes = 0, slow = 0;
+  double worst = 0;
+  std::uintmax_t largest = 0;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(900);
+  while (std::chrono::steady_clock::now() < deadline) {
+    ++probes;
+    auto t0 = std::chrono::steady_clock::now();
+    bool ok = request_within(d.socket(), "GET", "/v1/health", 1.0).status == 200;
+    worst = std::max(worst,
+                     std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    if (!ok) ++slow;
+    std::error_code ec;
+    largest = std::max(largest, fs::file_size(job_json, ec) * !ec);
+    auto r = request_within(d.socket(), "GET", "/v1/jobs/" + id, 5.0);
+    if (r.status == 200 && terminal(r.json())) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  MESSAGE("health: " << probes << " probes, worst " << worst << " s, " << slow
+                     << " over 1 s; job.json at most " << largest << " bytes");
+  Json job = get(d, "/v1/jobs/" + id);
+  REQUIRE_MESSAGE(job["state"] == "succeeded", job.dump().substr(0, 2000));
+  CHECK(get(d, "/v1/jobs/" + id + "/result")["counts"]["succeeded"] == 4096);
+  CHECK(probes > 10);
+  CHECK(slow == 0);
+  CHECK(worst < 1.0);
+  CHECK(largest < 16384);
+  std::string log = slurp(d.state() / "jobs" / id / "events.jsonl");
+  CHECK(std::count(log.begin(), log.end(), '\n') > 4096);
+}
+
+TEST_CASE(
     "batch: a state that hangs is stopped after one state's timeout, not the whole batch's; the "
     "states it had not reached run in a fresh worker") {
   if (!have_workers()) return;

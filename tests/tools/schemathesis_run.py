@@ -1,0 +1,148 @@
+#!/usr/bin/env python3
+"""Property-based run of Schemathesis against a live assayd: the daemon is started on a temporary
+unix socket (containment none, a fingerprint worker that fails at once, so submitted jobs end
+quickly), a loopback TCP bridge forwards to the socket, and `schemathesis run schemas/openapi.yaml`
+checks every answer: no 5xx, status codes, content types and bodies as described. Afterwards the
+daemon must still be alive and answer /v1/health. Exit 0 only when all of that held; 77 when
+schemathesis is not installed (ctest SKIP_RETURN_CODE).
+
+  schemathesis_run.py --assayd PATH --source DIR [--max-examples N] [--seed S] [--report FILE]
+"""
+import argparse
+import json
+import os
+import pathlib
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+CHECKS = ("not_a_server_error,status_code_conformance,content_type_conformance,"
+          "response_schema_conformance")
+
+
+def unix_get(path: pathlib.Path, target: str, timeout: float = 2.0) -> tuple[int, str]:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(timeout)
+    try:
+        s.connect(str(path))
+        s.sendall(f"GET {target} HTTP/1.1\r\nHost: assayd\r\nConnection: close\r\n\r\n".encode())
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    except OSError:
+        return 0, ""
+    finally:
+        s.close()
+    head, _, body = data.partition(b"\r\n\r\n")
+    return (int(head[9:12]) if len(head) >= 12 else 0), body.decode(errors="replace")
+
+
+def pipe(a: socket.socket, b: socket.socket) -> None:
+    try:
+        while chunk := a.recv(65536):
+            b.sendall(chunk)
+    except OSError:
+        pass
+    finally:
+        for s in (a, b):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+def bridge(listener: socket.socket, unix_path: pathlib.Path) -> None:
+    """Loopback TCP -> the daemon's unix socket, one thread pair per connection."""
+    while True:
+        try:
+            client, _ = listener.accept()
+        except OSError:
+            return
+        upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            upstream.connect(str(unix_path))
+        except OSError:
+            client.close()
+            continue
+        threading.Thread(target=pipe, args=(client, upstream), daemon=True).start()
+        threading.Thread(target=pipe, args=(upstream, client), daemon=True).start()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--assayd", required=True)
+    ap.add_argument("--source", required=True)
+    ap.add_argument("--max-examples", type=int, default=25)
+    ap.add_argument("--seed", type=int, default=23)
+    ap.add_argument("--report", help="append a JSON line with the outcome here")
+    args = ap.parse_args()
+    st = shutil.which("schemathesis") or str(pathlib.Path(sys.executable).parent / "schemathesis")
+    if not os.access(st, os.X_OK):
+        print("schemathesis is not installed (pip install schemathesis==4.32.5)")
+        return 77
+    spec = (pathlib.Path(args.source) / "schemas" / "openapi.yaml").resolve()
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="assay-st-"))
+    model = tmp / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 260}))
+    sock = tmp / "assayd.sock"
+    log = open(tmp / "assayd.log", "wb")
+    daemon = subprocess.Popen([args.assayd, "serve", "--socket", str(sock), "--state-dir",
+                               str(tmp / "state"), "--containment", "none",
+                               "--fingerprint-worker", "/bin/false"], stdout=log, stderr=log)
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    port = listener.getsockname()[1]
+    threading.Thread(target=bridge, args=(listener, sock), daemon=True).start()
+    ok = False
+    try:
+        for _ in range(200):
+            if unix_get(sock, "/v1/health")[0] == 200:
+                break
+            time.sleep(0.05)
+        else:
+            print("assayd did not answer /v1/health:\n" + (tmp / "assayd.log").read_text())
+            return 1
+        t0 = time.monotonic()
+        run = subprocess.run(
+            [st, "run", str(spec), "--url", f"http://127.0.0.1:{port}", "--checks", CHECKS,
+             "--max-examples", str(args.max_examples), "--seed", str(args.seed),
+             "--workers", "1", "--request-timeout", "10", "--phases", "examples,fuzzing"],
+            capture_output=True, text=True, cwd=tmp)  # its .schemathesis/ cache stays there
+        seconds = time.monotonic() - t0
+        print(run.stdout[-20000:])
+        print(run.stderr[-5000:])
+        alive = daemon.poll() is None
+        health = unix_get(sock, "/v1/health", 2.0)[0]
+        print(f"schemathesis exit {run.returncode} after {seconds:.1f} s; assayd alive: {alive}; "
+              f"/v1/health afterwards: {health}")
+        ok = run.returncode == 0 and alive and health == 200
+        if args.report:
+            with open(args.report, "a") as f:
+                f.write(json.dumps({"max_examples": args.max_examples, "seed": args.seed,
+                                    "schemathesis_exit": run.returncode, "seconds": round(seconds, 1),
+                                    "assayd_alive": alive, "health": health,
+                                    "summary": run.stdout.strip().splitlines()[-6:]}) + "\n")
+        if not alive:
+            print("assayd ended:\n" + (tmp / "assayd.log").read_text()[-5000:])
+    finally:
+        listener.close()
+        if daemon.poll() is None:
+            daemon.send_signal(signal.SIGTERM)
+            try:
+                daemon.wait(10)
+            except subprocess.TimeoutExpired:
+                daemon.kill()
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <grp.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 
@@ -21,8 +22,10 @@ constexpr uid_t kNobody = 65534;
 // One exchange with the daemon as nobody:nogroup, from a forked child.
 HttpReply as_nobody(const fs::path& socket, const std::string& method, const std::string& target,
                     const std::string& body = "") {
+  // A socket pair, not a pipe: the harness's write_all sends with MSG_NOSIGNAL, which a pipe
+  // refuses (ENOTSOCK), and the answer was lost.
   int fds[2];
-  REQUIRE(::pipe(fds) == 0);
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) == 0);
   pid_t pid = ::fork();
   if (pid == 0) {
     ::close(fds[0]);

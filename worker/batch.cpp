@@ -80,7 +80,10 @@ int run_next_token_batch(const std::string& input_path, const std::string& workd
            {"succeeded", succeeded},
            {"failed", failed},
            {"peak_rss_bytes", peak_rss_bytes()},
-           {"duration_seconds", seconds_since(kStart)}};
+           {"duration_seconds", seconds_since(kStart)},
+           // What the supervisor hashes into every state's "implementation": named here too so
+           // that it can hash them off its loop before it records the states.
+           {"loaded_libraries", process["loaded_libraries"]}};
   common::atomic_write_file(dir / protocol::kOutputFile, out.dump(2) + "\n");
   return 0;
 }

@@ -211,6 +211,25 @@ void Engine::step_done(const std::string& id, const std::string& role, contain::
   }
   if (evidence.oom_killed.value_or(false)) ++metrics_.oom_kills;
   if (evidence.timed_out) ++metrics_.timeouts;
+  // The first job after a start or an upgrade names LibTorch (~0.5 GB) before the digest cache
+  // has it: hashing that on the loop held /v1/health for a second.
+  std::vector<DigestFile> unseen = uncached_digests(reported_libraries(ws / protocol::kOutputFile));
+  if (unseen.empty()) return step_ended(id, role, std::move(evidence));
+  boost::asio::post(digest_pool_, [this, id, role, unseen = std::move(unseen),
+                                   evidence = std::move(evidence)]() mutable {
+    warm_digests(unseen);
+    boost::asio::post(io_, [this, id, role, evidence = std::move(evidence)]() mutable {
+      step_ended(id, role, std::move(evidence));
+    });
+  });
+}
+
+void Engine::step_ended(const std::string& id, const std::string& role,
+                        contain::Evidence evidence) {
+  auto it = runs_.find(id);
+  if (it == runs_.end()) return;
+  JobRun& run = *it->second;
+  fs::path ws = store_.job_dir(id) / role;
   Step& step = run.steps[run.next_step - 1];
   if (step.harvest) {
     run.harvesting = std::move(evidence);

@@ -14,7 +14,9 @@
 
 #include <sys/types.h>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <boost/asio/thread_pool.hpp>
 
 #include "common/fs.h"
 #include "common/sign.h"
@@ -100,7 +102,10 @@ class Engine {
   // engine.cpp
   void next_step(JobRun& run);
   void start_step(JobRun& run, Step& step);
+  // A worker ended: keeps its evidence, hashes on digest_pool_ the libraries its output names
+  // that the digest cache has not seen (the loop keeps answering meanwhile), then step_ended.
   void step_done(const std::string& id, const std::string& role, contain::Evidence evidence);
+  void step_ended(const std::string& id, const std::string& role, contain::Evidence evidence);
   void complete(JobRun& run);
   RunFacts run_facts(const JobRun& run) const;
   contain::SpawnSpec worker_spec(const JobRun& run, const Step& step,
@@ -141,6 +146,9 @@ class Engine {
   boost::asio::steady_timer retry_timer_;
   bool retry_armed_ = false;
   bool stopping_ = false;
+  // One thread that hashes implementation files (steps.h, warm_digests) off the loop. Last, so
+  // it is joined first: its hand-backs go to io_, which outlives the engine.
+  boost::asio::thread_pool digest_pool_{1};
 };
 
 }  // namespace assay::supervisor

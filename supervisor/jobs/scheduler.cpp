@@ -10,6 +10,7 @@
 #include "supervisor/contain/memory.h"
 #include "supervisor/jobs/engine.h"
 #include "supervisor/pipelines/admission.h"
+#include "supervisor/pipelines/steps.h"
 
 namespace assay::supervisor {
 
@@ -41,7 +42,14 @@ Engine::Engine(boost::asio::io_context& io, const Config& config, JobStore& stor
       metrics_(metrics),
       worker_(std::move(worker)),
       slurm_(slurm),
-      retry_timer_(io) {}
+      retry_timer_(io) {
+  // Every result names these by digest: hashed now, off the loop, so that the first job's
+  // assembly finds them in the cache (the oracle alone is tens of MB).
+  std::vector<DigestFile> executables{{"/proc/self/exe", true}};
+  for (const fs::path& p : {config.fingerprint_worker, config.oracle_worker, config.compare_worker})
+    if (!p.empty()) executables.push_back({p, true});
+  boost::asio::post(digest_pool_, [executables] { warm_digests(executables); });
+}
 
 void Engine::recover() {
   // Worker cgroups left by an assayd that died: kill, measure, remove.

@@ -7,6 +7,8 @@
 
 #include <chrono>
 #include <map>
+#include <mutex>
+#include <optional>
 #include <tuple>
 
 #include <fcntl.h>
@@ -237,26 +239,52 @@ struct HashCost {
 // file's), cached by its identity: the daemon is single-threaded and LibTorch is ~0.5 GB.
 // `follow`: an executable is hashed as exec runs it, through symlinks (and /proc/self/exe, a
 // magic link to the running image); a library a worker reported is opened without following.
-Json hash_file(const fs::path& path, HashCost& cost, bool follow) {
-  static std::map<FileKey, std::string> cache;
+// The digests, shared by the loop and warm_digests' thread.
+struct DigestCache {
+  std::mutex mutex;
+  std::map<FileKey, std::string> digests;
+  std::optional<std::string> find(const FileKey& key) {
+    std::lock_guard lock(mutex);
+    auto it = digests.find(key);
+    return it == digests.end() ? std::nullopt : std::optional(it->second);
+  }
+  void add(const FileKey& key, const std::string& id) {
+    std::lock_guard lock(mutex);
+    digests.emplace(key, id);
+  }
+};
+DigestCache& digest_cache() {
+  static DigestCache cache;
+  return cache;
+}
+
+common::UniqueFd open_for_digest(const fs::path& path, bool follow, struct stat& st) {
   common::UniqueFd fd(
       ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | (follow ? 0 : O_NOFOLLOW)));
   if (fd.get() < 0)
     common::throw_errno("job.implementation", "cannot open " + path.string(), errno);
-  struct stat st {};
   if (::fstat(fd.get(), &st) != 0)
     common::throw_errno("job.implementation", "cannot stat " + path.string(), errno);
   if (!S_ISREG(st.st_mode))
     throw Error("job.implementation", path.string() + " is not a regular file");
-  FileKey key{st.st_dev, st.st_ino, st.st_size,
-              std::int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec,
-              std::int64_t{st.st_ctim.tv_sec} * 1'000'000'000 + st.st_ctim.tv_nsec};
+  return fd;
+}
+
+FileKey file_key(const struct stat& st) {
+  return FileKey{st.st_dev, st.st_ino, st.st_size,
+                 std::int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec,
+                 std::int64_t{st.st_ctim.tv_sec} * 1'000'000'000 + st.st_ctim.tv_nsec};
+}
+
+Json hash_file(const fs::path& path, HashCost& cost, bool follow) {
+  struct stat st {};
+  common::UniqueFd fd = open_for_digest(path, follow, st);
+  FileKey key = file_key(st);
   ++cost.files;
   auto bytes = static_cast<std::uint64_t>(st.st_size);
-  auto it = cache.find(key);
-  if (it != cache.end()) {
+  if (auto id = digest_cache().find(key)) {
     cost.bytes_cached += bytes;
-    return Json{{"path", path.string()}, {"bytes", bytes}, {"sha256", it->second}};
+    return Json{{"path", path.string()}, {"bytes", bytes}, {"sha256", *id}};
   }
   common::Sha256 digest;
   std::vector<char> buf(1 << 20);
@@ -272,7 +300,7 @@ Json hash_file(const fs::path& path, HashCost& cost, bool follow) {
   if (total != bytes)
     throw Error("job.implementation", path.string() + " changed size while it was hashed");
   std::string id = common::identity(digest.finish());
-  cache.emplace(key, id);
+  digest_cache().add(key, id);
   cost.bytes_hashed += bytes;
   return Json{{"path", path.string()}, {"bytes", bytes}, {"sha256", id}};
 }
@@ -297,6 +325,43 @@ bool is_runtime_library(const std::string& path) {
 }
 
 }  // namespace
+
+std::vector<DigestFile> uncached_digests(const std::vector<DigestFile>& files) {
+  std::vector<DigestFile> out;
+  for (const DigestFile& f : files) {
+    struct stat st {};
+    if (::stat(f.path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;  // reported later
+    if (!digest_cache().find(file_key(st))) out.push_back(f);
+  }
+  return out;
+}
+
+void warm_digests(const std::vector<DigestFile>& files) {
+  for (const DigestFile& f : files) {
+    HashCost cost;
+    try {
+      hash_file(f.path, cost, f.follow);
+    } catch (const Error&) {
+      // implementation_section opens it again and fails the job, naming it.
+    }
+  }
+}
+
+std::vector<DigestFile> reported_libraries(const fs::path& output_file) {
+  std::vector<DigestFile> out;
+  try {
+    Json o = common::parse_strict(common::read_file(output_file, 64 << 20),
+                                  {.max_bytes = 64 << 20, .exact_integers = false});
+    auto it = o.find("loaded_libraries");
+    if (it == o.end() || !it->is_array()) return out;
+    for (const Json& l : *it)
+      if (l.is_string() && is_runtime_library(l.get<std::string>()) && out.size() < 128)
+        out.push_back({l.get<std::string>(), false});
+  } catch (const Error&) {
+    // The step reads the output itself and says what is wrong with it.
+  }
+  return out;
+}
 
 Json implementation_section(const std::vector<std::pair<std::string, fs::path>>& executables,
                             const Json& libraries) {

@@ -89,11 +89,31 @@ std::filesystem::path take_artifact(const std::filesystem::path& from,
 // "loaded_libraries" (absolute paths of the LibTorch shared objects mapped in its process, or
 // null), each checked to name a regular file with a runtime library's name before the supervisor
 // opens it (Error("worker.oracle_output") otherwise). Files are hashed by the supervisor, once
-// per (device, inode, size, mtime, ctime) for the life of the process: the first job after a
-// start or an upgrade pays for reading LibTorch (~0.5 GB), later jobs pay a stat per file.
+// per (device, inode, size, mtime, ctime) for the life of the process; the engine hashes the
+// executables at start and a step's reported libraries before it goes on, both on its digest
+// thread (warm_digests), so that here they cost a stat per file and the loop never reads
+// LibTorch (~0.5 GB) itself.
 common::Json implementation_section(
     const std::vector<std::pair<std::string, std::filesystem::path>>& executables,
     const common::Json& libraries);
+
+// Digests off the event loop. implementation_section hashes on the caller's thread; a file it
+// has not seen (LibTorch, ~0.5 GB, after a start or an upgrade) would hold the loop for a second.
+// warm_digests hashes the files the cache does not hold into it, on any thread (the cache is
+// shared and locked); a file that cannot be hashed is skipped, for implementation_section to
+// report. `follow`: as implementation_section opens it (executables through links, reported
+// libraries without).
+struct DigestFile {
+  std::filesystem::path path;
+  bool follow = false;
+};
+// The files among `files` whose digest for their current (dev, ino, size, mtime, ctime) is not
+// in the cache.
+std::vector<DigestFile> uncached_digests(const std::vector<DigestFile>& files);
+void warm_digests(const std::vector<DigestFile>& files);
+// The runtime libraries a worker's output file names ("loaded_libraries"), for warm_digests; none
+// when the file is missing, unreadable or names none (implementation_section checks them later).
+std::vector<DigestFile> reported_libraries(const std::filesystem::path& output_file);
 
 // Seals `sealed.result` (result_sha256), signs its statement (DSSE) and returns the files that
 // become durable with the job's terminal state.

@@ -73,6 +73,44 @@ def bridge(listener: socket.socket, unix_path: pathlib.Path) -> None:
         threading.Thread(target=pipe, args=(upstream, client), daemon=True).start()
 
 
+def local_schemas(source: pathlib.Path, into: pathlib.Path) -> pathlib.Path:
+    """A copy of schemas/ whose references by $id (https://assay.dev/schemas/...) name the copied
+    files by their relative names, so that schemathesis checks those parts of the answers too instead of skipping them
+    as unresolvable. Returns the copy's openapi.yaml."""
+    into.mkdir()
+    files = sorted((source / "schemas").glob("*.json"))
+    by_id = {}
+    for f in files:
+        doc = json.loads(f.read_text())
+        if "$id" in doc:
+            by_id[doc["$id"]] = f.name
+
+    def rewrite(node):
+        if isinstance(node, dict):
+            out = {}
+            for k, v in node.items():
+                if k == "$ref" and isinstance(v, str):
+                    base, _, fragment = v.partition("#")
+                    if base in by_id:
+                        v = by_id[base] + ("#" + fragment if fragment else "")
+                out[k] = rewrite(v)
+            return out
+        if isinstance(node, list):
+            return [rewrite(v) for v in node]
+        return node
+
+    for f in files:
+        text = json.dumps(rewrite(json.loads(f.read_text())))
+        (into / f.name).write_text(text)
+        # Also under the last part of its $id (process-containment.v1.json), which schemathesis
+        # resolves a reference to against the referring file's folder.
+        doc_id = json.loads(text).get("$id", "")
+        if doc_id and doc_id.rsplit("/", 1)[-1] != f.name:
+            (into / doc_id.rsplit("/", 1)[-1]).write_text(text)
+    shutil.copy(source / "schemas" / "openapi.yaml", into / "openapi.yaml")
+    return into / "openapi.yaml"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--assayd", required=True)
@@ -85,8 +123,8 @@ def main() -> int:
     if not os.access(st, os.X_OK):
         print("schemathesis is not installed (pip install schemathesis==4.32.5)")
         return 77
-    spec = (pathlib.Path(args.source) / "schemas" / "openapi.yaml").resolve()
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="assay-st-"))
+    spec = local_schemas(pathlib.Path(args.source).resolve(), tmp / "schemas")
     model = tmp / "model"
     model.mkdir()
     (model / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 260}))

@@ -112,7 +112,12 @@ Submitted Service::submit(const Json& document, const std::map<std::string, std:
   Admission admission;
   try {
     if (!document.is_object()) throw Error("request.invalid", "a request must be a JSON object");
-    const JobKind& kind = kind_for_schema(document.value("schema", ""));
+    auto schema = document.find("schema");
+    if (schema != document.end() && !schema->is_string())
+      throw Error("request.invalid", "\"schema\" is " + std::string(schema->type_name()) +
+                                         ", not a string naming the request's kind");
+    const JobKind& kind =
+        kind_for_schema(schema == document.end() ? "" : schema->get_ref<const std::string&>());
     SubmitContext context{config_, peer, ""};
     for (const auto& [k, v] : options) {
       if (k == "retry") {

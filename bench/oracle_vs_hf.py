@@ -79,6 +79,15 @@ def gemm_gflops(dtype, threads, reps=3):
     return 2 * 4096 ** 3 / best / 1e9
 
 
+def warm_page_cache(model_dir):
+    for entry in sorted(os.listdir(model_dir)):
+        path = os.path.join(model_dir, entry)
+        if os.path.isfile(path):
+            with open(path, "rb") as f:
+                while f.read(16 << 20):
+                    pass
+
+
 def _time(f):
     t = time.perf_counter()
     f()
@@ -105,6 +114,8 @@ def main():
     p.add_argument("--out", required=True)
     p.add_argument("--skip-gemm", action="store_true",
                    help="no GEMM measurement (a bf16 GEMM without native bf16 takes minutes)")
+    p.add_argument("--repeat", type=int, default=2,
+                   help="runs of each side per case, alternating; the fastest is reported")
     p.add_argument("--rows-from", help="re-render the report from the rows a run printed")
     args = p.parse_args()
     import torch
@@ -127,12 +138,24 @@ def main():
         r = random.Random(t)
         ids = ",".join(str(r.randrange(vocab)) for _ in range(t))
         o_out, h_out = os.path.join(work, "oracle.st"), os.path.join(work, "hf.st")
-        o_wall, o_rss, o_err = timed([args.oracle, "logits", "--model", model_dir, "--token-ids",
-                                      ids, "--out", o_out, "--all-positions", "--threads",
-                                      str(args.threads), "--verbose"])
+        # Both sides start from a warm page cache: otherwise the first (the oracle) reads the
+        # checkpoint from disk and the second finds it cached (11.5 s against 1.75 s of load for
+        # the 4B checkpoint here).
+        warm_page_cache(model_dir)
+        # Each side runs --repeat times, alternating, and its fastest run is reported: the
+        # first process here to touch 8 GB of fresh anonymous memory (the oracle's private copy
+        # of the weights) paid 11 s of load where the next paid 0.7 s, on this VM (memory the
+        # guest had not used yet), while transformers maps the already-resident page cache.
         env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-        h_wall, h_rss, h_err = timed([sys.executable, "-c", HF_RUN, model_dir, ids, h_out,
-                                      str(args.threads)], env)
+        o_runs, h_runs = [], []
+        for _ in range(args.repeat):
+            o_runs.append(timed([args.oracle, "logits", "--model", model_dir, "--token-ids", ids,
+                                 "--out", o_out, "--all-positions", "--threads",
+                                 str(args.threads), "--verbose"]))
+            h_runs.append(timed([sys.executable, "-c", HF_RUN, model_dir, ids, h_out,
+                                 str(args.threads)], env))
+        o_wall, o_rss, o_err = min(o_runs, key=lambda r: r[0])
+        h_wall, h_rss, h_err = min(h_runs, key=lambda r: r[0])
         got, want = read_logits(o_out), read_logits(h_out)
         same = got.shape == want.shape and torch.equal(got.view(torch.int32),
                                                        want.view(torch.int32))
@@ -159,11 +182,12 @@ def main():
         "# assay-oracle against transformers eager (`bench/oracle_vs_hf.sh`)",
         "",
         "Same run, same torch (%s, %s), transformers %s, %d threads, same ids; each side a fresh"
-        " process doing the same work: load the checkpoint, the bf16 eager forward over T tokens,"
+        " process doing the same work (the fastest of %d runs each, alternating, from a warm page"
+        " cache): load the checkpoint, the bf16 eager forward over T tokens,"
         " the F32 logits of every position written to a file. Wall and peak RSS from"
         " `/usr/bin/time`. Ratios are assay-oracle / transformers (below 1.0 is better)." % (
             torch.__version__, torch.version.git_version[:12], transformers.__version__,
-            args.threads),
+            args.threads, args.repeat),
         "",
         "CPU: %s; `ATEN_CPU_CAPABILITY` %s (torch.backends.cpu.get_cpu_capability()); measured %s."
         % (cpu, torch.backends.cpu.get_cpu_capability(), time.strftime("%Y-%m-%d")),

@@ -4,6 +4,7 @@
 # /var/tmp/assay-bench-qwen3-4b between runs) at T=42 and T=1024, in one run, plus this CPU's
 # bf16/fp32 GEMM rate. Writes bench/oracle_vs_hf.md.
 #   bench/oracle_vs_hf.sh [--build DIR] [--no-4b] [--threads N] [--4b-lengths "42 1024"]
+# (ASSAY_BENCH_ARGS="--repeat N": runs of each side per case, the fastest reported; default 2)
 # (a 4B forward at T=1024 takes about 10 minutes a side on a 2-core AVX2 machine);
 # ASSAY_BENCH_ARGS=--skip-gemm leaves out the GEMM rate (minutes in bf16 without native bf16).
 set -euo pipefail

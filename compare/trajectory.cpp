@@ -382,9 +382,10 @@ TrajectoryAnalysis analyse_trajectory(const TrajectoryInput& in) {
     divergence["reference_from"] = in.engines[*ref].engine;
     divergence["argmax_by_capture"] = by_capture;
     divergence["argmax_engines"] = matching;
-    divergence["argmax_candidate"] = matching.empty() ? Json("neither") : matching[0];
+    // Kiln's rule, as in a next-token verdict: an engine's only when it alone chose the argmax.
+    divergence["argmax_candidate"] = matching.size() == 1 ? matching[0] : Json("neither");
     divergence["candidate_attribution_complete"] =
-        !f.tied && captures_agree && every_engine_has_token && matching.size() <= 1;
+        !f.tied && captures_agree && every_engine_has_token && matching.size() == 1;
   }
 
   Json names = Json::array();

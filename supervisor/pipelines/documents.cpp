@@ -198,10 +198,16 @@ Json make_verdict(const common::NextTokenRequest& request, const Json& output) {
   if (!argmax.is_number_integer())
     throw Error("worker.oracle_output", "oracle output has no integer argmax: " + argmax.dump());
   std::int64_t top = argmax.get<std::int64_t>();
-  std::string winner = "neither";
+  // Kiln's rule: the argmax is an engine's only when exactly one candidate holds it; none, or
+  // two engines with the same token, is "neither".
+  std::vector<std::string> matching;
   for (const auto& c : request.candidates)
-    if (c.token_id == top) winner = c.engine;
-  bool complete = true;
+    if (c.token_id == top) matching.push_back(c.engine);
+  std::string winner = matching.size() == 1 ? matching.front() : "neither";
+  bool complete = matching.size() == 1;
+  // Stricter than Kiln where Kiln's claim would not be a fact: with the top logit tied the
+  // argmax is one of several tokens (the first index), so nothing is attributed completely; and
+  // an output without a candidate's logit is not a complete account of the candidates.
   Json reported = output.value("candidate_tokens", Json::array());
   for (const auto& c : request.candidates) {
     bool seen = false;

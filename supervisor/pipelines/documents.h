@@ -53,9 +53,11 @@ common::Json source_section();
 // canonical sha256 of configuration (Error("worker.oracle_output") otherwise).
 void check_configuration(const common::Json& oracle_output, const std::string& role);
 
-// {argmax_candidate (engine or "neither"), argmax_token_id, candidate_attribution_complete}.
-// Complete means the oracle reported a logit for every candidate and the top logit is not tied,
-// so exactly one token is the reference argmax.
+// {argmax_candidate, argmax_token_id, candidate_attribution_complete}, by Kiln's rule: the
+// argmax_candidate is the engine whose candidate token alone equals the reference argmax, and
+// "neither" when none does or several do (two engines that gave the same token). Complete
+// means exactly one candidate matches (Kiln's meaning) and, stricter than Kiln, the top logit is
+// not tied and the oracle reported every candidate's logit.
 common::Json make_verdict(const common::NextTokenRequest& request,
                           const common::Json& oracle_output);
 

@@ -265,3 +265,51 @@ TEST_CASE("executor slurm needs a shared directory apart from the state director
   CHECK(finalize("slurm", tmp.path()).find("must not contain") != std::string::npos);
   CHECK(finalize("kubernetes", "").find("is not local or slurm") != std::string::npos);
 }
+
+// Kiln's verdict rule (issue 25): an engine gets the argmax only when its candidate alone holds
+// it. Before, two engines with the same token gave the last of them, and "neither" could be
+// called complete.
+TEST_CASE("the verdict follows Kiln's rule: one match, none, both the same token, a tied top") {
+  auto output = [](std::int64_t argmax, double margin, bool tie) {
+    return Json{{"argmax", argmax},
+                {"top_logit_margin", margin},
+                {"top_logit_tie", tie},
+                {"candidate_tokens",
+                 {{{"engine", "kiln"}, {"logit", 1.5}}, {{"engine", "vllm"}, {"logit", 1.0}}}}};
+  };
+  assay::common::NextTokenRequest r;
+  r.candidates = {{"kiln", 65, "A"}, {"vllm", 66, "B"}};
+  SUBCASE("one match") {
+    Json v = sup::make_verdict(r, output(65, 0.5, false));
+    CHECK(v["argmax_candidate"] == "kiln");
+    CHECK(v["argmax_token_id"] == 65);
+    CHECK(v["candidate_attribution_complete"] == true);
+  }
+  SUBCASE("no match") {
+    Json v = sup::make_verdict(r, output(67, 0.5, false));
+    CHECK(v["argmax_candidate"] == "neither");
+    CHECK(v["candidate_attribution_complete"] == false);
+  }
+  SUBCASE("both engines gave the argmax token") {
+    r.candidates[1].token_id = 65;
+    Json v = sup::make_verdict(r, output(65, 0.5, false));
+    CHECK(v["argmax_candidate"] == "neither");
+    CHECK(v["candidate_attribution_complete"] == false);
+  }
+  SUBCASE("both engines gave the same other token") {
+    r.candidates[1].token_id = 65;
+    Json v = sup::make_verdict(r, output(70, 0.5, false));
+    CHECK(v["argmax_candidate"] == "neither");
+    CHECK(v["candidate_attribution_complete"] == false);
+  }
+  SUBCASE("a tie at the top: the first index is the argmax, attributed but not completely") {
+    Json v = sup::make_verdict(r, output(65, 0.0, true));
+    CHECK(v["argmax_candidate"] == "kiln");
+    CHECK(v["candidate_attribution_complete"] == false);
+  }
+  SUBCASE("an output missing a candidate's logit is not complete") {
+    Json o = output(65, 0.5, false);
+    o["candidate_tokens"].erase(1);
+    CHECK(sup::make_verdict(r, o)["candidate_attribution_complete"] == false);
+  }
+}

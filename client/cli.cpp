@@ -193,6 +193,10 @@ void add_trust_commands(CLI::App& app, cli::Options& o, Commands& c) {
       ->check(CLI::ExistingFile);
   c.verify->add_option("--artifact", o.artifact, "the logits artifact, to check its digest too")
       ->check(CLI::ExistingFile);
+  c.verify->add_flag("--kiln", o.kiln,
+                     "RESULT is a record Kiln wrote (next-token or layer-attribution result): "
+                     "result_sha256 in Kiln's canonical form and the facts that follow from it; "
+                     "offline, no key");
 
   c.keys = app.add_subcommand("keys", "show assayd's signing key id and public key");
   c.keys->add_option("-o,--output", o.output, "also write the public key PEM to this file");

@@ -15,6 +15,26 @@ using common::Json;
 namespace fs = std::filesystem;
 
 int Cli::verify() {
+  if (o_.kiln) {
+    if (!o_.envelope.empty() || !o_.pubkey.empty() || !o_.artifact.empty())
+      throw ExitWith{kExitUsage,
+                     "--kiln checks a Kiln record alone: --envelope, --pubkey and --artifact do "
+                     "not apply (Kiln's records are not signed; its logits are not checked yet)"};
+    VerifyReport report;
+    try {
+      report = verify_kiln(o_.file);
+    } catch (const common::Error& e) {
+      throw ExitWith{kExitInvalidInput, std::string(e.what()) + " [" + e.code() + "]"};
+    }
+    if (o_.json) {
+      print_json(report.to_json());
+    } else {
+      out_ << checks_table(report);
+      out_ << (report.ok() ? "verified (Kiln record): " : "NOT VERIFIED (Kiln record): ") << o_.file
+           << "\n";
+    }
+    return report.ok() ? kExitOk : kExitVerifyFailed;
+  }
   VerifyInputs in;
   in.result = o_.file;
   if (!o_.envelope.empty()) {

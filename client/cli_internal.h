@@ -27,6 +27,7 @@ struct ExitWith {
 struct Options {
   std::string socket;
   bool json = false;
+  bool kiln = false;  // verify: FILE is a record Kiln wrote
   double timeout_s = 60;
   // Positional and per-command values.
   std::string file, id, output, model, envelope, pubkey, artifact, state;

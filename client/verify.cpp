@@ -77,6 +77,179 @@ Json VerifyReport::to_json() const {
   return {{"ok", ok()}, {"checks", list}};
 }
 
+namespace {
+
+constexpr std::string_view kKilnNextTokenV1 = "kiln.rocm-hf-next-token-oracle.v1";
+constexpr std::string_view kKilnNextTokenV2 = "kiln.rocm-hf-next-token-oracle.v2";
+constexpr std::string_view kKilnLayerV1 = "kiln.rocm-hf-layer-attribution-result.v1";
+constexpr std::string_view kKilnLayerV2 = "kiln.rocm-hf-layer-attribution-result.v2";
+
+// The number at `key` of an object, or nullopt.
+std::optional<double> number_at(const Json& o, const char* key) {
+  if (!o.is_object() || !o.contains(key) || !o[key].is_number()) return std::nullopt;
+  return o[key].get<double>();
+}
+std::optional<std::int64_t> int_at(const Json& o, const char* key) {
+  if (!o.is_object() || !o.contains(key) || !o[key].is_number_integer()) return std::nullopt;
+  return o[key].get<std::int64_t>();
+}
+
+// The facts of a Kiln next-token result that follow from the document itself.
+void check_kiln_next_token(const Json& doc, Checks& checks) {
+  const Json& oracle = doc.contains("oracle") ? doc["oracle"] : Json();
+  const Json& verdict = doc.contains("verdict") ? doc["verdict"] : Json();
+  auto argmax = int_at(oracle, "argmax");
+  const Json top = oracle.is_object() ? oracle.value("top_tokens", Json::array()) : Json::array();
+  const Json candidates =
+      oracle.is_object() ? oracle.value("candidate_tokens", Json::array()) : Json::array();
+
+  // The top tokens: by logit, highest first, the argmax first.
+  bool ordered = top.is_array() && !top.empty() && top.size() <= 10;
+  std::string why = ordered ? "" : "oracle.top_tokens is not a list of 1 to 10 tokens";
+  for (std::size_t i = 0; ordered && i < top.size(); ++i) {
+    auto logit = number_at(top[i], "logit");
+    if (!logit || !int_at(top[i], "token_id")) {
+      ordered = false;
+      why = "oracle.top_tokens[" + std::to_string(i) + "] has no logit or token_id";
+    } else if (i > 0 && *logit > *number_at(top[i - 1], "logit")) {
+      ordered = false;
+      why = "oracle.top_tokens[" + std::to_string(i) + "] has a higher logit than the one before";
+    }
+  }
+  if (ordered && argmax && int_at(top[0], "token_id") != argmax) {
+    ordered = false;
+    why = "oracle.top_tokens[0] is token " + top[0]["token_id"].dump() + ", not oracle.argmax " +
+          std::to_string(*argmax);
+  }
+  checks.add("kiln.top_tokens", ordered,
+             ordered ? std::to_string(top.size()) + " tokens by logit, the argmax first" : why);
+
+  // The margin: the top logit less the next one.
+  auto margin = number_at(oracle, "top_logit_margin");
+  if (ordered && top.size() >= 2) {
+    double a = *number_at(top[0], "logit"), b = *number_at(top[1], "logit");
+    bool ok = margin && (*margin == a - b || *margin == static_cast<double>(static_cast<float>(a) -
+                                                                            static_cast<float>(b)));
+    checks.add("kiln.top_logit_margin", ok,
+               "oracle.top_logit_margin " + (margin ? common::python_float_repr(*margin) : "none") +
+                   (ok ? " = " : " != ") + "top_tokens[0].logit - top_tokens[1].logit (" +
+                   common::python_float_repr(a - b) + ")");
+  }
+
+  // Each candidate: its logit and rank where the top tokens show them.
+  bool cands_ok = candidates.is_array() && !candidates.empty();
+  std::string cands_why = cands_ok ? "" : "oracle.candidate_tokens is not a non-empty list";
+  for (std::size_t i = 0; cands_ok && i < candidates.size(); ++i) {
+    const Json& c = candidates[i];
+    std::string at = "oracle.candidate_tokens[" + std::to_string(i) + "]";
+    auto token = int_at(c, "token_id");
+    auto logit = number_at(c, "logit");
+    auto rank = int_at(c, "rank");
+    if (!token || !logit || !rank || !c.contains("engine")) {
+      cands_ok = false;
+      cands_why = at + " lacks engine, token_id, logit or rank";
+      break;
+    }
+    if (!ordered) continue;
+    std::int64_t above = 0, position = 0;
+    for (std::size_t k = 0; k < top.size(); ++k) {
+      if (*number_at(top[k], "logit") > *logit) ++above;
+      if (int_at(top[k], "token_id") == token) {
+        position = static_cast<std::int64_t>(k) + 1;
+        if (*number_at(top[k], "logit") != *logit) {
+          cands_ok = false;
+          cands_why = at + ".logit " + common::python_float_repr(*logit) +
+                      " differs from its top_tokens entry";
+        }
+      }
+    }
+    bool in_top = position > 0;
+    bool rank_ok = in_top ? (*rank == above + 1 || *rank == position)
+                          : (*rank > static_cast<std::int64_t>(top.size()) && *rank > above);
+    if (cands_ok && !rank_ok) {
+      cands_ok = false;
+      cands_why =
+          at + ".rank " + std::to_string(*rank) + " does not follow from the top tokens (" +
+          std::to_string(above) + " have a higher logit" +
+          (in_top ? ", it is number " + std::to_string(position) : ", it is not among them") + ")";
+    }
+  }
+  checks.add("kiln.candidate_tokens", cands_ok,
+             cands_ok ? std::to_string(candidates.size()) + " candidates, logits and ranks agree"
+                      : cands_why);
+
+  // The verdict, by Kiln's rule: an engine's only when its candidate alone is the argmax.
+  if (cands_ok && argmax) {
+    std::vector<std::string> matching;
+    for (const Json& c : candidates)
+      if (int_at(c, "token_id") == argmax) matching.push_back(c["engine"].dump());
+    std::string want = matching.size() == 1 ? matching.front() : "\"neither\"";
+    auto claimed_token = int_at(verdict, "argmax_token_id");
+    checks.add("kiln.verdict.argmax_token_id", claimed_token == argmax,
+               "verdict.argmax_token_id " +
+                   (claimed_token ? std::to_string(*claimed_token) : std::string("missing")) +
+                   (claimed_token == argmax ? " = " : " != ") + "oracle.argmax " +
+                   std::to_string(*argmax));
+    Json claimed = verdict.is_object() ? verdict.value("argmax_candidate", Json()) : Json();
+    checks.add("kiln.verdict.argmax_candidate", claimed.dump() == want,
+               "verdict.argmax_candidate " + claimed.dump() +
+                   (claimed.dump() == want ? "" : ", the candidates give " + want) + " (" +
+                   std::to_string(matching.size()) + " candidate(s) hold the argmax)");
+    Json complete =
+        verdict.is_object() ? verdict.value("candidate_attribution_complete", Json()) : Json();
+    bool want_complete = matching.size() == 1;
+    checks.add("kiln.verdict.candidate_attribution_complete", complete == Json(want_complete),
+               "verdict.candidate_attribution_complete " + complete.dump() +
+                   (complete == Json(want_complete)
+                        ? ""
+                        : ", Kiln's rule gives " + Json(want_complete).dump()));
+  } else if (!argmax) {
+    checks.add("kiln.verdict", false, "oracle.argmax is not an integer");
+  }
+}
+
+}  // namespace
+
+VerifyReport verify_kiln(const std::filesystem::path& record) {
+  Checks checks;
+  const std::string bytes = common::read_file(record, kMaxDocumentBytes);
+  Json doc;
+  try {
+    doc = common::parse_strict(bytes, {.max_bytes = kMaxDocumentBytes});
+  } catch (const common::Error& e) {
+    checks.add("kiln.json", false, record.string() + ": " + e.what());
+    return checks.take();
+  }
+  if (!doc.is_object()) {
+    checks.add("kiln.json", false, record.string() + " is not a JSON object");
+    return checks.take();
+  }
+  auto schema = string_at(doc, {"schema"});
+  bool next_token = schema == kKilnNextTokenV1 || schema == kKilnNextTokenV2;
+  bool layer = schema == kKilnLayerV1 || schema == kKilnLayerV2;
+  checks.add("kiln.schema", next_token || layer,
+             "schema " + (schema ? "\"" + *schema + "\"" : std::string("missing")) +
+                 (next_token || layer ? ""
+                                      : ", not one of Kiln's next-token or layer-attribution "
+                                        "results (v1, v2)"));
+  auto claimed = string_at(doc, {"result_sha256"});
+  Json body = doc;
+  body.erase("result_sha256");
+  std::string recomputed;
+  try {
+    recomputed = common::sha256_id(common::python_canonical(body));
+  } catch (const common::Error& e) {
+    recomputed = std::string("(not computable: ") + e.what() + ")";
+  }
+  checks.add("kiln.result_sha256", claimed == recomputed,
+             claimed ? (claimed == recomputed ? recomputed + " (Kiln's canonical form)"
+                                              : "claimed " + *claimed + ", recomputed " +
+                                                    recomputed + " in Kiln's canonical form")
+                     : "record has no result_sha256 string (recomputed " + recomputed + ")");
+  if (next_token) check_kiln_next_token(doc, checks);
+  return checks.take();
+}
+
 std::filesystem::path default_envelope_path(const std::filesystem::path& result) {
   return result.parent_path() / (result.stem().string() + ".dsse.json");
 }

@@ -35,6 +35,15 @@ struct VerifyReport {
 // independent ones. Throws common::Error only when a file cannot be read at all.
 VerifyReport verify_result(const VerifyInputs& in);
 
+// A record Kiln wrote (its next-token oracle result v1/v2, its layer-attribution result
+// v1/v2): its schema is one of Kiln's; result_sha256 recomputed in Kiln's canonical form
+// (common::python_canonical, without the field); and for a next-token result the facts that
+// follow from the document: the verdict against the candidates and the argmax by Kiln's rule,
+// the top tokens in order with the argmax first, the margin, each candidate's logit and rank
+// against the top tokens. Not checked (yet): the document against Kiln's JSON Schema, and the
+// logits artifact. Throws common::Error only when the file cannot be read.
+VerifyReport verify_kiln(const std::filesystem::path& record);
+
 // The envelope beside a result: "<dir>/<stem>.dsse.json" (result.json -> result.dsse.json).
 std::filesystem::path default_envelope_path(const std::filesystem::path& result);
 

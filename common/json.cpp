@@ -373,6 +373,163 @@ std::string canonical(const Json& value) {
   return out;
 }
 
+std::string python_float_repr(double value) {
+  if (!std::isfinite(value))
+    throw Error("json.not_canonicalizable", "a non-finite number has no JSON form");
+  if (value == 0) return std::signbit(value) ? "-0.0" : "0.0";
+  // Shortest round-trip digits and their exponent, from the scientific form "d.ddde+XX".
+  char buf[64];
+  auto [end, ec] = std::to_chars(buf, buf + sizeof buf, value, std::chars_format::scientific);
+  std::string sci(buf, end);
+  bool negative = sci[0] == '-';
+  if (negative) sci.erase(0, 1);
+  auto e = sci.find('e');
+  std::string digits = sci.substr(0, e);
+  digits.erase(std::remove(digits.begin(), digits.end(), '.'), digits.end());
+  int exponent = std::stoi(sci.substr(e + 1));  // value = d.ddd x 10^exponent
+  int point = exponent + 1;                     // digits before the decimal point
+  std::string out = negative ? "-" : "";
+  if (point > -4 && point <= 16) {
+    if (point <= 0) {
+      out += "0." + std::string(static_cast<std::size_t>(-point), '0') + digits;
+    } else if (static_cast<std::size_t>(point) >= digits.size()) {
+      out += digits + std::string(static_cast<std::size_t>(point) - digits.size(), '0') + ".0";
+    } else {
+      out += digits.substr(0, static_cast<std::size_t>(point)) + "." +
+             digits.substr(static_cast<std::size_t>(point));
+    }
+    return out;
+  }
+  out += digits.substr(0, 1);
+  if (digits.size() > 1) out += "." + digits.substr(1);
+  int shown = point - 1;
+  out += shown < 0 ? "e-" : "e+";
+  std::string mag = std::to_string(shown < 0 ? -shown : shown);
+  if (mag.size() < 2) mag.insert(0, "0");
+  return out + mag;
+}
+
+namespace {
+
+void write_python_string(const std::string& s, std::string& out) {
+  append_utf16_units(s, nullptr);  // throws on invalid UTF-8
+  static const char* kHex = "0123456789abcdef";
+  auto unit = [&](std::uint32_t u) {
+    out += "\\u";
+    for (int shift = 12; shift >= 0; shift -= 4) out += kHex[(u >> shift) & 0xf];
+  };
+  out += '"';
+  for (std::size_t i = 0; i < s.size();) {
+    auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x80) {
+      switch (c) {
+        case '"':
+          out += "\\\"";
+          break;
+        case '\\':
+          out += "\\\\";
+          break;
+        case '\n':
+          out += "\\n";
+          break;
+        case '\r':
+          out += "\\r";
+          break;
+        case '\t':
+          out += "\\t";
+          break;
+        case '\b':
+          out += "\\b";
+          break;
+        case '\f':
+          out += "\\f";
+          break;
+        default:
+          if (c < 0x20)
+            unit(c);
+          else
+            out += static_cast<char>(c);
+      }
+      ++i;
+      continue;
+    }
+    int n = c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : 2;
+    std::uint32_t cp = c & (0x7f >> n);
+    for (int k = 1; k < n; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3f);
+    i += static_cast<std::size_t>(n);
+    if (cp >= 0x10000) {
+      cp -= 0x10000;
+      unit(0xd800 + (cp >> 10));
+      unit(0xdc00 + (cp & 0x3ff));
+    } else {
+      unit(cp);
+    }
+  }
+  out += '"';
+}
+
+void write_python(const Json& v, std::string& out) {
+  switch (v.type()) {
+    case Json::value_t::null:
+      out += "null";
+      return;
+    case Json::value_t::boolean:
+      out += v.get<bool>() ? "true" : "false";
+      return;
+    case Json::value_t::number_integer:
+      out += std::to_string(v.get<std::int64_t>());
+      return;
+    case Json::value_t::number_unsigned:
+      out += std::to_string(v.get<std::uint64_t>());
+      return;
+    case Json::value_t::number_float:
+      out += python_float_repr(v.get<double>());
+      return;
+    case Json::value_t::string:
+      write_python_string(v.get_ref<const std::string&>(), out);
+      return;
+    case Json::value_t::array: {
+      out += '[';
+      bool first = true;
+      for (const Json& e : v) {
+        if (!first) out += ',';
+        first = false;
+        write_python(e, out);
+      }
+      out += ']';
+      return;
+    }
+    case Json::value_t::object: {
+      // Python sorts str keys by code point, which is the byte order of their UTF-8.
+      std::vector<const std::string*> keys;
+      for (auto it = v.begin(); it != v.end(); ++it) keys.push_back(&it.key());
+      std::sort(keys.begin(), keys.end(),
+                [](const std::string* a, const std::string* b) { return *a < *b; });
+      out += '{';
+      bool first = true;
+      for (const std::string* k : keys) {
+        if (!first) out += ',';
+        first = false;
+        write_python_string(*k, out);
+        out += ':';
+        write_python(v.at(*k), out);
+      }
+      out += '}';
+      return;
+    }
+    default:
+      throw Error("json.not_canonicalizable", "a binary or discarded value has no JSON form");
+  }
+}
+
+}  // namespace
+
+std::string python_canonical(const Json& value) {
+  std::string out;
+  write_python(value, out);
+  return out;
+}
+
 const Json& require(const Json& object, std::string_view key, std::string_view where) {
   if (!object.is_object())
     throw Error("json.wrong_type", std::string(where) + " must be an object");

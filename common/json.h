@@ -29,6 +29,17 @@ Json parse_strict(std::string_view text, const ParseLimits& limits = {});
 // number or invalid UTF-8.
 std::string canonical(const Json& value);
 
+// Kiln's canonical form: Python's json.dumps(obj, sort_keys=True, separators=(",", ":"),
+// ensure_ascii=True, allow_nan=False). Keys sorted by code point, every non-ASCII character
+// escaped as \uXXXX (surrogate pairs above U+FFFF), integers as integers, and a number parsed
+// as a float written as Python's repr writes it: 300.0 stays 300.0 (RFC 8785 writes 300), 1e-05
+// and 1e+16 keep their exponents. Throws Error("json.not_canonicalizable") on a non-finite
+// number or invalid UTF-8.
+std::string python_canonical(const Json& value);
+// Python's repr of a finite double: the shortest digits that round-trip, fixed notation with at
+// least one fractional digit when the decimal exponent is in [-4, 16), else d.ddde+XX.
+std::string python_float_repr(double value);
+
 // The value at `key` of an object, or throws Error(code, "<where>: missing/wrong type ...").
 const Json& require(const Json& object, std::string_view key, std::string_view where);
 std::string require_string(const Json& object, std::string_view key, std::string_view where);

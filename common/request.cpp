@@ -298,34 +298,7 @@ std::string token_ids_sha256(std::span<const std::int64_t> ids) {
 }
 
 std::string kiln_canonical(const Json& value) {
-  std::string jcs = canonical(value);
-  std::string out;
-  out.reserve(jcs.size());
-  static const char* kHex = "0123456789abcdef";
-  auto escape = [&](std::uint32_t unit) {
-    out += "\\u";
-    for (int shift = 12; shift >= 0; shift -= 4) out += kHex[(unit >> shift) & 0xf];
-  };
-  // canonical() has validated the UTF-8; non-ASCII bytes occur only inside strings.
-  for (std::size_t i = 0; i < jcs.size();) {
-    auto c = static_cast<unsigned char>(jcs[i]);
-    if (c < 0x80) {
-      out += jcs[i++];
-      continue;
-    }
-    int n = c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : 2;
-    std::uint32_t cp = c & (0x7f >> n);
-    for (int k = 1; k < n; ++k) cp = (cp << 6) | (static_cast<unsigned char>(jcs[i + k]) & 0x3f);
-    i += n;
-    if (cp >= 0x10000) {
-      cp -= 0x10000;
-      escape(0xd800 + (cp >> 10));
-      escape(0xdc00 + (cp & 0x3ff));
-    } else {
-      escape(cp);
-    }
-  }
-  return out;
+  return python_canonical(value);
 }
 
 std::string model_content_sha256(const Json& mi) {

@@ -96,10 +96,11 @@ std::vector<std::int64_t> parse_token_id_array(const Json& obj, std::string_view
 
 // sha256 of the canonical JSON array of the ids ("[1,2,3]"), as Kiln publishes it.
 std::string token_ids_sha256(std::span<const std::int64_t> ids);
-// Kiln's canonical JSON (Python json.dumps(sort_keys, separators=(",",":"), ensure_ascii)):
-// the RFC 8785 form with every non-ASCII character written as a lowercase \uXXXX escape
-// (surrogate pairs above U+FFFF). Equal to canonical() for ASCII documents, and to Kiln's bytes
-// for every document without non-integer numbers.
+// Kiln's canonical JSON (Python json.dumps(sort_keys, separators=(",",":"), ensure_ascii,
+// allow_nan=False)): common::python_canonical. It differs from RFC 8785 (canonical()) in its
+// escapes (every non-ASCII character as \uXXXX) and its floats (300.0 stays 300.0, 1e-05 keeps
+// its exponent); it was the RFC 8785 form re-escaped until Kiln's real results, whose floats
+// did not recompute, showed the difference.
 std::string kiln_canonical(const Json& value);
 // Recomputes a Kiln-compatible identity's content_sha256: the sha256 of Kiln's canonical form
 // (kiln_canonical) of {id, config_hash, tokenizer_hash, chat_template_hash, weight_files}. Throws

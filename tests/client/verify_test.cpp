@@ -286,3 +286,136 @@ TEST_CASE("the signature verifies with plain openssl as client/README.md shows")
                          "pubkey.pem -rawin -in pae.bin -sigfile sig.bin >/dev/null 2>&1";
   CHECK(std::system(tampered.c_str()) != 0);
 }
+
+// Kiln's own records (tests/client/fixtures/kiln/: the two real results of
+// ../shared/fixtures/kiln/results/, byte for byte).
+namespace {
+
+const std::string kKilnNextToken = std::string(ASSAY_CLIENT_TEST_DIR) +
+                                   "/fixtures/kiln/"
+                                   "20260719t003452-rocm-strix-halo-hf-next-token-first-"
+                                   "divergence-v1.json";
+const std::string kKilnLayer = std::string(ASSAY_CLIENT_TEST_DIR) +
+                               "/fixtures/kiln/"
+                               "20260719t022838-rocm-strix-halo-hf-layer-attribution-v1.json";
+
+const client::Check* check_named(const client::VerifyReport& r, const std::string& name) {
+  for (const auto& c : r.checks)
+    if (c.name == name) return &c;
+  return nullptr;
+}
+
+// Writes `doc` as Kiln writes its files (indented; the bytes do not matter to the self-hash),
+// with its result_sha256 recomputed in Kiln's form when `rehash`.
+std::filesystem::path write_kiln(const TempDir& tmp, Json doc, bool rehash) {
+  if (rehash) {
+    Json body = doc;
+    body.erase("result_sha256");
+    doc["result_sha256"] = common::sha256_id(common::python_canonical(body));
+  }
+  auto path = tmp.path() / "record.json";
+  std::ofstream(path) << doc.dump(2) << "\n";
+  return path;
+}
+
+}  // namespace
+
+TEST_CASE("python_float_repr writes Python's repr of a float") {
+  const std::pair<double, const char*> cases[] = {
+      {300.0, "300.0"},
+      {1e-05, "1e-05"},
+      {1e16, "1e+16"},
+      {1e15, "1000000000000000.0"},
+      {0.0001, "0.0001"},
+      {0.1, "0.1"},
+      {1.5e-07, "1.5e-07"},
+      {-0.0, "-0.0"},
+      {123456789012345678.0, "1.2345678901234568e+17"},
+      {5e-324, "5e-324"},
+      {1.7976931348623157e308, "1.7976931348623157e+308"},
+      {-2.5, "-2.5"},
+      {1234.5678, "1234.5678"},
+      {9999999999999998.0, "9999999999999998.0"},
+      {0.001, "0.001"},
+      {1.23e-18, "1.23e-18"}};
+  for (const auto& [value, want] : cases) CHECK(common::python_float_repr(value) == want);
+  // Kiln's canonical form keeps a float a float and escapes as Python does.
+  Json doc = common::parse_strict(R"({"b":300.0,"a":[1,2.5e-7],"s":"é\u0001\n"})");
+  CHECK(common::python_canonical(doc) == R"({"a":[1,2.5e-07],"b":300.0,"s":"\u00e9\u0001\n"})");
+}
+
+TEST_CASE("verify --kiln passes both of Kiln's real results") {
+  for (const std::string& file : {kKilnNextToken, kKilnLayer}) {
+    client::VerifyReport r = client::verify_kiln(file);
+    CAPTURE(r.to_json().dump(2));
+    CHECK(r.ok());
+    REQUIRE(check_named(r, "kiln.result_sha256") != nullptr);
+    CHECK(check_named(r, "kiln.result_sha256")->ok);
+  }
+  // The next-token result's facts were checked, not only its hash.
+  client::VerifyReport r = client::verify_kiln(kKilnNextToken);
+  for (const char* name :
+       {"kiln.top_tokens", "kiln.top_logit_margin", "kiln.candidate_tokens",
+        "kiln.verdict.argmax_candidate", "kiln.verdict.candidate_attribution_complete"}) {
+    CAPTURE(name);
+    REQUIRE(check_named(r, name) != nullptr);
+    CHECK(check_named(r, name)->ok);
+  }
+}
+
+TEST_CASE("verify --kiln fails a one-field change to each real result, naming what broke") {
+  TempDir tmp;
+  Json next = common::parse_strict(common::read_file(kKilnNextToken, 1 << 24));
+  Json layer = common::parse_strict(common::read_file(kKilnLayer, 1 << 24));
+  SUBCASE("a changed field without a new hash fails the self-hash") {
+    for (Json doc : {next, layer}) {
+      doc["created_at_utc"] = "2026-01-01T00:00:00Z";
+      auto r = client::verify_kiln(write_kiln(tmp, doc, false));
+      CHECK_FALSE(r.ok());
+      CHECK_FALSE(check_named(r, "kiln.result_sha256")->ok);
+    }
+  }
+  SUBCASE("the same number written as an integer (18 for 18.0) changes Kiln's canonical bytes") {
+    Json doc = next;
+    REQUIRE(doc["oracle"]["top_tokens"][2]["logit"] == 18.0);
+    REQUIRE(doc["oracle"]["top_tokens"][2]["logit"].is_number_float());
+    doc["oracle"]["top_tokens"][2]["logit"] = 18;
+    auto r = client::verify_kiln(write_kiln(tmp, doc, false));
+    CHECK_FALSE(check_named(r, "kiln.result_sha256")->ok);
+  }
+  SUBCASE("the verdict given to the other engine, hash recomputed") {
+    Json doc = next;
+    doc["verdict"]["argmax_candidate"] = "kiln";
+    auto r = client::verify_kiln(write_kiln(tmp, doc, true));
+    CAPTURE(r.to_json().dump(2));
+    CHECK(check_named(r, "kiln.result_sha256")->ok);
+    CHECK_FALSE(r.ok());
+    CHECK_FALSE(check_named(r, "kiln.verdict.argmax_candidate")->ok);
+    CHECK(check_named(r, "kiln.verdict.argmax_candidate")->detail.find("\"vllm\"") !=
+          std::string::npos);
+  }
+  SUBCASE("a top token's logit raised above the argmax's, hash recomputed") {
+    Json doc = next;
+    doc["oracle"]["top_tokens"][1]["logit"] = 19.0;
+    auto r = client::verify_kiln(write_kiln(tmp, doc, true));
+    CHECK_FALSE(check_named(r, "kiln.top_tokens")->ok);
+  }
+  SUBCASE("a margin that does not follow, hash recomputed") {
+    Json doc = next;
+    doc["oracle"]["top_logit_margin"] = 0.5;
+    auto r = client::verify_kiln(write_kiln(tmp, doc, true));
+    CHECK_FALSE(check_named(r, "kiln.top_logit_margin")->ok);
+  }
+  SUBCASE("a candidate's rank that does not follow, hash recomputed") {
+    Json doc = next;
+    doc["oracle"]["candidate_tokens"][0]["rank"] = 1;
+    auto r = client::verify_kiln(write_kiln(tmp, doc, true));
+    CHECK_FALSE(check_named(r, "kiln.candidate_tokens")->ok);
+  }
+  SUBCASE("an unknown schema") {
+    Json doc = layer;
+    doc["schema"] = "kiln.something-else.v1";
+    auto r = client::verify_kiln(write_kiln(tmp, doc, true));
+    CHECK_FALSE(check_named(r, "kiln.schema")->ok);
+  }
+}

@@ -278,25 +278,29 @@ Json runtime_report(const c10::Device& device) {
       {"gpu", gpu_report(device)}};
 }
 
-Json torch_identity() {
-  std::string config = at::show_config();
-  std::filesystem::path dir = torch_library_dir();
-  // The wheel's label (with its local part, "+cu130") is written beside the library, not in it.
-  Json label = nullptr;
-  std::ifstream version_py(dir / ".." / "version.py");
-  for (std::string line; std::getline(version_py, line);) {
-    if (!line.starts_with("__version__")) continue;
-    auto q = line.find_first_of("'\"");
-    auto e = q == std::string::npos ? q : line.find(line[q], q + 1);
-    if (e != std::string::npos) label = line.substr(q + 1, e - q - 1);
-  }
-  return Json{{"version", build_setting(config, "TORCH_VERSION")},
-              {"version_label", label},
-              {"git_commit", build_setting(config, "COMMIT_SHA")},
-              {"cuda_version", build_setting(config, "CUDA_VERSION")},
-              {"hip_version", build_setting(config, "HIP_VERSION")},
-              {"compiled_against", TORCH_VERSION},
-              {"library_dir", dir.empty() ? Json(nullptr) : Json(dir.string())}};
+const Json& torch_identity() {
+  // The loaded library cannot change within the process: read once.
+  static const Json identity = [] {
+    std::string config = at::show_config();
+    std::filesystem::path dir = torch_library_dir();
+    // The wheel's label (with its local part, "+cu130") is written beside the library, not in it.
+    Json label = nullptr;
+    std::ifstream version_py(dir / ".." / "version.py");
+    for (std::string line; std::getline(version_py, line);) {
+      if (!line.starts_with("__version__")) continue;
+      auto q = line.find_first_of("'\"");
+      auto e = q == std::string::npos ? q : line.find(line[q], q + 1);
+      if (e != std::string::npos) label = line.substr(q + 1, e - q - 1);
+    }
+    return Json{{"version", build_setting(config, "TORCH_VERSION")},
+                {"version_label", label},
+                {"git_commit", build_setting(config, "COMMIT_SHA")},
+                {"cuda_version", build_setting(config, "CUDA_VERSION")},
+                {"hip_version", build_setting(config, "HIP_VERSION")},
+                {"compiled_against", TORCH_VERSION},
+                {"library_dir", dir.empty() ? Json(nullptr) : Json(dir.string())}};
+  }();
+  return identity;
 }
 
 void load_gpu_backend() {

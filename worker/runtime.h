@@ -23,8 +23,8 @@ common::Json execution_configuration(const ExecOptions& options, const std::stri
 // version_label (torch/version.py beside the library, e.g. "2.13.0+cu130", or null), git_commit,
 // cuda_version, hip_version (build settings, or null), compiled_against (the header's
 // TORCH_VERSION), library_dir}. Labels only: the loaded libraries' sha256 (loaded_libraries(),
-// hashed by the supervisor) is the identity.
-common::Json torch_identity();
+// hashed by the supervisor) is the identity. Read once per process.
+const common::Json& torch_identity();
 
 // The CUDA or ROCm half of LibTorch (libtorch_cuda.so or libtorch_hip.so, beside the
 // libtorch_cpu.so this process mapped), loaded once with its kernels and hooks. Throws

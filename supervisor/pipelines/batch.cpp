@@ -32,8 +32,10 @@ constexpr std::size_t kMaxStateOutputBytes = 64 * 1024 * 1024;
 // Runs of the worker in a row that end no state before a state is failed alone.
 constexpr int kFruitlessRunsPerState = 2;
 // States harvested per turn of the engine's io_context (each is parsed, checked, sealed, signed
-// and committed as a job): thousands of states must not keep the daemon from answering.
-constexpr std::size_t kStatesPerHarvest = 16;
+// and committed as a job, three fsyncs): thousands of states must not keep the daemon from
+// answering. Few per turn, so that a slow disk (10 ms an fsync) still leaves it answering within
+// a fraction of a second; the turns themselves cost next to nothing.
+constexpr std::size_t kStatesPerHarvest = 4;
 
 std::string state_file(std::size_t index, const char* extension) {
   return "state-" + std::to_string(index) + extension;

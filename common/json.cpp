@@ -190,11 +190,20 @@ void append_utf16_units(std::string_view s, std::u16string* out) {
   }
 }
 
-void write_string(std::string_view s, std::string& out) {
+// The two canonical forms this project writes. They agree on everything but three things:
+// numbers (RFC 8785 writes ECMAScript's Number::toString and integers past 2^53 as doubles;
+// Python keeps integers exact and writes a float as its repr), non-ASCII text (raw in RFC 8785,
+// \uXXXX in Python's ensure_ascii) and key order (UTF-16 code units against code points, which
+// is the byte order nlohmann's std::map keeps already).
+enum class Form { kRfc8785, kPython };
+
+void write_string(std::string_view s, std::string& out, Form form) {
   static const char* kHex = "0123456789abcdef";
-  out += '"';
-  for (char ch : s) {
-    auto c = static_cast<unsigned char>(ch);
+  auto escape = [&](char16_t unit) {
+    out += "\\u";
+    for (int shift = 12; shift >= 0; shift -= 4) out += kHex[(unit >> shift) & 0xf];
+  };
+  auto write_ascii = [&](unsigned char c) {
     switch (c) {
       case '"':
         out += "\\\"";
@@ -218,16 +227,46 @@ void write_string(std::string_view s, std::string& out) {
         out += "\\t";
         break;
       default:
-        if (c < 0x20) {
-          out += "\\u00";
-          out += kHex[c >> 4];
-          out += kHex[c & 0xf];
-        } else {
-          out += ch;
-        }
+        if (c < 0x20)
+          escape(c);
+        else
+          out += static_cast<char>(c);
+    }
+  };
+  out += '"';
+  if (form == Form::kPython) {
+    std::u16string units;
+    append_utf16_units(s, &units);  // validates; surrogate pairs above U+FFFF
+    for (char16_t u : units) u < 0x80 ? write_ascii(static_cast<unsigned char>(u)) : escape(u);
+  } else {
+    append_utf16_units(s, nullptr);  // validates without building the UTF-16 copy
+    for (char ch : s) {
+      auto c = static_cast<unsigned char>(ch);
+      if (c < 0x80)
+        write_ascii(c);
+      else
+        out += ch;
     }
   }
   out += '"';
+}
+
+// The shortest digits that round-trip `v` (finite, not zero, positive) and the position of the
+// decimal point after their first `point` digits: v = 0.DIGITS x 10^point.
+struct Shortest {
+  std::string digits;
+  int point;
+};
+Shortest shortest(double v) {
+  char buf[64];
+  auto res = std::to_chars(buf, buf + sizeof buf, v, std::chars_format::scientific);
+  std::string sci(buf, res.ptr);  // d[.ddd]e[+-]XX
+  auto e = sci.find('e');
+  Shortest out{"", std::stoi(sci.substr(e + 1)) + 1};
+  for (std::size_t i = 0; i < e; ++i)
+    if (sci[i] != '.') out.digits += sci[i];
+  while (out.digits.size() > 1 && out.digits.back() == '0') out.digits.pop_back();
+  return out;
 }
 
 // ECMAScript Number::toString for a finite double (RFC 8785 section 3.2.2.3).
@@ -241,17 +280,8 @@ void write_number(double v, std::string& out) {
     out += '-';
     v = -v;
   }
-  char buf[64];
-  auto res = std::to_chars(buf, buf + sizeof buf, v, std::chars_format::scientific);
-  std::string sci(buf, res.ptr);  // shortest round trip: d[.ddd]e[+-]XX
-  auto e = sci.find('e');
-  std::string digits;
-  for (std::size_t i = 0; i < e; ++i)
-    if (sci[i] != '.') digits += sci[i];
-  while (digits.size() > 1 && digits.back() == '0') digits.pop_back();
-  int exponent = std::stoi(sci.substr(e + 1));
+  auto [digits, n] = shortest(v);
   int k = static_cast<int>(digits.size());
-  int n = exponent + 1;
   if (k <= n && n <= 21) {
     out += digits;
     out.append(n - k, '0');
@@ -275,7 +305,7 @@ void write_number(double v, std::string& out) {
   }
 }
 
-void write_canonical(const Json& v, std::string& out) {
+void write_json(const Json& v, std::string& out, Form form) {
   switch (v.type()) {
     case Json::value_t::null:
       out += "null";
@@ -285,7 +315,7 @@ void write_canonical(const Json& v, std::string& out) {
       break;
     case Json::value_t::number_integer: {
       auto i = v.get<std::int64_t>();
-      if (std::fabs(static_cast<double>(i)) <= kMaxExactInteger)
+      if (form == Form::kPython || std::fabs(static_cast<double>(i)) <= kMaxExactInteger)
         out += std::to_string(i);
       else
         write_number(static_cast<double>(i), out);
@@ -293,49 +323,51 @@ void write_canonical(const Json& v, std::string& out) {
     }
     case Json::value_t::number_unsigned: {
       auto u = v.get<std::uint64_t>();
-      if (static_cast<double>(u) <= kMaxExactInteger)
+      if (form == Form::kPython || static_cast<double>(u) <= kMaxExactInteger)
         out += std::to_string(u);
       else
         write_number(static_cast<double>(u), out);
       break;
     }
     case Json::value_t::number_float:
-      write_number(v.get<double>(), out);
+      if (form == Form::kPython)
+        out += python_float_repr(v.get<double>());
+      else
+        write_number(v.get<double>(), out);
       break;
-    case Json::value_t::string: {
-      const auto& s = v.get_ref<const std::string&>();
-      append_utf16_units(s, nullptr);  // validates UTF-8 without building the UTF-16 copy
-      write_string(s, out);
+    case Json::value_t::string:
+      write_string(v.get_ref<const std::string&>(), out, form);
       break;
-    }
     case Json::value_t::array: {
       out += '[';
       bool first = true;
       for (const auto& item : v) {
         if (!first) out += ',';
         first = false;
-        write_canonical(item, out);
+        write_json(item, out, form);
       }
       out += ']';
       break;
     }
     case Json::value_t::object: {
+      // Python's order (code points) is the std::map's byte order; RFC 8785's is UTF-16's.
       std::vector<std::pair<std::u16string, const std::string*>> keys;
       for (auto it = v.begin(); it != v.end(); ++it) {
         std::u16string units;
-        append_utf16_units(it.key(), &units);
+        if (form == Form::kRfc8785) append_utf16_units(it.key(), &units);
         keys.emplace_back(std::move(units), &it.key());
       }
-      std::sort(keys.begin(), keys.end(),
-                [](const auto& a, const auto& b) { return a.first < b.first; });
+      if (form == Form::kRfc8785)
+        std::stable_sort(keys.begin(), keys.end(),
+                         [](const auto& a, const auto& b) { return a.first < b.first; });
       out += '{';
       bool first = true;
       for (const auto& [units, key] : keys) {
         if (!first) out += ',';
         first = false;
-        write_string(*key, out);
+        write_string(*key, out, form);
         out += ':';
-        write_canonical(v.at(*key), out);
+        write_json(v.at(*key), out, form);
       }
       out += '}';
       break;
@@ -369,7 +401,13 @@ Json parse_strict(std::string_view text, const ParseLimits& limits) {
 
 std::string canonical(const Json& value) {
   std::string out;
-  write_canonical(value, out);
+  write_json(value, out, Form::kRfc8785);
+  return out;
+}
+
+std::string python_canonical(const Json& value) {
+  std::string out;
+  write_json(value, out, Form::kPython);
   return out;
 }
 
@@ -377,157 +415,24 @@ std::string python_float_repr(double value) {
   if (!std::isfinite(value))
     throw Error("json.not_canonicalizable", "a non-finite number has no JSON form");
   if (value == 0) return std::signbit(value) ? "-0.0" : "0.0";
-  // Shortest round-trip digits and their exponent, from the scientific form "d.ddde+XX".
-  char buf[64];
-  auto [end, ec] = std::to_chars(buf, buf + sizeof buf, value, std::chars_format::scientific);
-  std::string sci(buf, end);
-  bool negative = sci[0] == '-';
-  if (negative) sci.erase(0, 1);
-  auto e = sci.find('e');
-  std::string digits = sci.substr(0, e);
-  digits.erase(std::remove(digits.begin(), digits.end(), '.'), digits.end());
-  int exponent = std::stoi(sci.substr(e + 1));  // value = d.ddd x 10^exponent
-  int point = exponent + 1;                     // digits before the decimal point
-  std::string out = negative ? "-" : "";
+  std::string out = value < 0 ? "-" : "";
+  auto [digits, point] = shortest(std::fabs(value));
+  auto n = static_cast<std::size_t>(std::max(point, 0));
   if (point > -4 && point <= 16) {
-    if (point <= 0) {
+    if (point <= 0)
       out += "0." + std::string(static_cast<std::size_t>(-point), '0') + digits;
-    } else if (static_cast<std::size_t>(point) >= digits.size()) {
-      out += digits + std::string(static_cast<std::size_t>(point) - digits.size(), '0') + ".0";
-    } else {
-      out += digits.substr(0, static_cast<std::size_t>(point)) + "." +
-             digits.substr(static_cast<std::size_t>(point));
-    }
+    else if (n >= digits.size())
+      out += digits + std::string(n - digits.size(), '0') + ".0";
+    else
+      out += digits.substr(0, n) + "." + digits.substr(n);
     return out;
   }
   out += digits.substr(0, 1);
   if (digits.size() > 1) out += "." + digits.substr(1);
   int shown = point - 1;
-  out += shown < 0 ? "e-" : "e+";
-  std::string mag = std::to_string(shown < 0 ? -shown : shown);
+  std::string mag = std::to_string(std::abs(shown));
   if (mag.size() < 2) mag.insert(0, "0");
-  return out + mag;
-}
-
-namespace {
-
-void write_python_string(const std::string& s, std::string& out) {
-  append_utf16_units(s, nullptr);  // throws on invalid UTF-8
-  static const char* kHex = "0123456789abcdef";
-  auto unit = [&](std::uint32_t u) {
-    out += "\\u";
-    for (int shift = 12; shift >= 0; shift -= 4) out += kHex[(u >> shift) & 0xf];
-  };
-  out += '"';
-  for (std::size_t i = 0; i < s.size();) {
-    auto c = static_cast<unsigned char>(s[i]);
-    if (c < 0x80) {
-      switch (c) {
-        case '"':
-          out += "\\\"";
-          break;
-        case '\\':
-          out += "\\\\";
-          break;
-        case '\n':
-          out += "\\n";
-          break;
-        case '\r':
-          out += "\\r";
-          break;
-        case '\t':
-          out += "\\t";
-          break;
-        case '\b':
-          out += "\\b";
-          break;
-        case '\f':
-          out += "\\f";
-          break;
-        default:
-          if (c < 0x20)
-            unit(c);
-          else
-            out += static_cast<char>(c);
-      }
-      ++i;
-      continue;
-    }
-    int n = c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : 2;
-    std::uint32_t cp = c & (0x7f >> n);
-    for (int k = 1; k < n; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3f);
-    i += static_cast<std::size_t>(n);
-    if (cp >= 0x10000) {
-      cp -= 0x10000;
-      unit(0xd800 + (cp >> 10));
-      unit(0xdc00 + (cp & 0x3ff));
-    } else {
-      unit(cp);
-    }
-  }
-  out += '"';
-}
-
-void write_python(const Json& v, std::string& out) {
-  switch (v.type()) {
-    case Json::value_t::null:
-      out += "null";
-      return;
-    case Json::value_t::boolean:
-      out += v.get<bool>() ? "true" : "false";
-      return;
-    case Json::value_t::number_integer:
-      out += std::to_string(v.get<std::int64_t>());
-      return;
-    case Json::value_t::number_unsigned:
-      out += std::to_string(v.get<std::uint64_t>());
-      return;
-    case Json::value_t::number_float:
-      out += python_float_repr(v.get<double>());
-      return;
-    case Json::value_t::string:
-      write_python_string(v.get_ref<const std::string&>(), out);
-      return;
-    case Json::value_t::array: {
-      out += '[';
-      bool first = true;
-      for (const Json& e : v) {
-        if (!first) out += ',';
-        first = false;
-        write_python(e, out);
-      }
-      out += ']';
-      return;
-    }
-    case Json::value_t::object: {
-      // Python sorts str keys by code point, which is the byte order of their UTF-8.
-      std::vector<const std::string*> keys;
-      for (auto it = v.begin(); it != v.end(); ++it) keys.push_back(&it.key());
-      std::sort(keys.begin(), keys.end(),
-                [](const std::string* a, const std::string* b) { return *a < *b; });
-      out += '{';
-      bool first = true;
-      for (const std::string* k : keys) {
-        if (!first) out += ',';
-        first = false;
-        write_python_string(*k, out);
-        out += ':';
-        write_python(v.at(*k), out);
-      }
-      out += '}';
-      return;
-    }
-    default:
-      throw Error("json.not_canonicalizable", "a binary or discarded value has no JSON form");
-  }
-}
-
-}  // namespace
-
-std::string python_canonical(const Json& value) {
-  std::string out;
-  write_python(value, out);
-  return out;
+  return out + (shown < 0 ? "e-" : "e+") + mag;
 }
 
 const Json& require(const Json& object, std::string_view key, std::string_view where) {

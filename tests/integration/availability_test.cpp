@@ -98,16 +98,6 @@ fs::path make_config_only_model(const fs::path& dir) {
   return dir;
 }
 
-Json valid_request(const std::string& id, const fs::path& model_dir) {
-  return Json{{"schema", "assay.next-token-request.v1"},
-              {"id", id},
-              {"model_dir", model_dir.string()},
-              {"input_token_ids", {72, 101, 108, 108, 111}},
-              {"candidates",
-               {{{"engine", "kiln"}, {"token_id", 65}, {"text", "A"}},
-                {{"engine", "vllm"}, {"token_id", 66}, {"text", "B"}}}}};
-}
-
 HttpReply submit(const Daemon& d, const Json& request, double seconds = 5) {
   return request_within(d.socket(), "POST", "/v1/jobs", seconds, request.dump());
 }
@@ -485,11 +475,11 @@ TEST_SUITE("availability") {
              {"--containment", "none", "--fingerprint-worker", "/bin/false"});
     StopOnExit stop{d};
     REQUIRE_MESSAGE(d.start_within(15), d.log());
-    auto accepted = submit(d, valid_request("utf8-before", model));
+    auto accepted = submit(d, next_token_request("utf8-before", model));
     REQUIRE(accepted.status == 201);
     std::string accepted_id = accepted.json()["id"];
 
-    std::string good = valid_request("utf8", model).dump();
+    std::string good = next_token_request("utf8", model).dump();
     auto body_with = [&](const std::string& bytes) {
       return R"({"schema":"assay.next-token-request.v1","id":"x)" + bytes + R"(","model_dir":")" +
              model.string() +
@@ -540,7 +530,7 @@ TEST_SUITE("availability") {
               "--oracle-worker", kOracle});
     StopOnExit stop{d};
     REQUIRE_MESSAGE(d.start_within(15), d.log());
-    Json doc = valid_request("euro", model);
+    Json doc = next_token_request("euro", model);
     std::string euros;
     for (int i = 0; i < 700; ++i) euros += "\xE2\x82\xAC";  // U+20AC, 3 bytes each
     doc["candidates"][0]["text"] = euros;
@@ -593,7 +583,7 @@ TEST_SUITE("availability") {
              {"--containment", "none", "--fingerprint-worker", "/bin/false"});
     StopOnExit stop{d};
     REQUIRE_MESSAGE(d.start_within(15), d.log());
-    auto sub = submit(d, valid_request("waits", model));
+    auto sub = submit(d, next_token_request("waits", model));
     CHECK_MESSAGE(sub.status == 201, "the submission went unanswered or was refused: " << sub.body);
     // Go on with the stored job either way, to see what else breaks.
     std::string id;
@@ -684,7 +674,7 @@ TEST_SUITE("availability") {
 
     // The submission is answered only after the (held) clone, so look for the child meanwhile.
     HttpReply sub;
-    std::thread submitter([&] { sub = submit(d, valid_request("gate", model), 6); });
+    std::thread submitter([&] { sub = submit(d, next_token_request("gate", model), 6); });
     struct Join {
       std::thread& t;
       ~Join() {
@@ -731,7 +721,8 @@ TEST_SUITE("availability") {
              {"--containment", "none", "--fingerprint-worker", "/bin/false"});
     StopOnExit stop{d};
     REQUIRE_MESSAGE(d.start_within(15), d.log());
-    auto accepted = submit(d, valid_request("before-fifo", make_config_only_model(tmp.path / "m")));
+    auto accepted =
+        submit(d, next_token_request("before-fifo", make_config_only_model(tmp.path / "m")));
     REQUIRE(accepted.status == 201);
     std::string accepted_id = accepted.json()["id"];
 
@@ -739,7 +730,7 @@ TEST_SUITE("availability") {
     double took = 0;
     std::thread submitter([&] {
       auto t0 = Clock::now();
-      refused = submit(d, valid_request("fifo", model), 5);
+      refused = submit(d, next_token_request("fifo", model), 5);
       took = seconds_since(t0);
     });
     sleep_s(0.3);
@@ -778,7 +769,7 @@ TEST_SUITE("availability") {
     HttpReply refused;
     int tried = 0;
     for (; tried < 200; ++tried) {
-      auto r = submit(d, valid_request("full-" + std::to_string(tried), model));
+      auto r = submit(d, next_token_request("full-" + std::to_string(tried), model));
       if (r.status != 201) {
         refused = r;
         break;
@@ -812,7 +803,7 @@ TEST_SUITE("availability") {
       d.stop_within(1);
       REQUIRE_MESSAGE(d.start_within(15), d.log());
     }
-    auto again = submit(d, valid_request("full-" + std::to_string(tried), model));
+    auto again = submit(d, next_token_request("full-" + std::to_string(tried), model));
     CHECK(again.status == 201);
     if (again.status == 201) accepted.push_back(again.json()["id"]);
     auto settle = Clock::now();
@@ -862,8 +853,8 @@ TEST_SUITE("availability") {
       fs::create_directory(drop);
       ::chmod(drop.c_str(), 0777);  // nobody writes its job's id here
       pid_t submitter = as_nobody([&] {
-        auto r =
-            request_within(socket, "POST", "/v1/jobs", 5, valid_request("streams", model).dump());
+        auto r = request_within(socket, "POST", "/v1/jobs", 5,
+                                next_token_request("streams", model).dump());
         if (r.status == 201) spit(drop / "id", r.json()["id"].get<std::string>());
       });
       ::waitpid(submitter, nullptr, 0);

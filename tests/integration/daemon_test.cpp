@@ -24,16 +24,6 @@ fs::path make_config_only_model(const fs::path& dir) {
   return dir;
 }
 
-Json valid_request(const std::string& id, const fs::path& model_dir) {
-  return Json{{"schema", "assay.next-token-request.v1"},
-              {"id", id},
-              {"model_dir", model_dir.string()},
-              {"input_token_ids", {72, 101, 108, 108, 111}},
-              {"candidates",
-               {{{"engine", "kiln"}, {"token_id", 65}, {"text", "A"}},
-                {{"engine", "vllm"}, {"token_id", 66}, {"text", "B"}}}}};
-}
-
 }  // namespace
 
 TEST_CASE("assayd answers health, info and metrics on a 0660 unix socket") {
@@ -72,7 +62,7 @@ TEST_CASE("bad inputs each get a clear 4xx and the daemon keeps serving") {
            {"--containment", "none", "--config", (tmp.path / "config.json").string()});
   REQUIRE_MESSAGE(d.start(), d.log());
 
-  Json good = valid_request("bad-inputs", model);
+  Json good = next_token_request("bad-inputs", model);
   auto with = [&](const std::string& pointer, Json value) {
     Json doc = good;
     doc[Json::json_pointer(pointer)] = value;
@@ -215,7 +205,8 @@ TEST_CASE("64 concurrent clients x 100 status requests all succeed") {
   Daemon d(tmp.path / "state", tmp.path / "assayd.sock",
            {"--containment", "none", "--fingerprint-worker", "/bin/false"});
   REQUIRE_MESSAGE(d.start(), d.log());
-  auto sub = request(d.socket(), "POST", "/v1/jobs", valid_request("status-load", model).dump());
+  auto sub =
+      request(d.socket(), "POST", "/v1/jobs", next_token_request("status-load", model).dump());
   REQUIRE(sub.status == 201);
   std::string id = sub.json()["id"];
   Json job = wait_job(d.socket(), id, terminal, 30);
@@ -242,7 +233,7 @@ TEST_CASE("resubmitting an identical request returns the existing job, also afte
   std::vector<std::string> args{"--containment", "none", "--fingerprint-worker", "/bin/false"};
   Daemon d(tmp.path / "state", tmp.path / "assayd.sock", args);
   REQUIRE_MESSAGE(d.start(), d.log());
-  std::string body = valid_request("dedup", model).dump();
+  std::string body = next_token_request("dedup", model).dump();
   auto first = request(d.socket(), "POST", "/v1/jobs", body);
   REQUIRE(first.status == 201);
   auto again = request(d.socket(), "POST", "/v1/jobs", Json::parse(body).dump(2));
@@ -297,7 +288,7 @@ TEST_CASE("a real job runs both contained workers and returns a verifiable signe
            {"--containment", containment(), "--fingerprint-worker", kFingerprint, "--oracle-worker",
             kOracle});
   REQUIRE_MESSAGE(d.start(), d.log());
-  auto sub = request(d.socket(), "POST", "/v1/jobs", valid_request("e2e", model).dump());
+  auto sub = request(d.socket(), "POST", "/v1/jobs", next_token_request("e2e", model).dump());
   REQUIRE_MESSAGE(sub.status == 201, sub.body);
   std::string id = sub.json()["id"];
   Json job = wait_job(d.socket(), id, terminal, 300);
@@ -318,7 +309,8 @@ TEST_CASE("a real job runs both contained workers and returns a verifiable signe
   CHECK(result["verdict"]["argmax_token_id"] == result["oracle"]["argmax"]);
   std::string winner = result["verdict"]["argmax_candidate"];
   CHECK((winner == "kiln" || winner == "vllm" || winner == "neither"));
-  CHECK(result["request"]["sha256"] == common::sha256_canonical_id(valid_request("e2e", model)));
+  CHECK(result["request"]["sha256"] ==
+        common::sha256_canonical_id(next_token_request("e2e", model)));
 
   auto artifact = request(d.socket(), "GET", "/v1/jobs/" + id + "/artifact");
   CHECK(artifact.status == 200);
@@ -412,8 +404,9 @@ TEST_CASE("kill -9 of assayd while a job runs loses nothing: the job is re-run a
            {"--containment", containment(), "--fingerprint-worker", kFingerprint, "--oracle-worker",
             slow.string()});
   REQUIRE_MESSAGE(d.start(), d.log());
-  auto running = request(d.socket(), "POST", "/v1/jobs", valid_request("crash", model).dump());
-  auto queued = request(d.socket(), "POST", "/v1/jobs", valid_request("crash-2", model).dump());
+  auto running = request(d.socket(), "POST", "/v1/jobs", next_token_request("crash", model).dump());
+  auto queued =
+      request(d.socket(), "POST", "/v1/jobs", next_token_request("crash-2", model).dump());
   REQUIRE(running.status == 201);
   REQUIRE(queued.status == 201);
   std::string id = running.json()["id"], id2 = queued.json()["id"];
@@ -451,7 +444,8 @@ TEST_CASE("cancelling a running job kills its worker and keeps the evidence") {
             slow.string()});
   REQUIRE_MESSAGE(d.start(), d.log());
   std::string id =
-      request(d.socket(), "POST", "/v1/jobs", valid_request("cancel", model).dump()).json()["id"];
+      request(d.socket(), "POST", "/v1/jobs", next_token_request("cancel", model).dump())
+          .json()["id"];
   Json job = wait_job(
       d.socket(), id, [](const Json& j) { return j["phase"] == "oracle"; }, 120);
   REQUIRE(job["phase"] == "oracle");

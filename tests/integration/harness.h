@@ -356,6 +356,17 @@ inline bool terminal(const Json& job) {
 // Shared by the test files: binaries, containment, fixtures.
 
 // A syntactically valid model identity (no such model exists).
+// A next-token request for `model_dir`: five prompt tokens, engines kiln (65) and vllm (66).
+inline Json next_token_request(const std::string& id, const fs::path& model_dir) {
+  return Json{{"schema", "assay.next-token-request.v1"},
+              {"id", id},
+              {"model_dir", model_dir.string()},
+              {"input_token_ids", {72, 101, 108, 108, 111}},
+              {"candidates",
+               {{{"engine", "kiln"}, {"token_id", 65}, {"text", "A"}},
+                {{"engine", "vllm"}, {"token_id", 66}, {"text", "B"}}}}};
+}
+
 inline Json fake_identity() {
   Json mi{{"id", "fixture"},
           {"config_hash", "sha256:" + std::string(64, 'a')},

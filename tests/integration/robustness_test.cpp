@@ -68,16 +68,6 @@ fs::path holding_fingerprint(const fs::path& dir) {
   return p;
 }
 
-Json next_token_request(const std::string& id, const fs::path& model_dir) {
-  return Json{{"schema", "assay.next-token-request.v1"},
-              {"id", id},
-              {"model_dir", model_dir.string()},
-              {"input_token_ids", {72, 101, 108, 108, 111}},
-              {"candidates",
-               {{{"engine", "kiln"}, {"token_id", 65}, {"text", "A"}},
-                {{"engine", "vllm"}, {"token_id", 66}, {"text", "B"}}}}};
-}
-
 Json fidelity_request(const std::string& id, const fs::path& model, const fs::path& logits,
                       const std::string& sha256) {
   return Json{

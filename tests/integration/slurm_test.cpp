@@ -44,16 +44,6 @@ fs::path shared_of(const TempDir& tmp) {
   return fs::path(std::getenv("ASSAY_TEST_SHARED")) / tmp.path.filename();
 }
 
-Json next_token_request(const std::string& id, const fs::path& model) {
-  return Json{{"schema", "assay.next-token-request.v1"},
-              {"id", id},
-              {"model_dir", model.string()},
-              {"input_token_ids", {72, 101, 108, 108, 111}},
-              {"candidates",
-               {{{"engine", "kiln"}, {"token_id", 65}, {"text", "A"}},
-                {{"engine", "vllm"}, {"token_id", 66}, {"text", "B"}}}}};
-}
-
 // The worker reads the model by path on the node, as the worker user: the directories must let
 // it through.
 fs::path readable_model(const TempDir& tmp) {

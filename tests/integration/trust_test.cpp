@@ -20,16 +20,6 @@ fs::path seeded_fixture(const fs::path& dir, int seed) {
   return dir;
 }
 
-Json next_token_request(const std::string& id, const fs::path& model_dir) {
-  return Json{{"schema", "assay.next-token-request.v1"},
-              {"id", id},
-              {"model_dir", model_dir.string()},
-              {"input_token_ids", {72, 101, 108, 108, 111}},
-              {"candidates",
-               {{{"engine", "kiln"}, {"token_id", 65}, {"text", "A"}},
-                {{"engine", "vllm"}, {"token_id", 66}, {"text", "B"}}}}};
-}
-
 // A stand-in worker script, executable by the worker user (the directories above it open).
 fs::path script(const fs::path& path, const std::string& body) {
   spit(path, "#!/bin/sh\n" + body);

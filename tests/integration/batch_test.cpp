@@ -420,6 +420,41 @@ TEST_CASE(
   CHECK(hashing["bytes_cached"].get<std::uint64_t>() > (100u << 20));
 }
 
+// A sweep of `n` two-token states of the tiny fixture, submitted as one batch, while /v1/health
+// is asked every 50 ms (1 s allowed an answer) until the job ends or `limit` passes.
+struct Sweep {
+  std::string id;
+  int probes = 0, slow = 0;
+  double worst = 0;                // seconds, the slowest health answer
+  std::uintmax_t largest_job = 0;  // bytes, the largest job.json seen
+};
+Sweep sweep_probing_health(const Daemon& d, const fs::path& model, int n, const std::string& name,
+                           std::chrono::seconds limit) {
+  Json states = Json::array();
+  for (int i = 0; i < n; ++i)
+    states.push_back(assay_state("s" + std::to_string(i), {32 + i % 90, 33 + (i / 90) % 90}));
+  auto sub = submit_batch(d, states, model, name);
+  REQUIRE_MESSAGE(sub.status == 201, sub.body);
+  Sweep out;
+  out.id = sub.json()["id"];
+  fs::path job_json = d.state() / "jobs" / out.id / "job.json";
+  auto deadline = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < deadline) {
+    ++out.probes;
+    auto t0 = std::chrono::steady_clock::now();
+    bool ok = request_within(d.socket(), "GET", "/v1/health", 1.0).status == 200;
+    out.worst = std::max(
+        out.worst, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    if (!ok) ++out.slow;
+    std::error_code ec;
+    out.largest_job = std::max(out.largest_job, fs::file_size(job_json, ec) * !ec);
+    auto r = request_within(d.socket(), "GET", "/v1/jobs/" + out.id, 5.0);
+    if (r.status == 200 && terminal(r.json())) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return out;
+}
+
 // Until issue 23 this failed since torch 2.13 (7-8 answers over 1 s): the oracle's OpenMP
 // threads spun at the daemon's CPU weight, and LibTorch was hashed on the loop.
 TEST_CASE(
@@ -430,25 +465,12 @@ TEST_CASE(
   fs::path model = fixture_model(tmp.path / "llama-tiny");
   Daemon d = make_daemon(tmp);
   REQUIRE_MESSAGE(d.start(), d.log());
-  Json states = Json::array();
-  for (int i = 0; i < 1000; ++i)
-    states.push_back(assay_state("s" + std::to_string(i), {32 + i % 90, 33 + (i / 90) % 90}));
-  auto sub = submit_batch(d, states, model, "thousand");
-  REQUIRE_MESSAGE(sub.status == 201, sub.body);
-  std::string id = sub.json()["id"];
-  int probes = 0, slow = 0;
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(300);
-  while (std::chrono::steady_clock::now() < deadline) {
-    ++probes;
-    if (request_within(d.socket(), "GET", "/v1/health", 1.0).status != 200) ++slow;
-    if (terminal(request_get(d, "/v1/jobs/" + id).json())) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  Json job = get(d, "/v1/jobs/" + id);
+  Sweep s = sweep_probing_health(d, model, 1000, "thousand", std::chrono::seconds(300));
+  Json job = get(d, "/v1/jobs/" + s.id);
   REQUIRE_MESSAGE(job["state"] == "succeeded", job.dump(2));
-  CHECK(get(d, "/v1/jobs/" + id + "/result")["counts"]["succeeded"] == 1000);
-  CHECK(probes > 10);
-  CHECK(slow == 0);
+  CHECK(get(d, "/v1/jobs/" + s.id + "/result")["counts"]["succeeded"] == 1000);
+  CHECK(s.probes > 10);
+  CHECK(s.slow == 0);
 }
 
 TEST_CASE(
@@ -459,42 +481,19 @@ TEST_CASE(
   fs::path model = fixture_model(tmp.path / "llama-tiny");
   Daemon d = make_daemon(tmp);
   REQUIRE_MESSAGE(d.start(), d.log());
-  Json states = Json::array();
-  for (int i = 0; i < 4096; ++i)
-    states.push_back(assay_state("s" + std::to_string(i), {32 + i % 90, 33 + (i / 90) % 90}));
-  auto sub = submit_batch(d, states, model, "sweep-4096");
-  REQUIRE_MESSAGE(sub.status == 201, sub.body);
-  std::string id = sub.json()["id"];
-  fs::path job_json = d.state() / "jobs" / id / "job.json";
-  int probes = 0, slow = 0;
-  double worst = 0;
-  std::uintmax_t largest = 0;
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(900);
-  while (std::chrono::steady_clock::now() < deadline) {
-    ++probes;
-    auto t0 = std::chrono::steady_clock::now();
-    bool ok = request_within(d.socket(), "GET", "/v1/health", 1.0).status == 200;
-    worst = std::max(worst,
-                     std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    if (!ok) ++slow;
-    std::error_code ec;
-    largest = std::max(largest, fs::file_size(job_json, ec) * !ec);
-    auto r = request_within(d.socket(), "GET", "/v1/jobs/" + id, 5.0);
-    if (r.status == 200 && terminal(r.json())) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  MESSAGE("health: " << probes << " probes, worst " << worst << " s, " << slow
-                     << " over 1 s; job.json at most " << largest << " bytes");
-  Json job = get(d, "/v1/jobs/" + id);
+  Sweep s = sweep_probing_health(d, model, 4096, "sweep-4096", std::chrono::seconds(900));
+  MESSAGE("health: " << s.probes << " probes, worst " << s.worst << " s, " << s.slow
+                     << " over 1 s; job.json at most " << s.largest_job << " bytes");
+  Json job = get(d, "/v1/jobs/" + s.id);
   REQUIRE_MESSAGE(job["state"] == "succeeded", job.dump().substr(0, 2000));
-  CHECK(get(d, "/v1/jobs/" + id + "/result")["counts"]["succeeded"] == 4096);
-  CHECK(probes > 10);
-  CHECK(slow == 0);
-  CHECK(worst < 1.0);
-  CHECK(largest < 16384);
+  CHECK(get(d, "/v1/jobs/" + s.id + "/result")["counts"]["succeeded"] == 4096);
+  CHECK(s.probes > 10);
+  CHECK(s.slow == 0);
+  CHECK(s.worst < 1.0);
+  CHECK(s.largest_job < 16384);
   // Every event is a line of events.jsonl: one per state the progress poll saw end (most of
   // them; the last few end between polls) and the phases.
-  std::string log = slurp(d.state() / "jobs" / id / "events.jsonl");
+  std::string log = slurp(d.state() / "jobs" / s.id / "events.jsonl");
   auto lines = static_cast<std::size_t>(std::count(log.begin(), log.end(), '\n'));
   CHECK(lines == job["events"].size());
   CHECK(lines > 2048);

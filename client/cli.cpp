@@ -69,6 +69,8 @@ constexpr const char* kExitCodesHelp =
     "  6  verify: a check failed (the record is not what it claims)\n"
     "  7  a local file is unreadable or invalid (request check, submit, verify)\n"
     "  8  wait --timeout expired (the job goes on)\n"
+    "  9  result --format kiln-v2: a field of Kiln's record would not be a fact of the run "
+    "(nothing written)\n"
     "\n"
     "The socket is --socket, else $ASSAY_SOCKET, else /run/assay/assayd.sock.";
 
@@ -91,6 +93,11 @@ void add_work_commands(CLI::App& app, cli::Options& o, Commands& c) {
   c.submit->add_option(
       "--model", o.model,
       "model directory (required for Kiln requests; overrides an assay request's)");
+  c.submit->add_option("--receipts", o.receipts,
+                       "directory holding the engine receipts a Kiln request names (by their "
+                       "file names); assayd checks them before queueing. Default: the request's "
+                       "own directory when both receipts are there, else they are not checked "
+                       "and the result says so");
   c.submit->add_flag("--batch", o.batch,
                      "FILE is JSONL: one next-token request per line (assay's or Kiln's), all on "
                      "one model; submitted as one batch job (one model load, a signed result per "
@@ -168,6 +175,16 @@ void add_job_commands(CLI::App& app, cli::Options& o, Commands& c) {
   c.result->add_option("-o,--output", o.output,
                        "write the result here and its DSSE envelope beside it (<stem>.dsse.json); "
                        "default: the result bytes to stdout");
+  c.result
+      ->add_option("--format", o.format,
+                   "assay (default: the signed record as assayd keeps it) or kiln-v2: Kiln's "
+                   "kiln.rocm-hf-next-token-oracle.v2 record with Kiln's canonical self-hash, "
+                   "written only when every field of it is a fact of the run; otherwise "
+                   "nothing is written and each field that would be false is listed (exit 9)")
+      ->check(CLI::IsMember({"assay", "kiln-v2"}));
+  c.result->add_option("--contract-path", o.contract_path,
+                       "kiln-v2: request.contract_path, where the request lives in Kiln's "
+                       "repository (assay is not told)");
 
   c.artifact = app.add_subcommand(
       "artifact", "fetch a job's artifact (logits; a fidelity job's token-wise KL vector)");
@@ -195,7 +212,9 @@ void add_trust_commands(CLI::App& app, cli::Options& o, Commands& c) {
       ->check(CLI::ExistingFile);
   c.verify->add_flag("--kiln", o.kiln,
                      "RESULT is a record Kiln wrote (next-token or layer-attribution result): "
-                     "result_sha256 in Kiln's canonical form and the facts that follow from it; "
+                     "result_sha256 in Kiln's canonical form, the document against Kiln's "
+                     "published schema, and the facts that follow from it; with --artifact, the "
+                     "logits file and the argmax, top tokens and ranks recomputed from it; "
                      "offline, no key");
 
   c.keys = app.add_subcommand("keys", "show assayd's signing key id and public key");

@@ -18,6 +18,7 @@ enum Exit : int {
   kExitVerifyFailed = 6,  // verify: a check failed
   kExitInvalidInput = 7,  // a local file is unreadable or invalid (request check, submit, verify)
   kExitWaitTimeout = 8,   // wait --timeout expired; the job goes on
+  kExitNotAFact = 9,      // result --format kiln-v2: a field would be false; nothing written
 };
 
 struct Environment {

@@ -16,13 +16,14 @@ namespace fs = std::filesystem;
 
 int Cli::verify() {
   if (o_.kiln) {
-    if (!o_.envelope.empty() || !o_.pubkey.empty() || !o_.artifact.empty())
+    if (!o_.envelope.empty() || !o_.pubkey.empty())
       throw ExitWith{kExitUsage,
-                     "--kiln checks a Kiln record alone: --envelope, --pubkey and --artifact do "
-                     "not apply (Kiln's records are not signed; its logits are not checked yet)"};
+                     "--kiln checks a Kiln record (and its --artifact): --envelope and --pubkey "
+                     "do not apply, Kiln's records are not signed"};
     VerifyReport report;
     try {
-      report = verify_kiln(o_.file);
+      report = verify_kiln(
+          o_.file, o_.artifact.empty() ? std::nullopt : std::optional<fs::path>(o_.artifact));
     } catch (const common::Error& e) {
       throw ExitWith{kExitInvalidInput, std::string(e.what()) + " [" + e.code() + "]"};
     }

@@ -31,6 +31,9 @@ struct Options {
   double timeout_s = 60;
   // Positional and per-command values.
   std::string file, id, output, model, envelope, pubkey, artifact, state;
+  std::string receipts;          // submit: the directory with a Kiln request's engine receipts
+  std::string format = "assay";  // result: assay or kiln-v2
+  std::string contract_path;     // result --format kiln-v2: request.contract_path
   bool wait = false;
   bool retry = false;
   bool batch = false;  // submit: FILE is JSONL, one next-token request per line
@@ -52,6 +55,7 @@ class Cli {
   // cli_jobs.cpp: submitting, checking and following jobs.
   // `only`: the one request schema this command accepts (assay fidelity/trajectory submit).
   int submit(std::string_view only = {});
+  std::string receipts_dir(const std::string& body, const std::string& schema);
   int request_check();
   int wait(const std::string& id);
   int status();
@@ -59,6 +63,7 @@ class Cli {
   int cancel();
   // cli_results.cpp: a finished job's result and artifact, and its reports for people.
   int result();
+  int kiln_v2(const std::string& result_body);
   int artifact();
   int show_result(std::string_view schema, const char* kind,
                   std::string (*report)(const common::Json&));

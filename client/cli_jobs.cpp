@@ -68,6 +68,34 @@ std::string check_request_file(const std::string& file, const std::string& text,
   }
 }
 
+// Where the receipts of a Kiln request are: --receipts, else the request's directory when both
+// are there (said on stderr either way when none are sent). Empty: none to send.
+std::string Cli::receipts_dir(const std::string& body, const std::string& schema) {
+  if (schema != protocol::kKilnNextTokenRequest) {
+    if (!o_.receipts.empty())
+      throw ExitWith{kExitUsage, "--receipts applies to a Kiln request only; " + o_.file + " is " +
+                                     (schema.empty() ? "not one" : schema)};
+    return "";
+  }
+  std::error_code ec;
+  if (!o_.receipts.empty()) {
+    fs::path dir = fs::absolute(o_.receipts, ec);
+    if (ec) throw ExitWith{kExitUsage, "--receipts " + o_.receipts + ": " + ec.message()};
+    return dir.lexically_normal().string();
+  }
+  fs::path beside = fs::absolute(o_.file, ec).parent_path();
+  Json source = common::parse_strict(body, {.max_bytes = common::kMaxRequestBytes})["source"];
+  for (const char* key : {"kiln_receipt", "vllm_receipt"}) {
+    fs::path name = fs::path(source[key]["path"].get<std::string>()).filename();
+    if (ec || !fs::is_regular_file(beside / name, ec)) {
+      err_ << "assay: the receipts " << o_.file
+           << " names are not beside it; they are not checked (give --receipts DIR)\n";
+      return "";
+    }
+  }
+  return beside.lexically_normal().string();
+}
+
 int Cli::submit(std::string_view only) {
   std::string body = read_local(o_.file, common::kMaxRequestBytes, "the request");
   bool fidelity = false;
@@ -107,7 +135,11 @@ int Cli::submit(std::string_view only) {
     if (ec) throw ExitWith{kExitUsage, "--model " + o_.model + ": " + ec.message()};
     target += "?model_dir=" + url_encode(model.lexically_normal().string());
   }
-  if (o_.retry) target += std::string(o_.model.empty() ? "?" : "&") + "retry=1";
+  if (std::string dir = receipts_dir(body, schema_name); !dir.empty())
+    target += std::string(target.find('?') == std::string::npos ? "?" : "&") +
+              "receipts_dir=" + url_encode(dir);
+  if (o_.retry)
+    target += std::string(target.find('?') == std::string::npos ? "?" : "&") + "retry=1";
   Response r;
   try {
     r = api_.request("POST", target, std::move(body));

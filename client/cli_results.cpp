@@ -5,6 +5,7 @@
 
 #include "client/cli_internal.h"
 #include "client/format.h"
+#include "client/kiln_export.h"
 #include "client/report.h"
 #include "client/verify.h"
 #include "common/error.h"
@@ -19,6 +20,7 @@ namespace fs = std::filesystem;
 
 int Cli::result() {
   Response r = api_.request("GET", job_path(o_.id, "result"));
+  if (o_.format == "kiln-v2") return kiln_v2(r.body);
   if (o_.output.empty()) {
     out_ << r.body;  // the exact bytes: `assay result ID > r.json` stays verifiable
     if (env_.stdout_is_tty) out_ << "\n";
@@ -31,6 +33,33 @@ int Cli::result() {
   if (!o_.json)
     out_ << "wrote " << o_.output << " (" << r.body.size() << " bytes) and " << envelope.string()
          << "\n";
+  return kExitOk;
+}
+
+// `assay result ID --format kiln-v2`: Kiln's record, or the list of fields it would get wrong.
+int Cli::kiln_v2(const std::string& body) {
+  KilnExportOptions options;
+  if (!o_.contract_path.empty()) options.contract_path = o_.contract_path;
+  KilnExport record;
+  try {
+    record = kiln_v2_record(common::parse_strict(body), options);
+  } catch (const common::Error& e) {
+    throw ExitWith{kExitUsage, std::string(e.what()) + " [" + e.code() + "]"};
+  }
+  if (!record.writable()) {
+    err_ << "assay: Kiln's v2 record of job " << o_.id
+         << " not written: " << record.false_fields.size()
+         << " of its fields would not be facts of the run:\n";
+    for (const auto& f : record.false_fields) err_ << "  " << f << "\n";
+    return kExitNotAFact;
+  }
+  std::string text = kiln_file_text(record.record);
+  if (o_.output.empty()) {
+    out_ << text;
+  } else {
+    save(o_.output, text);
+    if (!o_.json) out_ << "wrote " << o_.output << " (" << text.size() << " bytes)\n";
+  }
   return kExitOk;
 }
 

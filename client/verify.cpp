@@ -1,12 +1,17 @@
 #include "client/verify.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "common/error.h"
 #include "common/fs.h"
 #include "common/identity.h"
+#include "common/json_schema.h"
+#include "common/kiln_schemas.h"
 #include "common/protocol.h"
+#include "common/request.h"
 #include "common/result.h"
+#include "common/safetensors.h"
 #include "common/sign.h"
 #include "common/trajectory.h"
 
@@ -208,9 +213,131 @@ void check_kiln_next_token(const Json& doc, Checks& checks) {
   }
 }
 
+// The document against Kiln's own published schema for its "schema" (common/kiln_schemas.h).
+void check_kiln_schema(const Json& doc, const std::string& schema, Checks& checks) {
+  auto id = common::kiln_schema_id_for(schema);
+  if (!id) return;  // kiln.schema already failed
+  auto errors = common::kiln_schemas().validate(doc, *id);
+  std::string detail = errors.empty() ? "valid against Kiln's " + *id : "";
+  for (std::size_t i = 0; i < errors.size() && i < 8; ++i)
+    detail += (i ? "; " : "") + (errors[i].pointer.empty() ? "/" : errors[i].pointer) + ": " +
+              errors[i].message;
+  if (errors.size() > 8) detail += "; and " + std::to_string(errors.size() - 8) + " more";
+  checks.add("kiln.schema_valid", errors.empty(), detail);
+}
+
+// A Kiln next-token record's artifact: the file the record names, its logits tensor (F32, one
+// per vocabulary entry, "logits") hashed as oracle.logits_sha256 and its input_ids as
+// oracle.input_token_ids_sha256, and the argmax, the top tokens, the candidates' logits and
+// ranks recomputed from its values.
+void check_kiln_artifact(const Json& doc, const std::filesystem::path& path, Checks& checks) {
+  const Json& oracle = doc.contains("oracle") ? doc["oracle"] : Json();
+  std::string file_id = common::sha256_file_id(path);
+  auto size = static_cast<std::int64_t>(std::filesystem::file_size(path));
+  auto claimed_sha = string_at(doc, {"reference_artifact", "sha256"});
+  auto claimed_bytes = int_at(doc.value("reference_artifact", Json::object()), "bytes");
+  bool same =
+      claimed_sha == file_id && claimed_bytes == size && int_at(oracle, "output_bytes") == size;
+  checks.add("kiln.artifact.file", same,
+             path.string() + ": " + file_id + ", " + std::to_string(size) + " bytes" +
+                 (same ? " as reference_artifact and oracle.output_bytes say"
+                       : "; the record says " + claimed_sha.value_or("no sha256") + ", " +
+                             (claimed_bytes ? std::to_string(*claimed_bytes) : "no") +
+                             " bytes (oracle.output_bytes " +
+                             oracle.value("output_bytes", Json()).dump() + ")"));
+  std::optional<common::SafetensorsFile> opened;
+  try {
+    opened.emplace(common::SafetensorsFile::open(path));
+  } catch (const common::Error& e) {
+    checks.add("kiln.artifact.logits", false, e.what());
+    return;
+  }
+  const common::SafetensorsFile& file = *opened;
+  const common::TensorView* logits = file.find("logits");
+  auto vocab = int_at(oracle, "vocab");
+  if (!logits || logits->dtype != common::Dtype::kF32 || (vocab && logits->numel() != *vocab)) {
+    checks.add("kiln.artifact.logits", false,
+               "the artifact has no F32 tensor \"logits\" of oracle.vocab (" +
+                   oracle.value("vocab", Json()).dump() + ") values");
+    return;
+  }
+  std::string logits_id = common::sha256_id(logits->data, logits->nbytes);
+  auto claimed_logits = string_at(oracle, {"logits_sha256"});
+  checks.add("kiln.artifact.logits_sha256", claimed_logits == logits_id,
+             "sha256 of the logits tensor's F32 bytes " + logits_id +
+                 (claimed_logits == logits_id ? " = " : " != ") + "oracle.logits_sha256 " +
+                 claimed_logits.value_or("(missing)"));
+  if (const common::TensorView* ids = file.find("input_ids");
+      ids && ids->dtype == common::Dtype::kI64) {
+    std::vector<std::int64_t> values(static_cast<std::size_t>(ids->numel()));
+    std::memcpy(values.data(), ids->data, ids->nbytes);
+    std::string ids_id = common::token_ids_sha256(values);
+    auto claimed_ids = string_at(oracle, {"input_token_ids_sha256"});
+    checks.add("kiln.artifact.input_ids", claimed_ids == ids_id,
+               "the artifact's " + std::to_string(values.size()) + " input ids hash to " + ids_id +
+                   (claimed_ids == ids_id ? " = " : " != ") + "oracle.input_token_ids_sha256");
+  }
+
+  std::vector<float> v(static_cast<std::size_t>(logits->numel()));
+  std::memcpy(v.data(), logits->data, logits->nbytes);
+  // torch.topk / argmax order: by value, the lower index first among equals.
+  std::vector<std::int64_t> order(v.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = static_cast<std::int64_t>(i);
+  std::size_t k = std::min<std::size_t>(10, order.size());
+  std::partial_sort(
+      order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), order.end(),
+      [&](std::int64_t a, std::int64_t b) { return v[a] > v[b] || (v[a] == v[b] && a < b); });
+  auto argmax = int_at(oracle, "argmax");
+  checks.add("kiln.artifact.argmax", argmax == order[0],
+             "the logits' argmax is " + std::to_string(order[0]) +
+                 (argmax == order[0] ? " = " : " != ") + "oracle.argmax " +
+                 oracle.value("argmax", Json()).dump());
+  const Json top = oracle.is_object() ? oracle.value("top_tokens", Json::array()) : Json::array();
+  bool top_ok = top.is_array() && top.size() == k;
+  std::string top_why;
+  for (std::size_t i = 0; top_ok && i < k; ++i) {
+    double logit = v[static_cast<std::size_t>(order[i])];
+    if (int_at(top[i], "token_id") != order[i] || number_at(top[i], "logit") != logit) {
+      top_ok = false;
+      top_why = "top_tokens[" + std::to_string(i) + "] is " + top[i].dump() + ", the logits give " +
+                std::to_string(order[i]) + " at " + common::python_float_repr(logit);
+    }
+  }
+  checks.add("kiln.artifact.top_tokens", top_ok,
+             top_ok ? "the " + std::to_string(k) + " highest logits, in order"
+                    : (top_why.empty() ? "oracle.top_tokens is not " + std::to_string(k) + " tokens"
+                                       : top_why));
+  const Json cands =
+      oracle.is_object() ? oracle.value("candidate_tokens", Json::array()) : Json::array();
+  bool cands_ok = cands.is_array();
+  std::string cands_why;
+  for (std::size_t i = 0; cands_ok && i < cands.size(); ++i) {
+    auto token = int_at(cands[i], "token_id");
+    if (!token || *token < 0 || *token >= static_cast<std::int64_t>(v.size())) {
+      cands_ok = false;
+      cands_why = "candidate_tokens[" + std::to_string(i) + "] has no token id in the vocabulary";
+      break;
+    }
+    float logit = v[static_cast<std::size_t>(*token)];
+    std::int64_t rank = 1;
+    for (float x : v) rank += x > logit;
+    if (number_at(cands[i], "logit") != static_cast<double>(logit) ||
+        int_at(cands[i], "rank") != rank) {
+      cands_ok = false;
+      cands_why = "candidate_tokens[" + std::to_string(i) + "] says logit " +
+                  cands[i].value("logit", Json()).dump() + ", rank " +
+                  cands[i].value("rank", Json()).dump() + "; the logits give " +
+                  common::python_float_repr(logit) + ", rank " + std::to_string(rank);
+    }
+  }
+  checks.add("kiln.artifact.candidates", cands_ok,
+             cands_ok ? "each candidate's logit and rank (1 + the tokens above it)" : cands_why);
+}
+
 }  // namespace
 
-VerifyReport verify_kiln(const std::filesystem::path& record) {
+VerifyReport verify_kiln(const std::filesystem::path& record,
+                         const std::optional<std::filesystem::path>& artifact) {
   Checks checks;
   const std::string bytes = common::read_file(record, kMaxDocumentBytes);
   Json doc;
@@ -246,7 +373,11 @@ VerifyReport verify_kiln(const std::filesystem::path& record) {
                                               : "claimed " + *claimed + ", recomputed " +
                                                     recomputed + " in Kiln's canonical form")
                      : "record has no result_sha256 string (recomputed " + recomputed + ")");
+  if (schema) check_kiln_schema(doc, *schema, checks);
   if (next_token) check_kiln_next_token(doc, checks);
+  if (artifact && next_token) check_kiln_artifact(doc, *artifact, checks);
+  if (artifact && !next_token)
+    checks.add("kiln.artifact", false, "--artifact applies to a next-token record's logits");
   return checks.take();
 }
 

@@ -40,9 +40,13 @@ VerifyReport verify_result(const VerifyInputs& in);
 // (common::python_canonical, without the field); and for a next-token result the facts that
 // follow from the document: the verdict against the candidates and the argmax by Kiln's rule,
 // the top tokens in order with the argmax first, the margin, each candidate's logit and rank
-// against the top tokens. Not checked (yet): the document against Kiln's JSON Schema, and the
-// logits artifact. Throws common::Error only when the file cannot be read.
-VerifyReport verify_kiln(const std::filesystem::path& record);
+// against the top tokens; the document against Kiln's published JSON Schema for its "schema".
+// With `artifact` (a next-token record's logits file): its sha256 and size against the record,
+// its logits tensor against oracle.logits_sha256, and the argmax, the top tokens and each
+// candidate's logit and rank recomputed from the F32 values. Throws common::Error only when a
+// file cannot be read.
+VerifyReport verify_kiln(const std::filesystem::path& record,
+                         const std::optional<std::filesystem::path>& artifact = std::nullopt);
 
 // The envelope beside a result: "<dir>/<stem>.dsse.json" (result.json -> result.dsse.json).
 std::filesystem::path default_envelope_path(const std::filesystem::path& result);

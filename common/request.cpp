@@ -7,6 +7,7 @@
 #include "common/identity.h"
 #include "common/protocol.h"
 #include "common/request_fields.h"
+#include "common/text.h"
 
 namespace assay::common {
 namespace {
@@ -73,7 +74,7 @@ RequestLimits parse_limits(const Json& doc) {
   auto it = doc.find("limits");
   if (it == doc.end()) return limits;
   if (!it->is_object()) invalid("request.limits must be an object");
-  only_fields(*it, {"timeout_seconds", "memory_bytes"}, "request.limits");
+  only_fields(*it, {"timeout_seconds", "memory_bytes", "memory_events"}, "request.limits");
   if (auto t = it->find("timeout_seconds"); t != it->end()) {
     if (!t->is_number() || t->get<double>() <= 0 || t->get<double>() > 7 * 86400)
       invalid("request.limits.timeout_seconds must be a number in (0, 604800], got " + t->dump());
@@ -84,6 +85,9 @@ RequestLimits parse_limits(const Json& doc) {
       invalid("request.limits.memory_bytes must be an integer >= 1048576, got " + m->dump());
     limits.memory_bytes = m->get<std::uint64_t>();
   }
+  if (auto m = it->find("memory_events"); m != it->end())
+    limits.memory_events =
+        memory_policy_from(*m, "request.limits.memory_events", "request.invalid");
   return limits;
 }
 
@@ -276,6 +280,17 @@ void check_joined_ids(const std::vector<std::int64_t>& prompt,
 }
 }  // namespace
 
+std::string_view memory_policy_name(MemoryPolicy policy) {
+  return policy == MemoryPolicy::kReject ? "reject" : "record";
+}
+
+MemoryPolicy memory_policy_from(const Json& value, std::string_view where, std::string_view code) {
+  if (value == "record") return MemoryPolicy::kRecord;
+  if (value == "reject") return MemoryPolicy::kReject;
+  throw Error(std::string(code), std::string(where) + " must be \"record\" or \"reject\", got " +
+                                     printable(value.dump(), 64));
+}
+
 RequestLimits parse_request_limits(const Json& doc) {
   return parse_limits(doc);
 }
@@ -385,6 +400,9 @@ NextTokenRequest validate_request(const Json& doc) {
   r.input_token_ids_sha256 = token_ids_sha256(r.input_token_ids);
   r.candidates = parse_candidates(doc);
   r.limits = parse_limits(doc);
+  // Kiln's oracle refuses a run that saw memory pressure; its requests get that unless they say.
+  if (r.kind == RequestKind::kKiln && !r.limits.memory_events)
+    r.limits.memory_events = MemoryPolicy::kReject;
 
   if (auto mi = doc.find("model_identity"); mi != doc.end()) {
     validate_model_identity(*mi, "request.model_identity");

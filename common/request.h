@@ -30,9 +30,18 @@ struct PrefixToken {
   std::string text;
 };
 
+// What a job does when one of its workers saw memory pressure (a memory.high/max/oom event or
+// swap): record it in the evidence and go on, or fail with worker.memory_pressure (Kiln's rule).
+enum class MemoryPolicy { kRecord, kReject };
+std::string_view memory_policy_name(MemoryPolicy policy);
+// Throws Error(code) naming `where` and the value unless it is "record" or "reject".
+MemoryPolicy memory_policy_from(const Json& value, std::string_view where, std::string_view code);
+
 struct RequestLimits {
   std::optional<double> timeout_seconds;      // per worker run
   std::optional<std::uint64_t> memory_bytes;  // per worker cgroup memory.max
+  // Absent: the configured policy. A Kiln request without it gets Kiln's (reject).
+  std::optional<MemoryPolicy> memory_events;
 };
 
 // Request limits the parser enforces.

@@ -100,6 +100,7 @@ void Config::load_file(const std::filesystem::path& path) {
                                  "worker_timeout_seconds",
                                  "worker_memory_max",
                                  "worker_memory_margin",
+                                 "memory_events",
                                  "worker_pids_max",
                                  "max_connections_per_user",
                                  "max_event_streams",
@@ -198,6 +199,8 @@ void Config::load_limits(const Json& j) {
                   "config.worker_memory_margin must be a number, got " + it->dump());
     worker_memory_margin = it->get<double>();
   }
+  if (auto it = j.find("memory_events"); it != j.end())
+    memory_events = common::memory_policy_from(*it, "config.memory_events", "config.invalid");
   unsigned threads = fingerprint_threads;
   take_uint(j, "fingerprint_threads", threads);
   fingerprint_threads = static_cast<int>(threads);

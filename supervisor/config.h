@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/request.h"
 #include "supervisor/contain/contain.h"
 
 namespace assay::supervisor {
@@ -44,6 +45,9 @@ struct Config {
   // request's memory_bytes a worker gets the preflight estimate times worker_memory_margin.
   std::optional<std::uint64_t> worker_memory_max;
   double worker_memory_margin = 2.0;
+  // What a job does when a worker saw memory pressure (common::MemoryPolicy): "record" (the
+  // default: evidence only) or "reject" (the job fails with worker.memory_pressure).
+  common::MemoryPolicy memory_events = common::MemoryPolicy::kRecord;
   std::uint64_t worker_pids_max = 4097;  // the worker's processes plus its init (pid 1)
   // Transport limits that keep one client from starving the others (supervisor/api/).
   std::size_t max_connections_per_user = 64;      // per uid; admins (root, admin_group) are exempt

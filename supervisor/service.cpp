@@ -118,17 +118,21 @@ Submitted Service::submit(const Json& document, const std::map<std::string, std:
                                          ", not a string naming the request's kind");
     const JobKind& kind =
         kind_for_schema(schema == document.end() ? "" : schema->get_ref<const std::string&>());
-    SubmitContext context{config_, peer, ""};
+    SubmitContext context{
+        .config = config_, .peer = peer, .query_model_dir = {}, .receipts_dir = {}};
     for (const auto& [k, v] : options) {
       if (k == "retry") {
         retry = v == "1" || v == "true";
       } else if ((k == "model_dir" || k == "model") && kind.model_dir_query) {
         context.query_model_dir = v;
+      } else if (k == "receipts_dir" && kind.request_schema.empty()) {
+        context.receipts_dir = v;
       } else {
-        throw Error("api.bad_query", "query parameter \"" + common::printable(k, 64) +
-                                         "\" is not allowed for a " + std::string(kind.name) +
-                                         " request (only " +
-                                         (kind.model_dir_query ? "model_dir=, " : "") + "retry=)");
+        throw Error("api.bad_query",
+                    "query parameter \"" + common::printable(k, 64) + "\" is not allowed for a " +
+                        std::string(kind.name) + " request (only " +
+                        (kind.model_dir_query ? "model_dir=, " : "") +
+                        (kind.request_schema.empty() ? "receipts_dir=, " : "") + "retry=)");
       }
     }
     admission = kind.admit(document, context);
@@ -179,8 +183,11 @@ Submitted Service::submit(const Json& document, const std::map<std::string, std:
   job.admitted = std::move(admission.opened);
   job.created_at = common::now_rfc3339();
   job.created_unix = common::now_unix();
-  JobStore::add_event(job, "accepted");
-  Job& stored = store_.create(std::move(job), common::canonical(document));
+  JobStore::add_event(job, "accepted" + admission.accepted_note);
+  std::vector<std::pair<std::string, std::string>> extra;
+  if (!admission.checks.is_null())
+    extra.emplace_back(std::string(kChecksFile), common::canonical(admission.checks));
+  Job& stored = store_.create(std::move(job), common::canonical(document), extra);
   ++metrics_.submissions;
   engine_->enqueue(stored.id);
   Json j = stored.summary();

@@ -186,6 +186,10 @@ struct Evidence {
   bool succeeded() const;
   // Why it did not succeed, e.g. "exited with code 3" (empty when it succeeded).
   std::string failure_reason() const;
+  // Each memory counter that shows pressure, named by its kernel file and value, e.g.
+  // "memory.events:high = 3" or "swap 4096 bytes (memory.swap.peak)"; empty: none did (a counter
+  // the kernel does not offer shows nothing).
+  std::vector<std::string> memory_pressure() const;
 
   common::Json to_json() const;
   // Strict: throws common::Error("contain.bad_evidence", ...) naming the field on a missing,

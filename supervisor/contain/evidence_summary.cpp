@@ -7,6 +7,20 @@
 
 namespace assay::contain {
 
+std::vector<std::string> Evidence::memory_pressure() const {
+  NormalisedEvidence n = normalised();
+  std::vector<std::string> seen;
+  for (auto [field, value] : {std::pair{"memory_high_events", n.memory_high_events},
+                              std::pair{"memory_max_events", n.memory_max_events},
+                              std::pair{"memory_oom_events", n.memory_oom_events},
+                              std::pair{"memory_oom_kill_events", n.memory_oom_kill_events}})
+    if (value.value_or(0) > 0) seen.push_back(n.sources[field] + " = " + std::to_string(*value));
+  if (n.memory_swap_bytes.value_or(0) > 0)
+    seen.push_back("swap " + std::to_string(*n.memory_swap_bytes) + " bytes (" +
+                   n.sources["memory_swap_bytes"] + ")");
+  return seen;
+}
+
 NormalisedEvidence Evidence::normalised() const {
   NormalisedEvidence n;
   auto find = [&](const std::string& file) -> const Counter* {

@@ -231,6 +231,15 @@ void Engine::step_ended(const std::string& id, const std::string& role,
   JobRun& run = *it->second;
   fs::path ws = store_.job_dir(id) / role;
   Step& step = run.steps[run.next_step - 1];
+  if (memory_policy(run.pipeline->limits(), config_) == common::MemoryPolicy::kReject &&
+      !run.cancel_requested)
+    if (auto seen = evidence.memory_pressure(); !seen.empty()) {
+      std::string counters;
+      for (const auto& s : seen) counters += (counters.empty() ? "" : ", ") + s;
+      return fail(id, "worker.memory_pressure",
+                  role + " worker saw memory pressure (" + counters +
+                      "); this job runs under memory_events \"reject\"");
+    }
   if (step.harvest) {
     run.harvesting = std::move(evidence);
     return harvest_step(id);

@@ -278,19 +278,18 @@ std::vector<Job*> JobStore::all() {
   return out;
 }
 
-Job& JobStore::create(Job job, const std::string& request_canonical) {
+Job& JobStore::create(Job job, const std::string& request_canonical,
+                      const std::vector<std::pair<std::string, std::string>>& extra) {
   auto dir = job_dir(job.id);
-  std::string job_json = common::canonical(job.to_json());
-  std::string events = event_lines(job.events, 0);
+  std::vector<std::pair<std::string, std::string>> files{{"request.json", request_canonical}};
+  files.insert(files.end(), extra.begin(), extra.end());
+  files.emplace_back(std::string(kEventsFile), event_lines(job.events, 0));
+  files.emplace_back("job.json", common::canonical(job.to_json()));
   if (std::error_code ec; fs::exists(dir, ec)) {
     // A leftover of a job that did not load: replace its files one by one, job.json last.
-    common::atomic_write_file(dir / "request.json", request_canonical, 0600);
-    common::atomic_write_file(dir / kEventsFile, events, 0600);
-    common::atomic_write_file(dir / "job.json", job_json, 0600);
+    for (const auto& [name, content] : files) common::atomic_write_file(dir / name, content, 0600);
   } else {
-    create_dir_durably(dir, {{"request.json", request_canonical},
-                             {std::string(kEventsFile), events},
-                             {"job.json", job_json}});
+    create_dir_durably(dir, files);
   }
   job.events_logged = job.events.size();
   common::fsync_directory(jobs_dir_);

@@ -86,9 +86,11 @@ class JobStore {
   // Jobs in creation order.
   std::vector<Job*> all();
 
-  // Writes request.json and job.json of a new job durably, then indexes it. Throws
-  // Error("fs.no_space") when the disk is full, leaving nothing of the job behind.
-  Job& create(Job job, const std::string& request_canonical);
+  // Writes request.json, the `extra` files (name, content) and job.json of a new job durably,
+  // then indexes it. Throws Error("fs.no_space") when the disk is full, leaving nothing of the
+  // job behind.
+  Job& create(Job job, const std::string& request_canonical,
+              const std::vector<std::pair<std::string, std::string>>& extra = {});
   // Writes a job that is terminal from the start (a batch's state) as one new directory:
   // request.json, `files.write`, the files `moved` in (source, name: renamed, not copied) and
   // job.json, all fsynced before the directory is renamed into place, so that a crash leaves

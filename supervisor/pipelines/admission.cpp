@@ -327,20 +327,36 @@ UniqueFd open_no_links(const fs::path& path) {
   return out;
 }
 
-std::string read_no_links(const fs::path& path, std::size_t max_bytes) {
-  UniqueFd fd = open_no_links(path);
+namespace {
+
+std::string read_all(int fd, const std::string& path, std::size_t max_bytes,
+                     const std::string& code) {
   std::string out;
   char buf[65536];
   for (;;) {
-    ssize_t n = ::read(fd.get(), buf, sizeof buf);
+    ssize_t n = ::read(fd, buf, sizeof buf);
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) common::throw_errno("fs.read", "read " + path.string(), errno);
+    if (n < 0) common::throw_errno(code, "read " + path, errno);
     if (n == 0) return out;
     out.append(buf, static_cast<std::size_t>(n));
     if (out.size() > max_bytes)
-      throw Error("fs.too_large", path.string() + " has more than the limit of " +
-                                      std::to_string(max_bytes) + " bytes");
+      throw Error(code == "fs.read" ? "fs.too_large" : code,
+                  path + " has more than the limit of " + std::to_string(max_bytes) + " bytes");
   }
+}
+
+}  // namespace
+
+std::string read_no_links(const fs::path& path, std::size_t max_bytes) {
+  UniqueFd fd = open_no_links(path);
+  return read_all(fd.get(), path.string(), max_bytes, "fs.read");
+}
+
+std::string read_opened(const Opened& file, std::size_t max_bytes, const std::string& code) {
+  if (file.st.st_size > static_cast<off_t>(max_bytes))
+    throw Error(code, quote_path(file.path) + " has " + std::to_string(file.st.st_size) +
+                          " bytes, more than the limit of " + std::to_string(max_bytes));
+  return read_all(file.fd.get(), quote_path(file.path), max_bytes, code);
 }
 
 Peer submitter_peer(uid_t uid, gid_t gid, bool admin) {
@@ -363,6 +379,15 @@ void check_request_limits(const common::RequestLimits& asked, const Config& conf
                                                std::to_string(*asked.memory_bytes) +
                                                " is above the configured worker_memory_max " +
                                                std::to_string(*config.worker_memory_max));
+  if (asked.memory_events == common::MemoryPolicy::kRecord &&
+      config.memory_events == common::MemoryPolicy::kReject)
+    throw Error("request.limit_above_max",
+                "request.limits.memory_events \"record\" is weaker than the configured "
+                "memory_events \"reject\"");
+}
+
+common::MemoryPolicy memory_policy(const common::RequestLimits& asked, const Config& config) {
+  return asked.memory_events.value_or(config.memory_events);
 }
 
 }  // namespace assay::supervisor

@@ -71,12 +71,17 @@ void check_readable_file(const std::string& path, const Peer& peer, const std::s
 // link followed anywhere in its path; throws Error("fs.open") / Error("fs.not_regular").
 common::UniqueFd open_no_links(const std::filesystem::path& path);
 std::string read_no_links(const std::filesystem::path& path, std::size_t max_bytes);
+// The whole of a file open_file_as() opened, at most max_bytes (else Error(code) naming it).
+std::string read_opened(const Opened& file, std::size_t max_bytes, const std::string& code);
 
 // The submitter of a stored job, as admission saw them.
 Peer submitter_peer(uid_t uid, gid_t gid, bool admin);
 
 // A request may lower the configured limits, never raise them: throws
 // Error("request.limit_above_max") naming the asked and the configured value.
+// The same for memory_events: a request may ask "reject" under "record", not the reverse.
 void check_request_limits(const common::RequestLimits& asked, const Config& config);
+// The memory policy a job runs under: the request's (checked above) or the configured one.
+common::MemoryPolicy memory_policy(const common::RequestLimits& asked, const Config& config);
 
 }  // namespace assay::supervisor

@@ -11,6 +11,7 @@
 #include "common/error.h"
 #include "common/fs.h"
 #include "common/identity.h"
+#include "common/kiln_receipt.h"
 #include "common/protocol.h"
 #include "common/result.h"
 #include "common/time.h"
@@ -229,8 +230,9 @@ Part BatchPipeline::state_part(const RunFacts& facts, std::size_t index, const f
                                             oracle_artifact_name(output));
   RunFacts part_facts = facts;
   part_facts.job_id = part_job_id(job_id_, index);
-  Json result = next_token_result(config_, part_facts, request_.states[index], fingerprint_, output,
-                                  evidence, artifact);
+  Json result =
+      next_token_result(config_, part_facts, request_.states[index], fingerprint_, output, evidence,
+                        artifact, common::receipts_not_given(request_.states[index]));
   result["batch"] = Json{
       {"id", job_id_}, {"index", index}, {"count", request_.states.size()}, {"attempt", attempt_}};
   std::string message = next_token_message(result);

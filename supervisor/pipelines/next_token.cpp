@@ -5,6 +5,7 @@
 #include "common/error.h"
 #include "common/fs.h"
 #include "common/identity.h"
+#include "common/kiln_receipt.h"
 #include "common/protocol.h"
 #include "common/result.h"
 #include "common/time.h"
@@ -28,7 +29,10 @@ class NextTokenPipeline final : public Pipeline {
       : config_(config),
         job_dir_(std::move(job_dir)),
         model_dir_(std::move(model_dir)),
-        request_(common::validate_request(read_request(job_dir_))) {}
+        request_(common::validate_request(read_request(job_dir_))),
+        receipts_(read_checks(job_dir_).value(
+            "receipts", common::receipts_not_checked("the job was accepted before assayd checked "
+                                                     "receipts"))) {}
 
   std::uint64_t required_bytes() override {
     return estimate_required_bytes(model_dir_, request_.input_token_ids.size());
@@ -68,7 +72,7 @@ class NextTokenPipeline final : public Pipeline {
     fs::path artifact = take_artifact(facts.job_dir / "oracle" / oracle_artifact_name(oracle_),
                                       facts.job_dir / common::kArtifactFileName);
     Json result = next_token_result(config_, facts, request_, fingerprint_, oracle_,
-                                    *oracle_evidence_, artifact);
+                                    *oracle_evidence_, artifact, receipts_);
     std::string message = next_token_message(result);
     std::string artifact_sha = result["reference_artifact"]["sha256"];
     return Sealed{std::move(result),
@@ -84,6 +88,7 @@ class NextTokenPipeline final : public Pipeline {
   fs::path job_dir_;
   std::string model_dir_;
   common::NextTokenRequest request_;
+  Json receipts_;  // what admission checked of the receipts the request names
   FingerprintRun fingerprint_;
   Json oracle_;
   std::optional<contain::Evidence> oracle_evidence_;
@@ -94,7 +99,7 @@ class NextTokenPipeline final : public Pipeline {
 Json next_token_result(const Config& config, const RunFacts& facts,
                        const common::NextTokenRequest& request, const FingerprintRun& fingerprint,
                        const Json& oracle, const contain::Evidence& oracle_evidence,
-                       const fs::path& artifact) {
+                       const fs::path& artifact, const Json& receipts) {
   Json verdict = make_verdict(request, oracle);
   Json network = oracle_evidence.network ? oracle_evidence.network->to_json() : Json("host");
   return Json{
@@ -113,7 +118,8 @@ Json next_token_result(const Config& config, const RunFacts& facts,
         {"id", request.id},
         {"sha256", request.request_sha256},
         {"input_token_ids_sha256", request.input_token_ids_sha256},
-        {"source", request.source}}},
+        {"source", request.source},
+        {"receipts", receipts}}},
       {"model_identity", fingerprint.output["model_identity"]},
       {"model_fingerprint", fingerprint_section(fingerprint)},
       {"containment",
@@ -133,9 +139,31 @@ std::string next_token_message(const Json& result) {
          verdict["argmax_candidate"].get<std::string>();
 }
 
+// Kiln's receipt checks (common/kiln_receipt.h) on the receipts in `dir`, each opened as the
+// submitter by the name the request gives it: what the result says of them.
+Json check_receipts(const common::NextTokenRequest& request, const std::string& dir,
+                    const Peer& peer) {
+  if (dir.empty()) return common::receipts_not_given(request);
+  if (request.kind != common::RequestKind::kKiln)
+    throw Error("api.bad_query", "receipts_dir= applies to a Kiln request only; " + request.schema +
+                                     " names no receipts");
+  const std::string code = "request.receipt_mismatch";
+  Opened folder = open_dir_as(dir, peer, code, "receipts directory");
+  std::vector<common::ReceiptReport> reports;
+  for (const auto& slot : common::receipt_slots()) {
+    std::string name =
+        fs::path(request.source[slot.key]["path"].get<std::string>()).filename().string();
+    Opened file = open_file_as(folder.path + "/" + name, peer, code, slot.engine + " receipt");
+    reports.push_back(common::check_kiln_receipt(
+        request, slot, read_opened(file, common::kMaxReceiptBytes, code)));
+  }
+  return common::receipts_checked(reports);
+}
+
 Admission admit_next_token(const Json& document, const SubmitContext& context) {
   auto request = common::validate_request(document);
   check_request_limits(request.limits, context.config);
+  Json receipts = check_receipts(request, context.receipts_dir, context.peer);
   std::string dir =
       !context.query_model_dir.empty() ? context.query_model_dir : request.model_dir.value_or("");
   if (dir.empty())
@@ -150,13 +178,23 @@ Admission admit_next_token(const Json& document, const SubmitContext& context) {
     throw Error("request.bad_model",
                 "model_dir \"" + dir + "\" is not normalised (as " + model_dir + ")");
   request.check_vocab(read_vocab_size(model_dir));
-  return Admission{common::sha256_canonical_id(
-                       Json{{"request_sha256", request.request_sha256}, {"model_dir", model_dir}}),
-                   request.request_sha256,
-                   request.schema,
-                   request.id,
-                   model_dir,
-                   std::move(opened)};
+  // A dispute whose receipts were checked is another job than the same dispute unchecked.
+  Json key{{"request_sha256", request.request_sha256}, {"model_dir", model_dir}};
+  std::string note;
+  if (receipts["checked"] == true) {
+    key["receipts_checked"] = true;
+    for (const auto& r : receipts["receipts"])
+      note += (note.empty() ? "; receipts checked: " : ", ") + r["engine"].get<std::string>() +
+              " (" + std::to_string(r["checks"].size()) + " checks)";
+  }
+  return Admission{.key = common::sha256_canonical_id(key),
+                   .request_sha256 = request.request_sha256,
+                   .request_schema = request.schema,
+                   .request_id = request.id,
+                   .model_dir = model_dir,
+                   .opened = std::move(opened),
+                   .checks = Json{{"receipts", std::move(receipts)}},
+                   .accepted_note = note};
 }
 
 std::unique_ptr<Pipeline> open_next_token(const Config& config, const fs::path& job_dir,

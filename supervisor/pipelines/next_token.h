@@ -19,7 +19,7 @@ common::Json next_token_result(const Config& config, const RunFacts& facts,
                                const common::NextTokenRequest& request,
                                const FingerprintRun& fingerprint, const common::Json& oracle,
                                const contain::Evidence& oracle_evidence,
-                               const std::filesystem::path& artifact);
+                               const std::filesystem::path& artifact, const common::Json& receipts);
 // "succeeded: reference argmax ID -> ENGINE", the terminal event of a result.
 std::string next_token_message(const common::Json& result);
 

@@ -40,12 +40,19 @@ struct Admission {
   std::string model_dir;
   // What was opened to check the paths the request names (admission.h opened_record).
   common::Json opened = common::Json::array();
+  // What admission checked beyond the document ({"receipts": ...}), kept beside the request as
+  // checks.json (kChecksFile) for the result to say; null: nothing.
+  common::Json checks = nullptr;
+  std::string accepted_note = "";  // appended to the "accepted" event: what was checked
 };
+
+inline constexpr std::string_view kChecksFile = "checks.json";
 
 struct SubmitContext {
   const Config& config;
   const Peer& peer;
-  std::string query_model_dir;  // ?model_dir= (next-token requests only)
+  std::string query_model_dir = "";  // ?model_dir= (next-token requests only)
+  std::string receipts_dir = "";     // ?receipts_dir= (Kiln next-token requests only)
 };
 
 struct Part;

@@ -33,6 +33,13 @@ Json read_request(const fs::path& job_dir) {
                               {.max_bytes = 64 << 20});
 }
 
+Json read_checks(const fs::path& job_dir) {
+  std::error_code ec;
+  if (!fs::exists(job_dir / kChecksFile, ec)) return Json::object();
+  return common::parse_strict(common::read_file(job_dir / kChecksFile, 64 << 20),
+                              {.max_bytes = 64 << 20});
+}
+
 int worker_threads() {
   // One core is left to the supervisor (and the kernel) where there are several.
   unsigned cores = std::max(1u, std::thread::hardware_concurrency());

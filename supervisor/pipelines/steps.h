@@ -17,6 +17,8 @@ namespace assay::supervisor {
 
 // A job's request.json, parsed strictly.
 common::Json read_request(const std::filesystem::path& job_dir);
+// The job's checks.json (Admission::checks), or {} for a job without one.
+common::Json read_checks(const std::filesystem::path& job_dir);
 // Threads a worker may use: every CPU of the host but one, left to assayd (one on a 1-CPU host).
 int worker_threads();
 

@@ -352,10 +352,10 @@ TEST_CASE("verify --kiln passes both of Kiln's real results") {
     REQUIRE(check_named(r, "kiln.result_sha256") != nullptr);
     CHECK(check_named(r, "kiln.result_sha256")->ok);
   }
-  // The next-token result's facts were checked, not only its hash.
+  // The next-token result's facts were checked, not only its hash, and its schema.
   client::VerifyReport r = client::verify_kiln(kKilnNextToken);
   for (const char* name :
-       {"kiln.top_tokens", "kiln.top_logit_margin", "kiln.candidate_tokens",
+       {"kiln.schema_valid", "kiln.top_tokens", "kiln.top_logit_margin", "kiln.candidate_tokens",
         "kiln.verdict.argmax_candidate", "kiln.verdict.candidate_attribution_complete"}) {
     CAPTURE(name);
     REQUIRE(check_named(r, name) != nullptr);
@@ -417,5 +417,23 @@ TEST_CASE("verify --kiln fails a one-field change to each real result, naming wh
     doc["schema"] = "kiln.something-else.v1";
     auto r = client::verify_kiln(write_kiln(tmp, doc, true));
     CHECK_FALSE(check_named(r, "kiln.schema")->ok);
+  }
+  SUBCASE("a field Kiln's schema forbids, hash recomputed: each record fails schema_valid") {
+    Json doc = layer;
+    doc["worker"]["extra"] = 1;
+    auto r = client::verify_kiln(write_kiln(tmp, doc, true));
+    CHECK(check_named(r, "kiln.result_sha256")->ok);
+    REQUIRE(check_named(r, "kiln.schema_valid") != nullptr);
+    CHECK_FALSE(check_named(r, "kiln.schema_valid")->ok);
+    CAPTURE(check_named(r, "kiln.schema_valid")->detail);
+    CHECK(check_named(r, "kiln.schema_valid")->detail.find("/worker") == 0);
+
+    doc = next;
+    doc["oracle"]["torch_version"] = "2.13.0+cu130";
+    r = client::verify_kiln(write_kiln(tmp, doc, true));
+    CHECK(check_named(r, "kiln.result_sha256")->ok);
+    CHECK_FALSE(check_named(r, "kiln.schema_valid")->ok);
+    CAPTURE(check_named(r, "kiln.schema_valid")->detail);
+    CHECK(check_named(r, "kiln.schema_valid")->detail.find("/oracle/torch_version") == 0);
   }
 }

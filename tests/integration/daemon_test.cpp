@@ -457,3 +457,97 @@ TEST_CASE("cancelling a running job kills its worker and keeps the evidence") {
   CHECK(fs::exists(d.state() / "jobs" / id / "oracle" / "evidence.json"));
   CHECK(request(d.socket(), "GET", "/v1/jobs/" + id + "/result").status == 409);
 }
+
+// A fingerprint worker that first writes `mib` MiB through its own page cache (synchronously, so
+// that every page can be reclaimed): in a cgroup whose memory.max is below that, the kernel
+// counts charges that hit the limit (v1 memory.failcnt, v2 memory.events max) and the worker
+// still succeeds. Real memory pressure, on a real worker.
+fs::path pressing_wrapper(const fs::path& dir, const std::string& real, int mib) {
+  fs::path p = dir / "pressing-fingerprint";
+  spit(p, "#!/bin/sh\ndd if=/dev/zero of=ballast bs=1M count=" + std::to_string(mib) +
+              " oflag=dsync status=none || exit 9\nrm -f ballast\nexec " + real + " \"$@\"\n");
+  ::chmod(p.c_str(), 0755);
+  return p;
+}
+
+TEST_CASE(
+    "memory_events: record keeps a worker's memory pressure as evidence, reject fails the job "
+    "naming the counter, and a Kiln request rejects by default") {
+  if (!have(kFingerprint) || !have(kOracle)) {
+    MESSAGE("skipped: assay-fingerprint or assay-oracle was not built");
+    return;
+  }
+  if (containment() == "none") {
+    MESSAGE("skipped: without a cgroup there is no memory counter to see pressure in");
+    return;
+  }
+  TempDir tmp;
+  fs::path model = fixture_model(tmp.path / "llama-tiny");
+  constexpr std::uint64_t kLimit = 768ull << 20;
+  Daemon d(tmp.path / "state", tmp.path / "assayd.sock",
+           {"--containment", containment(), "--fingerprint-worker",
+            pressing_wrapper(tmp.path, kFingerprint, 1024).string(), "--oracle-worker", kOracle});
+  REQUIRE_MESSAGE(d.start(), d.log());
+
+  // The configured policy (record): the job succeeds and its evidence shows the counter.
+  Json doc = next_token_request("pressure-recorded", model);
+  doc["limits"] = {{"memory_bytes", kLimit}};
+  auto sub = request_json(d, doc);
+  REQUIRE_MESSAGE(sub.status == 201, sub.body);
+  std::string id = sub.json()["id"];
+  Json job = wait_job(d.socket(), id, terminal, 300);
+  REQUIRE_MESSAGE(job["state"] == "succeeded", job.dump(2) << "\n" << d.log());
+  Json evidence = common::parse_strict(
+      slurp((d.state() / "jobs" / id / "fingerprint" / "evidence.json").string()));
+  CAPTURE(evidence["normalised"].dump());
+  CHECK(evidence["normalised"]["memory_max_events"].get<std::uint64_t>() > 0);
+  Json result = request_get(d, "/v1/jobs/" + id + "/result").json();
+
+  // The same dispute asking reject: the job fails at the fingerprint, naming the counter.
+  doc["id"] = "pressure-rejected";
+  doc["limits"]["memory_events"] = "reject";
+  job = wait_job(d.socket(), request_json(d, doc).json()["id"], terminal, 300);
+  CHECK(job["state"] == "failed");
+  CHECK(job["error"]["code"] == "worker.memory_pressure");
+  std::string message = job["error"]["message"];
+  CAPTURE(message);
+  CHECK(message.find("fingerprint worker saw memory pressure (") == 0);
+  CHECK((message.find("memory.failcnt = ") != std::string::npos ||
+         message.find("memory.events:max = ") != std::string::npos));
+
+  // A Kiln request of that model, with no memory_events: Kiln's rule, reject.
+  Json kiln = kiln_request(result["model_identity"]);
+  kiln["limits"] = {{"memory_bytes", kLimit}};
+  auto ksub = request(d.socket(), "POST", "/v1/jobs?model_dir=" + model.string(), kiln.dump());
+  REQUIRE_MESSAGE(ksub.status == 201, ksub.body);
+  job = wait_job(d.socket(), ksub.json()["id"], terminal, 300);
+  CHECK(job["error"]["code"] == "worker.memory_pressure");
+}
+
+TEST_CASE("under memory_events reject a request may not ask record, and a bad policy is named") {
+  TempDir tmp;
+  fs::path model = make_config_only_model(tmp.path / "model");
+  spit(tmp.path / "assayd.json", R"({"memory_events": "reject"})");
+  Daemon d(tmp.path / "state", tmp.path / "assayd.sock",
+           {"--containment", "none", "--config", (tmp.path / "assayd.json").string()});
+  REQUIRE_MESSAGE(d.start(), d.log());
+  Json doc = next_token_request("weaker", model);
+  doc["limits"] = {{"memory_events", "record"}};
+  auto weaker = request_json(d, doc);
+  CHECK(weaker.status == 422);
+  CHECK(weaker.body.find("request.limit_above_max") != std::string::npos);
+  CHECK(weaker.body.find("memory_events \\\"record\\\" is weaker than the configured") !=
+        std::string::npos);
+  doc["limits"] = {{"memory_events", "ignore"}};
+  auto bad = request_json(d, doc);
+  CHECK(bad.status == 422);
+  CHECK(bad.body.find("request.limits.memory_events must be \\\"record\\\" or \\\"reject\\\", "
+                      "got \\\"ignore\\\"") != std::string::npos);
+
+  spit(tmp.path / "bad.json", R"({"memory_events": "sometimes"})");
+  Daemon bad_config(tmp.path / "state2", tmp.path / "assayd2.sock",
+                    {"--containment", "none", "--config", (tmp.path / "bad.json").string()});
+  CHECK_FALSE(bad_config.start());
+  CHECK(bad_config.log().find("config.memory_events must be \"record\" or \"reject\", got "
+                              "\"sometimes\"") != std::string::npos);
+}

@@ -114,6 +114,22 @@ TEST_CASE("a valid Kiln request is accepted as is and keeps its source pair") {
   CHECK(r.check_report()["model_content_sha256"] == identity()["content_sha256"]);
 }
 
+TEST_CASE("memory_events: a Kiln request rejects memory pressure unless it says otherwise") {
+  CHECK(common::validate_request(kiln_request()).limits.memory_events ==
+        common::MemoryPolicy::kReject);
+  Json kiln = kiln_request();
+  kiln["limits"] = {{"memory_events", "record"}};
+  CHECK(common::validate_request(kiln).limits.memory_events == common::MemoryPolicy::kRecord);
+  Json assay = assay_request();
+  CHECK_FALSE(common::validate_request(assay).limits.memory_events.has_value());
+  assay["limits"] = {{"memory_events", "reject"}};
+  CHECK(common::validate_request(assay).limits.memory_events == common::MemoryPolicy::kReject);
+  assay["limits"] = {{"memory_events", true}};
+  CHECK_THROWS_WITH_AS(common::validate_request(assay),
+                       "request.limits.memory_events must be \"record\" or \"reject\", got true",
+                       common::Error);
+}
+
 TEST_CASE("key order and whitespace do not change the request sha256") {
   auto a = common::parse_request(R"({"schema":"assay.next-token-request.v1","id":"x",
     "input_token_ids":[1],"candidates":[{"engine":"a","token_id":1,"text":""},

@@ -1,0 +1,165 @@
+// Kiln's v2 record from an assay result (client/kiln_export.h), on a real assay result
+// (fixtures/report/: a demo run's result and its logits) and Kiln's two real records.
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "client/kiln_export.h"
+#include "client/verify.h"
+#include "common/error.h"
+#include "common/fs.h"
+#include "common/identity.h"
+#include "common/json_schema.h"
+#include "common/kiln_schemas.h"
+#include "support.h"
+
+namespace {
+
+using assay::common::Json;
+namespace client = assay::client;
+namespace common = assay::common;
+namespace fs = std::filesystem;
+using assay::client::test::TempDir;
+
+const std::string kFixtures = ASSAY_CLIENT_TEST_DIR "/fixtures/";
+
+Json assay_result() {
+  return common::parse_strict(common::read_file(kFixtures + "report/result.json", 1 << 24));
+}
+
+bool listed(const client::KilnExport& e, const std::string& pointer) {
+  for (const auto& f : e.false_fields)
+    if (f.starts_with(pointer + ": ")) return true;
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("kiln_file_text writes Kiln's two real records byte for byte") {
+  for (const char* name :
+       {"kiln/20260719t003452-rocm-strix-halo-hf-next-token-first-divergence-v1.json",
+        "kiln/20260719t022838-rocm-strix-halo-hf-layer-attribution-v1.json"}) {
+    std::string bytes = common::read_file(kFixtures + name, 1 << 24);
+    CHECK(client::kiln_file_text(common::parse_strict(bytes)) == bytes);
+  }
+}
+
+TEST_CASE("a CPU run of the libtorch backend is not Kiln's record: every false field is listed") {
+  Json result = assay_result();
+  client::KilnExport e = client::kiln_v2_record(result);
+  CHECK_FALSE(e.writable());
+  for (const auto& f : e.false_fields) MESSAGE("not a fact of this run: " << f);
+  // Kiln's const pins this machine cannot meet, reported, not hidden.
+  CHECK(listed(e, "/oracle/torch_version"));
+  CHECK(listed(e, "/oracle/vocab"));
+  CHECK(listed(e, "/oracle/torch_hip_version"));
+  // What the libtorch backend does not compute.
+  CHECK(listed(e, "/oracle/modeling_sha256"));
+  CHECK(listed(e, "/oracle/transformers_version"));
+  CHECK(listed(e, "/oracle/configuration_sha256"));
+  CHECK(listed(e, "/implementation/hf_worker_sha256"));
+  // An assay request has no receipts; cgroup v1 has no memory.high counter.
+  CHECK(listed(e, "/request/source"));
+  CHECK(listed(e, "/request/contract_path"));
+  CHECK(listed(e, "/oracle/memory_high_events"));
+  // What was true is carried as the run had it.
+  CHECK(e.record["oracle"]["logits_sha256"] == result["oracle"]["logits_sha256"]);
+  CHECK(e.record["verdict"] == result["verdict"]);
+  CHECK(e.record["oracle"]["memory_max_events"] == 0);
+  CHECK(e.record["containment"]["network"] == "forbidden");
+  CHECK(e.record["oracle"]["candidate_tokens"][0] == Json{{"engine", "kiln"},
+                                                          {"token_id", 135},
+                                                          {"text", "\ufffd"},
+                                                          {"logit", 1.6640625},
+                                                          {"rank", 1}});
+  Json body = e.record;
+  body.erase("result_sha256");
+  CHECK(e.record["result_sha256"] == common::sha256_id(common::python_canonical(body)));
+}
+
+TEST_CASE("every way the draft breaks Kiln's schema is among the listed fields") {
+  client::KilnExport e = client::kiln_v2_record(assay_result());
+  auto errors = common::kiln_schemas().validate(
+      e.record, *common::kiln_schema_id_for("kiln.rocm-hf-next-token-oracle.v2"));
+  CHECK_FALSE(errors.empty());
+  for (const auto& error : errors) {
+    bool explained = false;
+    for (const auto& f : e.false_fields) {
+      std::string pointer = f.substr(0, f.find(": "));
+      explained = explained || error.pointer == pointer || error.pointer.starts_with(pointer + "/");
+    }
+    CAPTURE(error.pointer);
+    CAPTURE(error.message);
+    CHECK(explained);
+  }
+}
+
+TEST_CASE("on Kiln's stack with checked receipts, only what no assay run records stays listed") {
+  // The run a Kiln user would have: Kiln's pinned stack on ROCm through the transformers
+  // backend, a Kiln request with checked receipts. Built from the real result by setting exactly
+  // the facts such a run records, to test the export's rules; assay signs no such run here.
+  Json r = assay_result();
+  r["source"]["tree_modified"] = false;
+  r["oracle"]["backend"] = "transformers";
+  r["oracle"]["linear_attention_implementation"] = "transformers_torch_fallback";
+  r["oracle"]["configuration_sha256"] = "sha256:" + std::string(64, '3');
+  r["oracle"]["vocab_size"] = 248320;
+  r["oracle"]["runtime"]["torch"]["version_label"] = "2.13.0+rocm7.2";
+  r["oracle"]["runtime"]["torch"]["hip_version"] = "7.2.53211";
+  r["oracle"]["process"]["normalised"]["memory_high_events"] = 0;
+  r["oracle"]["process"]["normalised"]["memory_oom_events"] = 0;
+  r["model_identity"]["chat_template_hash"] = "sha256:" + std::string(64, '4');
+  r["request"]["schema"] = "kiln.hf-next-token-request.v1";
+  r["request"]["source"] = common::parse_strict(
+      common::read_file(kFixtures + "kiln-request-v1.json", 1 << 20))["source"];
+  r["request"]["receipts"] = {{"checked", true}, {"receipts", Json::array()}};
+  client::KilnExport e = client::kiln_v2_record(r, {.contract_path = "requests/x.json"});
+  // What no assay run records stays listed: the tree, origin/main, the Python worker's hashes.
+  std::vector<std::string> left = e.false_fields;
+  for (const auto& f : left) MESSAGE("still not a fact: " << f);
+  CHECK(listed(e, "/source/tree"));
+  CHECK(listed(e, "/source/origin_main"));
+  CHECK(listed(e, "/oracle/modeling_sha256"));
+  CHECK_FALSE(listed(e, "/oracle/torch_version"));
+  CHECK_FALSE(listed(e, "/request/source"));
+  CHECK_FALSE(listed(e, "/oracle/memory_high_events"));
+}
+
+TEST_CASE("verify --kiln --artifact recomputes the logits facts of a record from its file") {
+  TempDir tmp;
+  client::KilnExport e = client::kiln_v2_record(assay_result());
+  fs::path record = tmp.path() / "record.json";
+  std::ofstream(record) << client::kiln_file_text(e.record);
+  fs::path logits = kFixtures + "report/logits.safetensors";
+  client::VerifyReport r = client::verify_kiln(record, logits);
+  CAPTURE(r.to_json().dump(2));
+  for (const char* name :
+       {"kiln.result_sha256", "kiln.artifact.file", "kiln.artifact.logits_sha256",
+        "kiln.artifact.input_ids", "kiln.artifact.argmax", "kiln.artifact.top_tokens",
+        "kiln.artifact.candidates", "kiln.top_tokens", "kiln.candidate_tokens",
+        "kiln.verdict.argmax_candidate"}) {
+    bool ok = false;
+    for (const auto& c : r.checks) ok = ok || (c.name == name && c.ok);
+    CAPTURE(name);
+    CHECK(ok);
+  }
+  // One logit changed in a copy of the artifact: the file, the digest and the argmax break.
+  std::string bytes = common::read_file(logits, 1 << 20);
+  bytes[bytes.size() - 4 * 100 - 2] ^= 0x40;
+  fs::path tampered = tmp.path() / "logits.safetensors";
+  std::ofstream(tampered, std::ios::binary) << bytes;
+  client::VerifyReport bad = client::verify_kiln(record, tampered);
+  CHECK_FALSE(bad.ok());
+  for (const auto& c : bad.checks)
+    if (c.name == "kiln.artifact.file" || c.name == "kiln.artifact.logits_sha256")
+      CHECK_FALSE(c.ok);
+}
+
+TEST_CASE("a fidelity result has no Kiln next-token record") {
+  Json fidelity =
+      common::parse_strict(common::read_file(kFixtures + "report/fidelity-result.json", 1 << 24));
+  CHECK_THROWS_WITH_AS(client::kiln_v2_record(fidelity),
+                       doctest::Contains("Kiln's v2 record is of a next-token result"),
+                       common::Error);
+}

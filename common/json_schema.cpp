@@ -1,7 +1,6 @@
 #include "common/json_schema.h"
 
 #include <algorithm>
-#include <cctype>
 #include <cmath>
 #include <regex>
 #include <set>
@@ -14,8 +13,6 @@ namespace assay::common {
 namespace {
 
 constexpr std::string_view kDraft202012 = "https://json-schema.org/draft/2020-12/schema";
-// Deeper than any real document (parse_strict stops at 64 levels) times its $ref chains: a loop.
-constexpr int kMaxDepth = 1000;
 
 const std::set<std::string_view> kAnnotations = {"$schema",    "title",    "description",
                                                  "$comment",   "examples", "default",
@@ -46,24 +43,8 @@ struct Ref {
   Json::json_pointer pointer;  // into that schema
 };
 
-std::string percent_decoded(const std::string& s, const std::string& ref) {
-  std::string out;
-  for (std::size_t i = 0; i < s.size(); ++i) {
-    if (s[i] != '%') {
-      out += s[i];
-      continue;
-    }
-    if (i + 2 >= s.size() || !std::isxdigit(static_cast<unsigned char>(s[i + 1])) ||
-        !std::isxdigit(static_cast<unsigned char>(s[i + 2])))
-      throw Error("schema.invalid", "$ref \"" + ref + "\": bad percent-encoding");
-    out += static_cast<char>(std::stoi(s.substr(i + 1, 2), nullptr, 16));
-    i += 2;
-  }
-  return out;
-}
-
 // Supports "#/json/pointer", "name.json#/pointer" (a sibling of `base`, as Kiln's schemas refer
-// to each other) and absolute URIs; not anchors, "../" paths or "/rooted" paths.
+// to each other) and absolute URIs; not anchors, percent-encoding, "../" or "/rooted" paths.
 Ref resolve(const std::string& ref, const std::string& base) {
   static const std::regex absolute("^[A-Za-z][A-Za-z0-9+.-]*:");
   std::size_t hash = ref.find('#');
@@ -71,6 +52,8 @@ Ref resolve(const std::string& ref, const std::string& base) {
   std::string fragment = hash == std::string::npos ? "" : ref.substr(hash + 1);
   if (!fragment.empty() && fragment[0] != '/')
     throw Error("schema.invalid", "$ref \"" + ref + "\": anchors are not supported");
+  if (ref.find('%') != std::string::npos)
+    throw Error("schema.invalid", "$ref \"" + ref + "\": percent-encoding is not supported");
   Ref out;
   if (target.empty())
     out.id = base;
@@ -81,7 +64,7 @@ Ref resolve(const std::string& ref, const std::string& base) {
   else
     throw Error("schema.invalid", "$ref \"" + ref + "\": only a sibling's file name is supported");
   try {
-    out.pointer = Json::json_pointer(percent_decoded(fragment, ref));
+    out.pointer = Json::json_pointer(fragment);
   } catch (const Json::exception& e) {
     throw Error("schema.invalid", "$ref \"" + ref + "\": " + e.what());
   }
@@ -242,8 +225,6 @@ class Validator {
       if (!schema.get<bool>()) fail(at, "false: expected no value, found " + show(doc));
       return;
     }
-    if (++depth_ > kMaxDepth)
-      throw Error("schema.invalid", base + ": $ref loops at document pointer " + at);
     if (auto ref = schema.find("$ref"); ref != schema.end()) check_ref(doc, *ref, base, at);
     if (auto all = schema.find("allOf"); all != schema.end())
       for (const auto& sub : *all) check(doc, sub, base, at);
@@ -253,7 +234,6 @@ class Validator {
     if (doc.is_string()) check_string(doc.get_ref<const std::string&>(), schema, at);
     if (doc.is_object()) check_object(doc, schema, base, at);
     if (doc.is_array()) check_array(doc, schema, base, at);
-    --depth_;
   }
 
  private:
@@ -269,7 +249,14 @@ class Validator {
       throw Error("schema.invalid", base + ": $ref \"" + ref + "\" names no schema of the set");
     if (!schema->second.contains(target.pointer))
       throw Error("schema.invalid", base + ": $ref \"" + ref + "\" points at nothing");
-    check(doc, schema->second.at(target.pointer), target.id, at);
+    const Json& sub = schema->second.at(target.pointer);
+    // Coming back to the same subschema for the same value, without a step into the value, never
+    // ends.
+    if (!in_progress_.emplace(&sub, &doc).second)
+      throw Error("schema.invalid",
+                  base + ": $ref \"" + ref + "\" loops at " + (at.empty() ? "/" : at));
+    check(doc, sub, target.id, at);
+    in_progress_.erase({&sub, &doc});
   }
 
   void check_type(const Json& doc, const Json& schema, const std::string& at) {
@@ -377,8 +364,8 @@ class Validator {
 
   const Schemas& schemas_;
   std::vector<SchemaError>& errors_;
-  std::map<std::string, std::regex> regexes_;  // compiled once per validation
-  int depth_ = 0;
+  std::map<std::string, std::regex> regexes_;                  // compiled once per validation
+  std::set<std::pair<const Json*, const Json*>> in_progress_;  // $ref targets and their values
 };
 
 }  // namespace

@@ -220,6 +220,10 @@ TEST_CASE("a keyword, format or $ref the validator does not implement makes add(
         std::string::npos);
   CHECK(add_error({{"$id", kTestId}, {"$ref", "../other.json"}}).find("only a sibling") !=
         std::string::npos);
+  CHECK(add_error({{"$id", kTestId}, {"$ref", "#/%24defs/x"}}).find("percent-encoding") !=
+        std::string::npos);
+  CHECK(add_error({{"$id", kTestId}, {"$ref", "#/a~2"}}).find("$ref \"#/a~2\"") !=
+        std::string::npos);
   CHECK(add_error({{"$id", kTestId}, {"items", {{"$id", "inner.json"}}}})
             .find("#/items/$id: $id inside a schema") != std::string::npos);
   CHECK(add_error({{"$id", kTestId}, {"$schema", "http://json-schema.org/draft-07/schema#"}})
@@ -247,7 +251,7 @@ TEST_CASE("a $ref that names nothing, or loops, fails validation rather than pas
   CHECK_THROWS_WITH_AS(one({{"$ref", "#/$defs/none"}}).validate(Json(1), kTestId),
                        doctest::Contains("points at nothing"), common::Error);
   CHECK_THROWS_WITH_AS(one({{"$ref", "#"}}).validate(Json(1), kTestId),
-                       doctest::Contains("$ref loops"), common::Error);
+                       doctest::Contains("\"#\" loops at /"), common::Error);
   CHECK_THROWS_AS(common::kiln_schemas().validate(Json(1), "https://example.test/none.json"),
                   common::Error);
 }

@@ -82,6 +82,7 @@ void Config::load_file(const std::filesystem::path& path) {
                                  "fingerprint_worker",
                                  "compare_worker",
                                  "oracle_worker",
+                                 "hf_worker",
                                  "containment",
                                  "base_cgroup",
                                  "delegated",
@@ -118,6 +119,7 @@ void Config::load_file(const std::filesystem::path& path) {
   if (take_string(j, "fingerprint_worker", s = fingerprint_worker.string()), !s.empty())
     fingerprint_worker = s;
   if (take_string(j, "oracle_worker", s = oracle_worker.string()), !s.empty()) oracle_worker = s;
+  if (take_string(j, "hf_worker", s = hf_worker.string()), !s.empty()) hf_worker = s;
   if (take_string(j, "compare_worker", s = compare_worker.string()), !s.empty()) compare_worker = s;
   if (j.contains("containment")) {
     take_string(j, "containment", s);
@@ -224,8 +226,9 @@ void Config::finalize() {
     fingerprint_worker = find_worker("assay-fingerprint", "fingerprint");
   if (oracle_worker.empty()) oracle_worker = find_worker("assay-oracle", "worker");
   if (compare_worker.empty()) compare_worker = find_worker("assay-compare", "compare");
+  if (hf_worker.empty()) hf_worker = find_worker("assay-hf-worker", "worker");
   // Workers are exec'd by absolute path (the worker's cwd is its workspace).
-  for (auto* w : {&fingerprint_worker, &oracle_worker, &compare_worker})
+  for (auto* w : {&fingerprint_worker, &oracle_worker, &compare_worker, &hf_worker})
     if (!w->is_absolute()) *w = std::filesystem::absolute(*w);
   if (device_slots < 1 || device_slots > 64)
     throw Error("config.invalid",
@@ -295,6 +298,7 @@ std::string Config::describe() const {
          {"state_dir", state_dir.string()},
          {"fingerprint_worker", fingerprint_worker.string()},
          {"oracle_worker", oracle_worker.string()},
+         {"hf_worker", hf_worker.string()},
          {"compare_worker", compare_worker.string()},
          {"containment", mode_name(containment.mode)},
          {"executor", executor},

@@ -39,7 +39,7 @@ int serve_main(int argc, char** argv) {
       "assayd serve"};
   Config config;
   std::string config_file, socket, state_dir, containment, fingerprint_worker, oracle_worker,
-      compare_worker, executor, log_level = "info";
+      compare_worker, hf_worker, executor, log_level = "info";
   int slots = 0;
   app.add_option("--socket", socket, "unix socket path (default: systemd socket activation)");
   app.add_option("--state-dir", state_dir, "state directory (jobs, keys)");
@@ -49,6 +49,8 @@ int serve_main(int argc, char** argv) {
   app.add_option("--fingerprint-worker", fingerprint_worker, "assay-fingerprint executable");
   app.add_option("--oracle-worker", oracle_worker, "assay-oracle executable");
   app.add_option("--compare-worker", compare_worker, "assay-compare executable (fidelity jobs)");
+  app.add_option("--hf-worker", hf_worker,
+                 "assay-hf-worker executable (transformers: Kiln's prompt check)");
   app.add_option("--device-slots", slots, "jobs that run at once (default 1)");
   app.add_option("--executor", executor,
                  "where worker steps run: local (default) or slurm (Slurm batch jobs; needs the "
@@ -74,6 +76,7 @@ int serve_main(int argc, char** argv) {
     if (!fingerprint_worker.empty()) config.fingerprint_worker = fingerprint_worker;
     if (!oracle_worker.empty()) config.oracle_worker = oracle_worker;
     if (!compare_worker.empty()) config.compare_worker = compare_worker;
+    if (!hf_worker.empty()) config.hf_worker = hf_worker;
     if (slots) config.device_slots = slots;
     if (!executor.empty()) config.executor = executor;
     if (allow_root_workers) config.allow_root_workers = true;

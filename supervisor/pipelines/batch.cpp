@@ -19,6 +19,7 @@
 #include "supervisor/pipelines/documents.h"
 #include "supervisor/pipelines/next_token.h"
 #include "supervisor/pipelines/pipeline.h"
+#include "supervisor/pipelines/prompt_check.h"
 #include "supervisor/pipelines/steps.h"
 
 namespace assay::supervisor {
@@ -232,7 +233,8 @@ Part BatchPipeline::state_part(const RunFacts& facts, std::size_t index, const f
   part_facts.job_id = part_job_id(job_id_, index);
   Json result =
       next_token_result(config_, part_facts, request_.states[index], fingerprint_, output, evidence,
-                        artifact, common::receipts_not_given(request_.states[index]));
+                        artifact, common::receipts_not_given(request_.states[index]),
+                        prompt_check_skipped(request_.states[index], true));
   result["batch"] = Json{
       {"id", job_id_}, {"index", index}, {"count", request_.states.size()}, {"attempt", attempt_}};
   std::string message = next_token_message(result);

@@ -13,6 +13,7 @@
 #include "supervisor/pipelines/documents.h"
 #include "supervisor/pipelines/next_token.h"
 #include "supervisor/pipelines/pipeline.h"
+#include "supervisor/pipelines/prompt_check.h"
 #include "supervisor/pipelines/steps.h"
 
 namespace assay::supervisor {
@@ -35,7 +36,8 @@ class NextTokenPipeline final : public Pipeline {
                                                      "receipts"))) {}
 
   std::uint64_t required_bytes() override {
-    return estimate_required_bytes(model_dir_, request_.input_token_ids.size());
+    std::uint64_t need = estimate_required_bytes(model_dir_, request_.input_token_ids.size());
+    return prompt_check_applies(request_) ? std::max(need, kPromptCheckBytes) : need;
   }
   common::RequestLimits limits() const override { return request_.limits; }
 
@@ -64,7 +66,14 @@ class NextTokenPipeline final : public Pipeline {
                   oracle_ = std::move(output);
                   oracle_evidence_ = evidence;
                 }};
-    return {std::move(fingerprint), std::move(oracle)};
+    std::vector<Step> steps;
+    steps.push_back(std::move(fingerprint));
+    if (prompt_check_applies(request_))
+      steps.push_back(prompt_check_step(config_, model_dir_, request_, fingerprint_, prompt_));
+    else
+      prompt_ = prompt_check_skipped(request_);
+    steps.push_back(std::move(oracle));
+    return steps;
   }
 
   Sealed assemble(const RunFacts& facts) override {
@@ -72,7 +81,7 @@ class NextTokenPipeline final : public Pipeline {
     fs::path artifact = take_artifact(facts.job_dir / "oracle" / oracle_artifact_name(oracle_),
                                       facts.job_dir / common::kArtifactFileName);
     Json result = next_token_result(config_, facts, request_, fingerprint_, oracle_,
-                                    *oracle_evidence_, artifact, receipts_);
+                                    *oracle_evidence_, artifact, receipts_, prompt_);
     std::string message = next_token_message(result);
     std::string artifact_sha = result["reference_artifact"]["sha256"];
     return Sealed{std::move(result),
@@ -89,6 +98,7 @@ class NextTokenPipeline final : public Pipeline {
   std::string model_dir_;
   common::NextTokenRequest request_;
   Json receipts_;  // what admission checked of the receipts the request names
+  Json prompt_;    // request.prompt_check: Kiln's prompt check, or why it did not run
   FingerprintRun fingerprint_;
   Json oracle_;
   std::optional<contain::Evidence> oracle_evidence_;
@@ -99,7 +109,7 @@ class NextTokenPipeline final : public Pipeline {
 Json next_token_result(const Config& config, const RunFacts& facts,
                        const common::NextTokenRequest& request, const FingerprintRun& fingerprint,
                        const Json& oracle, const contain::Evidence& oracle_evidence,
-                       const fs::path& artifact, const Json& receipts) {
+                       const fs::path& artifact, const Json& receipts, const Json& prompt_check) {
   Json verdict = make_verdict(request, oracle);
   Json network = oracle_evidence.network ? oracle_evidence.network->to_json() : Json("host");
   return Json{
@@ -119,7 +129,8 @@ Json next_token_result(const Config& config, const RunFacts& facts,
         {"sha256", request.request_sha256},
         {"input_token_ids_sha256", request.input_token_ids_sha256},
         {"source", request.source},
-        {"receipts", receipts}}},
+        {"receipts", receipts},
+        {"prompt_check", prompt_check}}},
       {"model_identity", fingerprint.output["model_identity"]},
       {"model_fingerprint", fingerprint_section(fingerprint)},
       {"containment",

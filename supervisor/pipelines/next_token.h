@@ -19,7 +19,8 @@ common::Json next_token_result(const Config& config, const RunFacts& facts,
                                const common::NextTokenRequest& request,
                                const FingerprintRun& fingerprint, const common::Json& oracle,
                                const contain::Evidence& oracle_evidence,
-                               const std::filesystem::path& artifact, const common::Json& receipts);
+                               const std::filesystem::path& artifact, const common::Json& receipts,
+                               const common::Json& prompt_check);
 // "succeeded: reference argmax ID -> ENGINE", the terminal event of a result.
 std::string next_token_message(const common::Json& result);
 

@@ -551,3 +551,81 @@ TEST_CASE("under memory_events reject a request may not ask record, and a bad po
   CHECK(bad_config.log().find("config.memory_events must be \"record\" or \"reject\", got "
                               "\"sometimes\"") != std::string::npos);
 }
+
+TEST_CASE(
+    "Kiln's prompt check: ids that are the chat template's rendering pass and the job runs; one "
+    "altered id fails the job with request.prompt_mismatch before the oracle runs") {
+  if (!have(kFingerprint) || !have(kOracle) || !have(kHfWorker)) {
+    MESSAGE("skipped: assay-fingerprint, assay-oracle or assay-hf-worker was not built");
+    return;
+  }
+  TempDir tmp;
+  // A tiny Qwen3 (transformers' class, random weights) with Qwen3's real tokenizer and chat
+  // template, and a Kiln request whose ids are transformers' rendering of its messages.
+  auto fixture = [&](const std::string& extra) {
+    std::string cmd = std::string(ASSAY_PYTHON3) + " " + ASSAY_SOURCE_DIR +
+                      "/tests/hf/kiln_chat_fixture.py " + (tmp.path / "chat").string() + extra +
+                      " > " + (tmp.path / "fixture.log").string() + " 2>&1";
+    REQUIRE_MESSAGE(std::system(cmd.c_str()) == 0, slurp((tmp.path / "fixture.log").string()));
+    return common::parse_strict(slurp((tmp.path / "chat" / "request.json").string()));
+  };
+  Json good = fixture("");
+  Json altered = fixture(" --alter-index 14");
+  fs::path model = tmp.path / "chat" / "model";
+  Daemon d(tmp.path / "state", tmp.path / "assayd.sock",
+           {"--containment", containment(), "--fingerprint-worker", kFingerprint, "--oracle-worker",
+            kOracle, "--hf-worker", kHfWorker});
+  REQUIRE_MESSAGE(d.start(), d.log());
+  auto submit = [&](const Json& doc) {
+    auto sub = request(d.socket(), "POST", "/v1/jobs?model_dir=" + model.string(), doc.dump());
+    REQUIRE_MESSAGE(sub.status == 201, sub.body);
+    return wait_job(d.socket(), sub.json()["id"], terminal, 300);
+  };
+
+  Json job = submit(good);
+  REQUIRE_MESSAGE(job["state"] == "succeeded", job.dump(2) << "\n" << d.log());
+  std::string id = job["id"];
+  Json result = request_get(d, "/v1/jobs/" + id + "/result").json();
+  const Json& check = result["request"]["prompt_check"];
+  CAPTURE(check.dump(2));
+  CHECK(check["checked"] == true);
+  CHECK(check["token_count"] == good["prompt"]["token_count"]);
+  CHECK(check["token_ids_sha256"] ==
+        common::token_ids_sha256(good["prompt"]["token_ids"].get<std::vector<long>>()));
+  CHECK(check["chat_template_sha256"] == good["model_identity"]["chat_template_hash"]);
+  CHECK(check["files"]["tokenizer.json"]["sha256"] == good["model_identity"]["tokenizer_hash"]);
+  CHECK(check["renderer"]["transformers_version"] == "5.13.1");
+  // The transformers worker ran contained as the C++ workers do.
+  Json evidence =
+      common::parse_strict(slurp((d.state() / "jobs" / id / "prompt" / "evidence.json").string()));
+  CHECK(evidence["spawn"]["capabilities"]["effective"] == "0000000000000000");
+  CHECK(evidence["spawn"]["capabilities"]["permitted"] == "0000000000000000");
+  CHECK(evidence["spawn"]["uid"] != 0);
+  CHECK(evidence["spawn"]["no_new_privs"] == true);
+  CHECK(evidence["spawn"]["seccomp"]["policy_sha256"].get<std::string>().starts_with("sha256:"));
+  if (containment() != "none") {
+    CHECK(evidence["network"]["namespace"] == "private");
+    CHECK(evidence["network"]["interfaces"] == Json::array({"lo"}));
+  }
+
+  // Every document of the job validates against its schema.
+  fs::path dir = d.state() / "jobs" / id;
+  std::string validate =
+      run_capture(std::string(ASSAY_PYTHON3) + " " + ASSAY_SOURCE_DIR +
+                  "/tests/integration/validate_schemas.py " + ASSAY_SOURCE_DIR +
+                  "/schemas next-token-oracle-result=" + (dir / "result.json").string() +
+                  " kiln-next-token-request=" + (dir / "request.json").string() +
+                  " prompt-check-input=" + (dir / "prompt" / "input.json").string() +
+                  " prompt-check-output=" + (dir / "prompt" / "output.json").string() +
+                  " process-containment=" + (dir / "prompt" / "evidence.json").string());
+  CHECK_MESSAGE(validate.rfind("0:", 0) == 0, validate);
+
+  job = submit(altered);
+  CHECK(job["state"] == "failed");
+  CHECK(job["error"]["code"] == "request.prompt_mismatch");
+  std::string message = job["error"]["message"];
+  CAPTURE(message);
+  CHECK(message.find("at index 14: the request has 1879 (\" world\"), the rendering 840 "
+                     "(\"Ex\")") != std::string::npos);
+  CHECK_FALSE(fs::exists(d.state() / "jobs" / job["id"].get<std::string>() / "oracle"));
+}

@@ -428,6 +428,7 @@ inline const std::string kFingerprint = binary("ASSAY_TEST_FINGERPRINT", ASSAY_F
 inline const std::string kOracle = binary("ASSAY_TEST_ORACLE", ASSAY_ORACLE_PATH);
 inline const std::string kClient = binary("ASSAY_TEST_CLIENT", ASSAY_CLIENT_PATH);
 inline const std::string kCompare = binary("ASSAY_TEST_COMPARE", ASSAY_COMPARE_PATH);
+inline const std::string kHfWorker = binary("ASSAY_TEST_HF_WORKER", ASSAY_HF_WORKER_PATH);
 
 // The containment mode for jobs with real workers: ASSAY_IT_CONTAINMENT (default "auto") when
 // `assayd contain` can use it on this host, else "none" with a printed reason.

@@ -3,7 +3,11 @@
 // assayd.
 #include <doctest/doctest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "tests/integration/harness.h"
 
@@ -172,5 +176,80 @@ TEST_SUITE("trust") {
       CHECK_FALSE(fs::exists(d.state() / "jobs" / id / "result.json"));
       CHECK(d.stop_within(10) == 0);
     }
+  }
+
+  TEST_CASE(
+      "the transformers worker's interpreter, contained for Kiln's prompt check, reaches no "
+      "network, holds no capability and runs under the seccomp filter") {
+    if (!have(kFingerprint) || !have(kOracle) || !have(kHfWorker)) {
+      MESSAGE("skipped: assay-fingerprint, assay-oracle or assay-hf-worker was not built");
+      return;
+    }
+    if (containment() == "none") {
+      MESSAGE("skipped: without containment there is no private network to test");
+      return;
+    }
+    TempDir tmp;
+    ::chmod(tmp.path.c_str(), 0755);
+    std::string cmd = std::string(ASSAY_PYTHON3) + " " + ASSAY_SOURCE_DIR +
+                      "/tests/hf/kiln_chat_fixture.py " + (tmp.path / "chat").string() + " > " +
+                      (tmp.path / "fixture.log").string() + " 2>&1";
+    REQUIRE_MESSAGE(std::system(cmd.c_str()) == 0, slurp(tmp.path / "fixture.log"));
+    // A listener on the host's loopback: reaching it from the worker would be a leak.
+    int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+    REQUIRE(::listen(listener, 4) == 0);
+    socklen_t len = sizeof addr;
+    ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
+    int port = ntohs(addr.sin_port);
+    // The worker's own Python, as assay-hf-worker runs it, tries first; then the real worker
+    // runs in the same process (exec), so the job goes on as any other.
+    spit(tmp.path / "probe.py",
+         "import socket\n"
+         "def tcp(host, port):\n"
+         "    s = socket.socket(); s.settimeout(3)\n"
+         "    try:\n"
+         "        s.connect((host, port)); print(f'tcp {host} ok')\n"
+         "    except OSError as e:\n"
+         "        print(f'tcp {host} refused {e.errno}')\n"
+         "tcp('127.0.0.1', " +
+             std::to_string(port) +
+             ")\n"
+             "tcp('1.1.1.1', 53)\n"
+             "for line in open('/proc/self/status'):\n"
+             "    if line.split(':')[0] in ('CapEff', 'CapPrm', 'Seccomp', 'NoNewPrivs'):\n"
+             "        print(' '.join(line.split()))\n"
+             "import transformers, torch\n"
+             "print('imports ok', transformers.__version__, torch.__version__)\n");
+    ::chmod((tmp.path / "probe.py").c_str(), 0644);
+    fs::path wrapper =
+        script(tmp.path / "probing-hf-worker",
+               std::string(ASSAY_PYTHON3) + " -I " + (tmp.path / "probe.py").string() +
+                   " > probe.txt 2>&1\nexec " + kHfWorker + " \"$@\"\n");
+    Daemon d(tmp.path / "state", tmp.path / "assayd.sock",
+             {"--containment", containment(), "--fingerprint-worker", kFingerprint,
+              "--oracle-worker", kOracle, "--hf-worker", wrapper.string()});
+    REQUIRE_MESSAGE(d.start(), d.log());
+    Json doc = Json::parse(slurp(tmp.path / "chat" / "request.json"));
+    auto sub = request(d.socket(), "POST",
+                       "/v1/jobs?model_dir=" + (tmp.path / "chat" / "model").string(), doc.dump());
+    REQUIRE_MESSAGE(sub.status == 201, sub.body);
+    std::string id = sub.json()["id"];
+    Json job = wait_job(d.socket(), id, terminal, 300);
+    ::close(listener);
+    CHECK_MESSAGE(job["state"] == "succeeded", job.dump(2));
+    std::string out = slurp(d.state() / "jobs" / id / "prompt" / "probe.txt");
+    CAPTURE(out);
+    CHECK(out.find("tcp 127.0.0.1 refused") != std::string::npos);
+    CHECK(out.find("tcp 1.1.1.1 refused") != std::string::npos);
+    CHECK(out.find(" ok") == out.find("imports ok") + 7);  // no connection worked
+    CHECK(out.find("CapEff: 0000000000000000") != std::string::npos);
+    CHECK(out.find("CapPrm: 0000000000000000") != std::string::npos);
+    CHECK(out.find("NoNewPrivs: 1") != std::string::npos);
+    CHECK(out.find("Seccomp: 2") != std::string::npos);
+    CHECK(out.find("imports ok 5.13.1") != std::string::npos);
   }
 }

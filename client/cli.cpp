@@ -228,6 +228,9 @@ void add_trust_commands(CLI::App& app, cli::Options& o, Commands& c) {
   c.check = request->add_subcommand(
       "check", "validate a request offline and print its recomputed identities as JSON");
   c.check->add_option("FILE", o.file, "request document")->required();
+  c.check->add_option("--receipts", o.receipts,
+                      "a Kiln request's engine receipts are in this directory: run assayd's "
+                      "receipt checks on them offline and add what passed to the report");
 }
 
 // Runs the command that was given; -1 when none was.

@@ -57,6 +57,7 @@ class Cli {
   int submit(std::string_view only = {});
   std::string receipts_dir(const std::string& body, const std::string& schema);
   int request_check();
+  common::Json check_receipts_locally(const std::string& request_text);
   int wait(const std::string& id);
   int status();
   int list();

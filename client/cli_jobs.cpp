@@ -12,7 +12,9 @@
 #include "common/batch.h"
 #include "common/error.h"
 #include "common/fidelity.h"
+#include "common/fs.h"
 #include "common/json.h"
+#include "common/kiln_receipt.h"
 #include "common/protocol.h"
 #include "common/request.h"
 #include "common/trajectory.h"
@@ -330,8 +332,31 @@ int Cli::request_check() {
   bool fidelity = false;
   Json report;
   check_request_file(o_.file, text, fidelity, &report);
+  if (!o_.receipts.empty()) report["receipts"] = check_receipts_locally(text);
   out_ << report.dump(o_.json ? -1 : 2) << "\n";
   return kExitOk;
+}
+
+// `request check --receipts DIR`: the checks assayd makes at submission, offline, on the files
+// in DIR (read without following a link; a FIFO or device is refused).
+Json Cli::check_receipts_locally(const std::string& text) {
+  auto request =
+      common::validate_request(common::parse_strict(text, {.max_bytes = common::kMaxRequestBytes}));
+  if (request.kind != common::RequestKind::kKiln)
+    throw ExitWith{kExitUsage, "--receipts applies to a Kiln request only; " + o_.file + " is " +
+                                   request.schema};
+  std::vector<common::ReceiptReport> reports;
+  for (const auto& slot : common::receipt_slots()) {
+    fs::path file = fs::path(o_.receipts) /
+                    fs::path(request.source[slot.key]["path"].get<std::string>()).filename();
+    try {
+      reports.push_back(common::check_kiln_receipt(
+          request, slot, common::read_file(file, common::kMaxReceiptBytes)));
+    } catch (const common::Error& e) {
+      throw ExitWith{kExitInvalidInput, file.string() + ": " + e.what() + " [" + e.code() + "]"};
+    }
+  }
+  return common::receipts_checked(reports);
 }
 
 }  // namespace assay::client::cli

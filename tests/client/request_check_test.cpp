@@ -397,3 +397,32 @@ TEST_CASE("Kiln's identities escape non-ASCII text as Kiln's json.dumps does") {
   CHECK(common::model_content_sha256(identity) ==
         "sha256:ffeef86e72d20e2593c625fdbeba831621b861da195313671a97cd67eacbf254");
 }
+
+TEST_CASE("request check --receipts runs assayd's receipt checks offline on Kiln's real receipts") {
+  const std::string receipts = std::string(ASSAY_CLIENT_TEST_DIR) + "/fixtures/kiln/receipts";
+  auto r = run({"request", "check", "--json", kKilnFixture, "--receipts", receipts});
+  REQUIRE_MESSAGE(r.status == 0, r.err);
+  Json report = common::parse_strict(r.out);
+  CHECK(report["request_sha256"] == kKilnRequestSha256);
+  CHECK(report["receipts"]["checked"] == true);
+  CHECK(report["receipts"]["receipts"][0]["engine"] == "kiln");
+  CHECK(report["receipts"]["receipts"][0]["checks"].size() == 15);
+  CHECK(report["receipts"]["receipts"][1]["receipt_sha256"] ==
+        "sha256:7b9985dd155eca98e64b58e2f3b094fd9e8dd7510c587305309779e320c3001f");
+
+  // A copy with one byte changed in the vLLM receipt: exit 7 naming the file, engine and check.
+  TempDir dir;
+  std::filesystem::create_directories(dir.path() / "r");
+  for (const char* engine : {"kiln", "vllm"}) {
+    std::string name =
+        std::string("20260718t232632-rocm-strix-halo-greedy-c1-divergence-v1.") + engine + ".json";
+    std::string bytes = common::read_file(receipts + "/" + name, 1 << 20);
+    if (std::string(engine) == "vllm") bytes[bytes.find("llmbox")] = 'L';
+    dir.write("r/" + name, bytes);
+  }
+  auto bad = run({"request", "check", kKilnFixture, "--receipts", (dir.path() / "r").string()});
+  CHECK(bad.status == 7);
+  CHECK(bad.err.find("vllm receipt (request.source.vllm_receipt): check file_sha256 failed") !=
+        std::string::npos);
+  CHECK(bad.err.find("[request.receipt_mismatch]") != std::string::npos);
+}

@@ -68,10 +68,12 @@ class NextTokenPipeline final : public Pipeline {
                 }};
     std::vector<Step> steps;
     steps.push_back(std::move(fingerprint));
-    if (prompt_check_applies(request_))
-      steps.push_back(prompt_check_step(config_, model_dir_, request_, fingerprint_, prompt_));
-    else
+    if (!prompt_check_applies(request_))
       prompt_ = prompt_check_skipped(request_);
+    else if (!prompt_check_available(config_))
+      prompt_ = prompt_check_unavailable(config_);
+    else
+      steps.push_back(prompt_check_step(config_, model_dir_, request_, fingerprint_, prompt_));
     steps.push_back(std::move(oracle));
     return steps;
   }

@@ -1,5 +1,7 @@
 #include "supervisor/pipelines/prompt_check.h"
 
+#include <unistd.h>
+
 #include "common/error.h"
 #include "common/text.h"
 
@@ -22,6 +24,17 @@ Json prompt_check_skipped(const common::NextTokenRequest& request, bool batch_st
                            : "the model has no chat template (model_identity.chat_template_hash "
                              "is null): there is nothing to render the messages with";
   return Json{{"checked", false}, {"reason", reason}};
+}
+
+bool prompt_check_available(const Config& config) {
+  return ::access(config.hf_worker.c_str(), X_OK) == 0;
+}
+
+Json prompt_check_unavailable(const Config& config) {
+  return Json{{"checked", false},
+              {"reason", "assay-hf-worker (transformers) is not installed on this host (" +
+                             config.hf_worker.string() +
+                             "): the ids were not compared with the chat template's rendering"}};
 }
 
 namespace {

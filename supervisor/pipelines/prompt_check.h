@@ -23,6 +23,10 @@ inline constexpr std::uint64_t kPromptCheckBytes = 1ull << 30;
 bool prompt_check_applies(const common::NextTokenRequest& request);
 common::Json prompt_check_skipped(const common::NextTokenRequest& request,
                                   bool batch_state = false);
+// A host without assay-hf-worker (a package without transformers) cannot render: the job still
+// runs, and its result says the prompt was not checked and why, as for missing receipts.
+bool prompt_check_available(const Config& config);
+common::Json prompt_check_unavailable(const Config& config);
 
 // The step (assay-hf-worker render-prompt). Its accept() requires the worker to have read the
 // tokenizer and chat template the fingerprint hashed (else job.bytes_mismatch) and the rendered

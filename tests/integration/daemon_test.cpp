@@ -628,4 +628,19 @@ TEST_CASE(
   CHECK(message.find("at index 14: the request has 1879 (\" world\"), the rendering 840 "
                      "(\"Ex\")") != std::string::npos);
   CHECK_FALSE(fs::exists(d.state() / "jobs" / job["id"].get<std::string>() / "oracle"));
+
+  // A host without the transformers worker still runs the dispute and says what it did not do.
+  d.stop();
+  Daemon bare(tmp.path / "state-bare", tmp.path / "bare.sock",
+              {"--containment", containment(), "--fingerprint-worker", kFingerprint,
+               "--oracle-worker", kOracle, "--hf-worker", (tmp.path / "no-hf-worker").string()});
+  REQUIRE_MESSAGE(bare.start(), bare.log());
+  auto sub = request(bare.socket(), "POST", "/v1/jobs?model_dir=" + model.string(), good.dump());
+  REQUIRE_MESSAGE(sub.status == 201, sub.body);
+  job = wait_job(bare.socket(), sub.json()["id"], terminal, 300);
+  REQUIRE_MESSAGE(job["state"] == "succeeded", job.dump(2));
+  result = request_get(bare, "/v1/jobs/" + job["id"].get<std::string>() + "/result").json();
+  CHECK(result["request"]["prompt_check"]["checked"] == false);
+  CHECK(result["request"]["prompt_check"]["reason"].get<std::string>().find(
+            "assay-hf-worker (transformers) is not installed on this host") == 0);
 }

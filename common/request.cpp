@@ -382,13 +382,13 @@ NextTokenRequest validate_request(const Json& doc) {
     r.kind = RequestKind::kAssay;
     only_fields(doc,
                 {"schema", "id", "model_dir", "model_identity", "input_token_ids",
-                 "input_token_ids_sha256", "candidates", "limits"},
+                 "input_token_ids_sha256", "candidates", "limits", "oracle"},
                 "request");
   } else if (r.schema == protocol::kKilnNextTokenRequest) {
     r.kind = RequestKind::kKiln;
     only_fields(doc,
                 {"schema", "id", "source", "model_identity", "prompt", "continuation_prefix",
-                 "input_token_ids", "input_token_ids_sha256", "candidates", "limits"},
+                 "input_token_ids", "input_token_ids_sha256", "candidates", "limits", "oracle"},
                 "request");
   } else {
     throw Error("request.unknown_schema", "request.schema \"" + r.schema + "\" is not " +
@@ -400,6 +400,15 @@ NextTokenRequest validate_request(const Json& doc) {
   r.input_token_ids_sha256 = token_ids_sha256(r.input_token_ids);
   r.candidates = parse_candidates(doc);
   r.limits = parse_limits(doc);
+  if (auto o = doc.find("oracle"); o != doc.end()) {
+    if (!o->is_object()) invalid("request.oracle must be an object");
+    only_fields(*o, {"backend"}, "request.oracle");
+    const Json& backend = field(*o, "backend", "request.oracle");
+    if (backend != "libtorch" && backend != "transformers")
+      invalid("request.oracle.backend must be \"libtorch\" or \"transformers\", got " +
+              printable(backend.dump(), 64));
+    r.backend = backend.get<std::string>();
+  }
   // Kiln's oracle refuses a run that saw memory pressure; its requests get that unless they say.
   if (r.kind == RequestKind::kKiln && !r.limits.memory_events)
     r.limits.memory_events = MemoryPolicy::kReject;

@@ -83,6 +83,7 @@ void Config::load_file(const std::filesystem::path& path) {
                                  "compare_worker",
                                  "oracle_worker",
                                  "hf_worker",
+                                 "oracle_backend",
                                  "containment",
                                  "base_cgroup",
                                  "delegated",
@@ -120,6 +121,12 @@ void Config::load_file(const std::filesystem::path& path) {
     fingerprint_worker = s;
   if (take_string(j, "oracle_worker", s = oracle_worker.string()), !s.empty()) oracle_worker = s;
   if (take_string(j, "hf_worker", s = hf_worker.string()), !s.empty()) hf_worker = s;
+  take_string(j, "oracle_backend", oracle_backend);
+  if (oracle_backend != "libtorch" && oracle_backend != "transformers")
+    throw Error("config.invalid",
+                "config.oracle_backend must be \"libtorch\" or "
+                "\"transformers\", got \"" +
+                    oracle_backend + "\"");
   if (take_string(j, "compare_worker", s = compare_worker.string()), !s.empty()) compare_worker = s;
   if (j.contains("containment")) {
     take_string(j, "containment", s);
@@ -299,6 +306,7 @@ std::string Config::describe() const {
          {"fingerprint_worker", fingerprint_worker.string()},
          {"oracle_worker", oracle_worker.string()},
          {"hf_worker", hf_worker.string()},
+         {"oracle_backend", oracle_backend},
          {"compare_worker", compare_worker.string()},
          {"containment", mode_name(containment.mode)},
          {"executor", executor},

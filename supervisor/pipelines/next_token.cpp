@@ -46,8 +46,9 @@ class NextTokenPipeline final : public Pipeline {
                                                : fs::path(model_dir_).filename().string();
     Step fingerprint = fingerprint_step(config_, "fingerprint", model_dir_, name,
                                         request_.model_identity, fingerprint_);
+    const bool transformers = request_.backend.value_or(config_.oracle_backend) == "transformers";
     Step oracle{"oracle",
-                config_.oracle_worker,
+                transformers ? config_.hf_worker : config_.oracle_worker,
                 "next-token",
                 model_dir_,
                 {},
@@ -113,6 +114,16 @@ Json next_token_result(const Config& config, const RunFacts& facts,
                        const Json& oracle, const contain::Evidence& oracle_evidence,
                        const fs::path& artifact, const Json& receipts, const Json& prompt_check) {
   Json verdict = make_verdict(request, oracle);
+  // The workers that computed this result: the oracle of its backend, and the transformers
+  // worker when it also rendered the prompt.
+  const bool transformers = oracle.value("backend", "libtorch") == "transformers";
+  std::vector<std::pair<std::string, fs::path>> executables{
+      {"assayd-serve", "/proc/self/exe"},
+      {"assay-fingerprint", config.fingerprint_worker},
+      transformers ? std::pair<std::string, fs::path>{"assay-hf-worker", config.hf_worker}
+                   : std::pair<std::string, fs::path>{"assay-oracle", config.oracle_worker}};
+  if (!transformers && prompt_check.value("checked", false))
+    executables.emplace_back("assay-hf-worker", config.hf_worker);
   Json network = oracle_evidence.network ? oracle_evidence.network->to_json() : Json("host");
   return Json{
       {"schema", protocol::kNextTokenResult},
@@ -121,10 +132,8 @@ Json next_token_result(const Config& config, const RunFacts& facts,
       {"job_id", facts.job_id},
       {"supervisor", {{"version", ASSAY_VERSION}, {"key_id", facts.key_id}}},
       {"source", source_section()},
-      {"implementation", implementation_section({{"assayd-serve", "/proc/self/exe"},
-                                                 {"assay-fingerprint", config.fingerprint_worker},
-                                                 {"assay-oracle", config.oracle_worker}},
-                                                oracle.value("loaded_libraries", Json(nullptr)))},
+      {"implementation",
+       implementation_section(executables, oracle.value("loaded_libraries", Json(nullptr)))},
       {"request",
        {{"schema", request.schema},
         {"id", request.id},

@@ -644,3 +644,85 @@ TEST_CASE(
   CHECK(result["request"]["prompt_check"]["reason"].get<std::string>().find(
             "assay-hf-worker (transformers) is not installed on this host") == 0);
 }
+
+TEST_CASE(
+    "transformers backend: Mistral- and Gemma3-class tiny models get signed verdicts through the "
+    "contained assay-hf-worker that assay verify accepts; on the llama fixture its logits are "
+    "libtorch's, bit for bit") {
+  if (!have(kFingerprint) || !have(kOracle) || !have(kHfWorker)) {
+    MESSAGE("skipped: assay-fingerprint, assay-oracle or assay-hf-worker was not built");
+    return;
+  }
+  TempDir tmp;
+  for (const char* arch : {"mistral", "gemma3"}) {
+    std::string cmd = std::string(ASSAY_PYTHON3) + " " + ASSAY_SOURCE_DIR +
+                      "/tests/hf/make_hf_model.py " + arch + " " + (tmp.path / arch).string() +
+                      " > " + (tmp.path / "make.log").string() + " 2>&1";
+    REQUIRE_MESSAGE(std::system(cmd.c_str()) == 0, slurp(tmp.path / "make.log"));
+  }
+  fs::path llama = fixture_model(tmp.path / "llama-tiny");
+  Daemon d(tmp.path / "state", tmp.path / "assayd.sock",
+           {"--containment", containment(), "--fingerprint-worker", kFingerprint, "--oracle-worker",
+            kOracle, "--hf-worker", kHfWorker});
+  REQUIRE_MESSAGE(d.start(), d.log());
+  auto run_job = [&](const std::string& id, const fs::path& model, const std::string& backend) {
+    Json doc = next_token_request(id, model);
+    doc["oracle"] = {{"backend", backend}};
+    auto sub = request_json(d, doc);
+    REQUIRE_MESSAGE(sub.status == 201, sub.body);
+    Json job = wait_job(d.socket(), sub.json()["id"], terminal, 300);
+    REQUIRE_MESSAGE(job["state"] == "succeeded", job.dump(2) << "\n" << d.log());
+    return job["id"].get<std::string>();
+  };
+
+  for (const auto& [arch, modeling] :
+       {std::pair{"mistral", "modeling_mistral.py"}, std::pair{"gemma3", "modeling_gemma3.py"}}) {
+    CAPTURE(arch);
+    std::string id = run_job(std::string("hf-") + arch, tmp.path / arch, "transformers");
+    auto result_reply = request_get(d, "/v1/jobs/" + id + "/result");
+    Json result = result_reply.json();
+    CHECK(result["oracle"]["backend"] == "transformers");
+    CHECK(result["oracle"]["transformers"]["version"] == "5.13.1");
+    CHECK(result["oracle"]["transformers"]["modeling_file"] == modeling);
+    CHECK(result["oracle"]["attention_implementation"] == "eager");
+    CHECK(result["oracle"]["configuration"]["deterministic_algorithms"] == true);
+    CHECK(result["oracle"]["configuration"]["tf32_cublas"] == false);
+    CHECK(result["implementation"]["executables"].contains("assay-hf-worker"));
+    CHECK_FALSE(result["implementation"]["executables"].contains("assay-oracle"));
+    // Contained as assay-oracle is.
+    const Json& process = result["oracle"]["process"];
+    CHECK(process["spawn"]["uid"] != 0);
+    CHECK(process["spawn"]["capabilities"]["effective"] == "0000000000000000");
+    CHECK(process["spawn"]["no_new_privs"] == true);
+    if (containment() != "none") CHECK(process["network"]["namespace"] == "private");
+    // The signed record verifies offline.
+    if (have(kClient)) {
+      auto envelope = request(d.socket(), "GET", "/v1/jobs/" + id + "/attestation").json();
+      spit(tmp.path / "result.json", result_reply.body);
+      spit(tmp.path / "result.dsse.json", envelope.dump());
+      std::string v = run_capture(kClient + " verify " + (tmp.path / "result.json").string() +
+                                  " --pubkey " + (d.state() / "keys" / "host.pub").string());
+      CHECK_MESSAGE(v.rfind("0:", 0) == 0, v);
+    }
+    fs::path dir = d.state() / "jobs" / id;
+    std::string validate =
+        run_capture(std::string(ASSAY_PYTHON3) + " " + ASSAY_SOURCE_DIR +
+                    "/tests/integration/validate_schemas.py " + ASSAY_SOURCE_DIR +
+                    "/schemas next-token-oracle-result=" + (dir / "result.json").string() +
+                    " next-token-request=" + (dir / "request.json").string() +
+                    " oracle-input=" + (dir / "oracle" / "input.json").string() +
+                    " oracle-output=" + (dir / "oracle" / "output.json").string());
+    CHECK_MESSAGE(validate.rfind("0:", 0) == 0, validate);
+  }
+
+  // The same dispute on an architecture both backends run: the same logits, bit for bit.
+  Json by_torch =
+      request_get(d, "/v1/jobs/" + run_job("port", llama, "libtorch") + "/result").json();
+  Json by_hf =
+      request_get(d, "/v1/jobs/" + run_job("hf", llama, "transformers") + "/result").json();
+  CHECK(by_hf["oracle"]["backend"] == "transformers");
+  CHECK_FALSE(by_torch["oracle"].contains("backend"));
+  CHECK(by_hf["oracle"]["logits_sha256"] == by_torch["oracle"]["logits_sha256"]);
+  CHECK(by_hf["oracle"]["argmax"] == by_torch["oracle"]["argmax"]);
+  CHECK(by_hf["verdict"] == by_torch["verdict"]);
+}

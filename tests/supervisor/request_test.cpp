@@ -130,6 +130,23 @@ TEST_CASE("memory_events: a Kiln request rejects memory pressure unless it says 
                        common::Error);
 }
 
+TEST_CASE("request.oracle.backend chooses libtorch or transformers and names a bad value") {
+  CHECK_FALSE(common::validate_request(assay_request()).backend.has_value());
+  Json doc = assay_request();
+  doc["oracle"] = {{"backend", "transformers"}};
+  CHECK(common::validate_request(doc).backend == "transformers");
+  Json kiln = kiln_request();
+  kiln["oracle"] = {{"backend", "libtorch"}};
+  CHECK(common::validate_request(kiln).backend == "libtorch");
+  doc["oracle"] = {{"backend", "vllm"}};
+  CHECK_THROWS_WITH_AS(
+      common::validate_request(doc),
+      "request.oracle.backend must be \"libtorch\" or \"transformers\", got \"vllm\"",
+      common::Error);
+  doc["oracle"] = {{"backend", "transformers"}, {"device", "cuda"}};
+  CHECK_THROWS_AS(common::validate_request(doc), common::Error);
+}
+
 TEST_CASE("key order and whitespace do not change the request sha256") {
   auto a = common::parse_request(R"({"schema":"assay.next-token-request.v1","id":"x",
     "input_token_ids":[1],"candidates":[{"engine":"a","token_id":1,"text":""},

@@ -344,7 +344,9 @@ def next_token(doc, workdir):
                           f"missing {missing[:5]}, unexpected {unexpected[:5]}")
     if getattr(config, "tie_word_embeddings", False):
         model.tie_weights()
-    model = model.to(device=device, dtype=dtype).eval()
+    # The parameters are already in dtype (from_config); .to(dtype) would also cast float32
+    # buffers such as RoPE's inv_freq, which from_pretrained keeps in float32.
+    model = model.to(device=device).eval()
     load_seconds = time.monotonic() - start
 
     ids = [int(i) for i in doc["input_token_ids"]]

@@ -404,8 +404,8 @@ NextTokenRequest validate_request(const Json& doc) {
     if (!o->is_object()) invalid("request.oracle must be an object");
     only_fields(*o, {"backend"}, "request.oracle");
     const Json& backend = field(*o, "backend", "request.oracle");
-    if (backend != "libtorch" && backend != "transformers")
-      invalid("request.oracle.backend must be \"libtorch\" or \"transformers\", got " +
+    if (backend != "libtorch" && backend != "transformers" && backend != "both")
+      invalid("request.oracle.backend must be \"libtorch\", \"transformers\" or \"both\", got " +
               printable(backend.dump(), 64));
     r.backend = backend.get<std::string>();
   }

@@ -70,8 +70,9 @@ struct NextTokenRequest {
   // form (kiln_canonical, non-ASCII escaped) for a Kiln request, so it is the id Kiln publishes.
   std::string request_sha256;
   Json document;  // the document as parsed
-  // request.oracle.backend: "libtorch" (assay-oracle, the C++ port) or "transformers"
-  // (assay-hf-worker, transformers' own eager forward); absent: the configured oracle_backend.
+  // request.oracle.backend: "libtorch" (assay-oracle, the C++ port), "transformers"
+  // (assay-hf-worker, transformers' own eager forward) or "both" (libtorch makes the result,
+  // transformers is compared with it); absent: the configured oracle_backend.
   std::optional<std::string> backend;
   // Kiln: continuation_prefix in order (their ids end input_token_ids); empty for assay requests.
   std::vector<PrefixToken> continuation_prefix;

@@ -122,10 +122,10 @@ void Config::load_file(const std::filesystem::path& path) {
   if (take_string(j, "oracle_worker", s = oracle_worker.string()), !s.empty()) oracle_worker = s;
   if (take_string(j, "hf_worker", s = hf_worker.string()), !s.empty()) hf_worker = s;
   take_string(j, "oracle_backend", oracle_backend);
-  if (oracle_backend != "libtorch" && oracle_backend != "transformers")
+  if (oracle_backend != "libtorch" && oracle_backend != "transformers" && oracle_backend != "both")
     throw Error("config.invalid",
-                "config.oracle_backend must be \"libtorch\" or "
-                "\"transformers\", got \"" +
+                "config.oracle_backend must be \"libtorch\", \"transformers\" or \"both\", got "
+                "\"" +
                     oracle_backend + "\"");
   if (take_string(j, "compare_worker", s = compare_worker.string()), !s.empty()) compare_worker = s;
   if (j.contains("containment")) {

@@ -23,7 +23,7 @@ struct Config {
   std::string admin_group;          // members may read and cancel every job
   std::filesystem::path fingerprint_worker;  // default: found next to assayd
   std::filesystem::path oracle_worker;       // default: found next to assayd
-  std::string oracle_backend = "libtorch";   // or "transformers": a request's default
+  std::string oracle_backend = "libtorch";   // or "transformers", "both": a request's default
   std::filesystem::path hf_worker;           // assay-hf-worker (transformers); default: as above
   std::filesystem::path compare_worker;      // fidelity jobs' KL; default: found next to assayd
   contain::RuntimeOptions containment;

@@ -46,26 +46,42 @@ class NextTokenPipeline final : public Pipeline {
                                                : fs::path(model_dir_).filename().string();
     Step fingerprint = fingerprint_step(config_, "fingerprint", model_dir_, name,
                                         request_.model_identity, fingerprint_);
-    const bool transformers = request_.backend.value_or(config_.oracle_backend) == "transformers";
-    Step oracle{"oracle",
-                transformers ? config_.hf_worker : config_.oracle_worker,
-                "next-token",
-                model_dir_,
-                {},
-                [this] {
-                  Json candidates = Json::array();
-                  for (const auto& c : request_.candidates)
-                    candidates.push_back(
-                        Json{{"engine", c.engine}, {"token_id", c.token_id}, {"text", c.text}});
-                  return oracle_input(model_dir_, request_, candidates, config_.oracle_device,
-                                      worker_threads());
-                },
-                {},
-                [this](Json output, const contain::Evidence& evidence) {
+    const std::string backend = request_.backend.value_or(config_.oracle_backend);
+    auto input = [this] {
+      Json candidates = Json::array();
+      for (const auto& c : request_.candidates)
+        candidates.push_back(
+            Json{{"engine", c.engine}, {"token_id", c.token_id}, {"text", c.text}});
+      return oracle_input(model_dir_, request_, candidates, config_.oracle_device,
+                          worker_threads());
+    };
+    // "both": the libtorch oracle makes the result; transformers runs the same input after it
+    // and the result says whether their logits agree bit for bit.
+    Step oracle{.role = "oracle",
+                .worker = backend == "transformers" ? config_.hf_worker : config_.oracle_worker,
+                .mode = "next-token",
+                .model_dir = model_dir_,
+                .open_files = {},
+                .input = input,
+                .move_in = {},
+                .accept = [this](Json output, const contain::Evidence& evidence) {
                   check_bytes_used(output, fingerprint_, "oracle");
                   check_configuration(output, "oracle");
                   oracle_ = std::move(output);
                   oracle_evidence_ = evidence;
+                }};
+    Step second{.role = "oracle-transformers",
+                .worker = config_.hf_worker,
+                .mode = "next-token",
+                .model_dir = model_dir_,
+                .open_files = {},
+                .input = input,
+                .move_in = {},
+                .accept = [this](Json output, const contain::Evidence& evidence) {
+                  check_bytes_used(output, fingerprint_, "oracle-transformers");
+                  check_configuration(output, "oracle-transformers");
+                  second_ = std::move(output);
+                  second_evidence_ = evidence;
                 }};
     std::vector<Step> steps;
     steps.push_back(std::move(fingerprint));
@@ -76,6 +92,7 @@ class NextTokenPipeline final : public Pipeline {
     else
       steps.push_back(prompt_check_step(config_, model_dir_, request_, fingerprint_, prompt_));
     steps.push_back(std::move(oracle));
+    if (backend == "both") steps.push_back(std::move(second));
     return steps;
   }
 
@@ -85,6 +102,7 @@ class NextTokenPipeline final : public Pipeline {
                                       facts.job_dir / common::kArtifactFileName);
     Json result = next_token_result(config_, facts, request_, fingerprint_, oracle_,
                                     *oracle_evidence_, artifact, receipts_, prompt_);
+    if (second_evidence_) result["backends"] = backends_section();
     std::string message = next_token_message(result);
     std::string artifact_sha = result["reference_artifact"]["sha256"];
     return Sealed{std::move(result),
@@ -102,6 +120,19 @@ class NextTokenPipeline final : public Pipeline {
   common::NextTokenRequest request_;
   Json receipts_;  // what admission checked of the receipts the request names
   Json prompt_;    // request.prompt_check: Kiln's prompt check, or why it did not run
+  // "both": what the transformers backend computed from the same input, beside the libtorch
+  // oracle that made the result, and whether the two agree bit for bit (a disagreement is a
+  // fact of the result, not a failure).
+  Json backends_section() const {
+    Json other = oracle_section(second_, second_evidence_->to_json());
+    bool agree = second_["logits_sha256"] == oracle_["logits_sha256"];
+    return Json{{"compared", Json::array({"libtorch", "transformers"})},
+                {"logits_bitwise_equal", agree},
+                {"argmax_equal", second_["argmax"] == oracle_["argmax"]},
+                {"transformers", std::move(other)}};
+  }
+  Json second_;  // "both": the transformers backend's output
+  std::optional<contain::Evidence> second_evidence_;
   FingerprintRun fingerprint_;
   Json oracle_;
   std::optional<contain::Evidence> oracle_evidence_;
@@ -115,14 +146,15 @@ Json next_token_result(const Config& config, const RunFacts& facts,
                        const fs::path& artifact, const Json& receipts, const Json& prompt_check) {
   Json verdict = make_verdict(request, oracle);
   // The workers that computed this result: the oracle of its backend, and the transformers
-  // worker when it also rendered the prompt.
+  // worker when it also rendered the prompt or was compared with the oracle (both).
   const bool transformers = oracle.value("backend", "libtorch") == "transformers";
   std::vector<std::pair<std::string, fs::path>> executables{
       {"assayd-serve", "/proc/self/exe"},
       {"assay-fingerprint", config.fingerprint_worker},
       transformers ? std::pair<std::string, fs::path>{"assay-hf-worker", config.hf_worker}
                    : std::pair<std::string, fs::path>{"assay-oracle", config.oracle_worker}};
-  if (!transformers && prompt_check.value("checked", false))
+  const bool both = request.backend.value_or(config.oracle_backend) == "both";
+  if (!transformers && (both || prompt_check.value("checked", false)))
     executables.emplace_back("assay-hf-worker", config.hf_worker);
   Json network = oracle_evidence.network ? oracle_evidence.network->to_json() : Json("host");
   return Json{

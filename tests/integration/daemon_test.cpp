@@ -620,6 +620,31 @@ TEST_CASE(
                   " process-containment=" + (dir / "prompt" / "evidence.json").string());
   CHECK_MESSAGE(validate.rfind("0:", 0) == 0, validate);
 
+  // The same Kiln request through both backends: the prompt check passes, both oracles run on
+  // the template's ids, and their logits agree bit for bit (both use this torch on this CPU).
+  Json both = good;
+  both["oracle"] = {{"backend", "both"}};
+  job = submit(both);
+  REQUIRE_MESSAGE(job["state"] == "succeeded", job.dump(2) << "\n" << d.log());
+  Json both_result = request_get(d, "/v1/jobs/" + job["id"].get<std::string>() + "/result").json();
+  CHECK(both_result["request"]["prompt_check"]["checked"] == true);
+  CHECK(both_result["backends"]["logits_bitwise_equal"] == true);
+  CHECK(both_result["backends"]["argmax_equal"] == true);
+  CHECK(both_result["backends"]["transformers"]["backend"] == "transformers");
+  CHECK(both_result["backends"]["transformers"]["transformers"]["modeling_file"] ==
+        "modeling_qwen3.py");
+  CHECK(both_result["oracle"]["logits_sha256"] ==
+        both_result["backends"]["transformers"]["logits_sha256"]);
+  CHECK(both_result["implementation"]["executables"].contains("assay-oracle"));
+  CHECK(both_result["implementation"]["executables"].contains("assay-hf-worker"));
+  fs::path both_dir = d.state() / "jobs" / job["id"].get<std::string>();
+  std::string both_valid =
+      run_capture(std::string(ASSAY_PYTHON3) + " " + ASSAY_SOURCE_DIR +
+                  "/tests/integration/validate_schemas.py " + ASSAY_SOURCE_DIR +
+                  "/schemas next-token-oracle-result=" + (both_dir / "result.json").string() +
+                  " oracle-output=" + (both_dir / "oracle-transformers" / "output.json").string());
+  CHECK_MESSAGE(both_valid.rfind("0:", 0) == 0, both_valid);
+
   job = submit(altered);
   CHECK(job["state"] == "failed");
   CHECK(job["error"]["code"] == "request.prompt_mismatch");

@@ -141,7 +141,7 @@ TEST_CASE("request.oracle.backend chooses libtorch or transformers and names a b
   doc["oracle"] = {{"backend", "vllm"}};
   CHECK_THROWS_WITH_AS(
       common::validate_request(doc),
-      "request.oracle.backend must be \"libtorch\" or \"transformers\", got \"vllm\"",
+      "request.oracle.backend must be \"libtorch\", \"transformers\" or \"both\", got \"vllm\"",
       common::Error);
   doc["oracle"] = {{"backend", "transformers"}, {"device", "cuda"}};
   CHECK_THROWS_AS(common::validate_request(doc), common::Error);

@@ -51,17 +51,17 @@ def canonical_ids_sha256(ids):
     return sha256_id(("[" + ",".join(str(i) for i in ids) + "]").encode())
 
 
-def read_fd(fd, name):
+def read_fd(fd, name, limit=None):
     """The whole file behind an inherited descriptor, by pread: no path is opened."""
     try:
         size = os.fstat(fd).st_size
     except OSError as e:
         raise WorkerError("model.bad_fd", f"{name} (fd {fd}): {e.strerror}") from e
-    if size > SMALL_FILE_LIMIT:
-        raise WorkerError("model.bad_fd", f"{name} has {size} bytes, more than a tokenizer file")
+    if limit is not None and size > limit:
+        raise WorkerError("model.bad_fd", f"{name} has {size} bytes, more than {limit}")
     chunks, offset = [], 0
     while offset < size:
-        chunk = os.pread(fd, min(1 << 20, size - offset), offset)
+        chunk = os.pread(fd, min(64 << 20, size - offset), offset)
         if not chunk:
             raise WorkerError("model.file_changed", f"{name} shrank while it was read")
         chunks.append(chunk)
@@ -87,7 +87,7 @@ def copy_tokenizer(doc, workdir):
     for name, fd in model_files(doc):
         if name not in TOKENIZER_FILES:
             continue
-        data = read_fd(fd, name)
+        data = read_fd(fd, name, SMALL_FILE_LIMIT)
         with open(os.path.join(folder, name), "xb") as f:
             f.write(data)
         files[name] = {"sha256": sha256_id(data), "bytes": len(data)}
@@ -314,10 +314,10 @@ def next_token(doc, workdir):
                for n in os.listdir(doc["model_dir"])])}
     if "config.json" not in files:
         raise WorkerError("model.missing_fd", "the model has no config.json")
-    config_bytes = read_all(files["config.json"], "config.json")
+    config_bytes = read_fd(files["config.json"], "config.json", SMALL_FILE_LIMIT)
     weights, state = [], {}
     for name in sorted(n for n in files if n.endswith(".safetensors")):
-        data = read_all(files[name], name)
+        data = read_fd(files[name], name)
         weights.append({"path": name, "bytes": len(data), "sha256": sha256_id(data)})
         state.update(safetensors.torch.load(data))
     if not weights:
@@ -438,21 +438,6 @@ def next_token(doc, workdir):
         "runtime": runtime_facts(torch),
         "loaded_libraries": loaded_libraries(),
     }
-
-
-def read_all(fd, name):
-    try:
-        size = os.fstat(fd).st_size
-    except OSError as e:
-        raise WorkerError("model.bad_fd", f"{name} (fd {fd}): {e.strerror}") from e
-    chunks, offset = [], 0
-    while offset < size:
-        chunk = os.pread(fd, min(64 << 20, size - offset), offset)
-        if not chunk:
-            raise WorkerError("model.file_changed", f"{name} shrank while it was read")
-        chunks.append(chunk)
-        offset += len(chunk)
-    return b"".join(chunks)
 
 
 def main(argv):

@@ -15,6 +15,7 @@
 #include "client/cli_internal.h"
 #include "common/error.h"
 #include "common/fs.h"
+#include "common/layers.h"
 #include "common/protocol.h"
 #include "common/trajectory.h"
 
@@ -76,19 +77,20 @@ constexpr const char* kExitCodesHelp =
 
 // The subcommands that run a command, to tell after parsing which one was given.
 struct Commands {
-  CLI::App *submit, *fsubmit, *fshow, *tsubmit, *tshow, *fingerprint, *report;
+  CLI::App *submit, *fsubmit, *fshow, *tsubmit, *tshow, *lsubmit, *lshow, *fingerprint, *report;
   CLI::App *wait, *status, *list, *result, *artifact, *cancel;
   CLI::App *verify, *keys, *health, *info, *check;
 };
 
-// submit, fidelity, trajectory, fingerprint and report: the commands that start work.
+// submit, fidelity, trajectory, layer, fingerprint and report: the commands that start work.
 void add_work_commands(CLI::App& app, cli::Options& o, Commands& c) {
   c.submit = app.add_subcommand("submit", "submit a request file as a job");
   c.submit
       ->add_option("FILE", o.file,
                    "assay.next-token-request.v1, kiln.hf-next-token-request.v1, "
-                   "assay.next-token-batch-request.v1, assay.fidelity-request.v1 or "
-                   "assay.trajectory-request.v1 (with --batch: JSONL of next-token requests)")
+                   "assay.next-token-batch-request.v1, assay.fidelity-request.v1, "
+                   "assay.trajectory-request.v1 or assay.layer-attribution-request.v1 (with "
+                   "--batch: JSONL of next-token requests)")
       ->required();
   c.submit->add_option(
       "--model", o.model,
@@ -135,6 +137,28 @@ void add_work_commands(CLI::App& app, cli::Options& o, Commands& c) {
       "show", "a trajectory job's departures and divergence (--json: the result)");
   c.tshow->add_option("ID", o.id, "job id")->required();
 
+  auto* layer = app.add_subcommand(
+      "layer",
+      "layer-attribution jobs: where inside the model an engine's hidden states leave the "
+      "reference, and (with patching) which departure decides the token");
+  layer->require_subcommand(1);
+  c.lsubmit = layer->add_subcommand(
+      "submit",
+      "submit an assay.layer-attribution-request.v1 file (checked locally first; the engine's "
+      "rows file is read by assayd as the submitter)");
+  c.lsubmit->add_option("FILE", o.file, "assay.layer-attribution-request.v1")->required();
+  c.lsubmit->add_flag("--wait", o.wait, "wait for the job, then print its per-boundary table");
+  c.lsubmit->add_flag("--retry", o.retry, "run a failed or cancelled identical job again");
+  c.lsubmit->add_option("--wait-timeout", o.wait_timeout_s, "with --wait: give up after SECONDS")
+      ->check(CLI::NonNegativeNumber);
+  c.lshow = layer->add_subcommand(
+      "show",
+      "a layer-attribution job: per boundary bitwise equality, cosine, max and mean abs error, "
+      "RMSE, reference RMS, relative RMSE and its growth, with the first non-bitwise boundary, "
+      "the first over tolerance, the largest growth and the patching bracket marked; the job's "
+      "state while it is not done (--json: the result)");
+  c.lshow->add_option("ID", o.id, "job id")->required();
+
   c.fingerprint = app.add_subcommand(
       "fingerprint",
       "the fingerprint cache: --refresh DIR forgets the cached per-file digests of a model "
@@ -146,7 +170,7 @@ void add_work_commands(CLI::App& app, cli::Options& o, Commands& c) {
       "report",
       "write one self-contained HTML report (inline SVG and CSS, no script, no network) "
       "of a result file; its artifact is read from beside it when there");
-  c.report->add_option("RESULT", o.file, "result.json (next-token or fidelity)")
+  c.report->add_option("RESULT", o.file, "result.json (next-token, fidelity or layer-attribution)")
       ->required()
       ->check(CLI::ExistingFile);
   c.report->add_option("-o,--output", o.output, "the HTML file to write")->required();
@@ -187,7 +211,9 @@ void add_job_commands(CLI::App& app, cli::Options& o, Commands& c) {
                        "repository (assay is not told)");
 
   c.artifact = app.add_subcommand(
-      "artifact", "fetch a job's artifact (logits; a fidelity job's token-wise KL vector)");
+      "artifact",
+      "fetch a job's artifact (logits; a fidelity job's token-wise KL vector; a layer job's "
+      "reference rows)");
   c.artifact->add_option("ID", o.id, "job id")->required();
   c.artifact->add_option("-o,--output", o.output, "file to write (safetensors)")->required();
 
@@ -208,7 +234,10 @@ void add_trust_commands(CLI::App& app, cli::Options& o, Commands& c) {
       ->add_option("--pubkey", o.pubkey,
                    "assayd's public key PEM (default: ask assayd's /v1/info, online)")
       ->check(CLI::ExistingFile);
-  c.verify->add_option("--artifact", o.artifact, "the logits artifact, to check its digest too")
+  c.verify
+      ->add_option("--artifact", o.artifact,
+                   "the result's artifact (logits, token-wise KL, trajectory.safetensors, the "
+                   "reference's layer rows), to check its digest too")
       ->check(CLI::ExistingFile);
   c.verify->add_flag("--kiln", o.kiln,
                      "RESULT is a record Kiln wrote (next-token or layer-attribution result): "
@@ -240,6 +269,8 @@ int dispatch(const Commands& c, const cli::Options& o, cli::Cli& cli) {
   if (*c.fshow) return cli.fidelity_show();
   if (*c.tsubmit) return cli.submit(common::kTrajectoryRequest);
   if (*c.tshow) return cli.trajectory_show();
+  if (*c.lsubmit) return cli.submit(common::kLayerRequest);
+  if (*c.lshow) return cli.layer_show();
   if (*c.fingerprint) return cli.fingerprint_refresh();
   if (*c.wait) return cli.wait(o.id);
   if (*c.status) return cli.status();
@@ -271,8 +302,8 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   o.socket = env.socket.empty() ? kDefaultSocket : env.socket;
 
   CLI::App app{
-      "assay: submit next-token oracle and fidelity jobs to assayd and verify their "
-      "signed results",
+      "assay: submit next-token oracle, fidelity, trajectory and layer-attribution jobs to "
+      "assayd and verify their signed results",
       "assay"};
   app.footer(kExitCodesHelp);
   app.require_subcommand(1);

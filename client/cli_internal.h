@@ -53,7 +53,7 @@ class Cli {
               .timeout = std::chrono::milliseconds(static_cast<long long>(o.timeout_s * 1000))}) {}
 
   // cli_jobs.cpp: submitting, checking and following jobs.
-  // `only`: the one request schema this command accepts (assay fidelity/trajectory submit).
+  // `only`: the one request schema this command accepts (assay fidelity/trajectory/layer submit).
   int submit(std::string_view only = {});
   std::string receipts_dir(const std::string& body, const std::string& schema);
   int request_check();
@@ -70,6 +70,7 @@ class Cli {
                   std::string (*report)(const common::Json&));
   int fidelity_show();
   int trajectory_show();
+  int layer_show();
   int report();
   // cli_daemon.cpp: verifying a result, and assayd's keys, health, info and fingerprint cache.
   int verify();

@@ -1,7 +1,7 @@
-// The `assay` commands that submit, check and follow jobs: submit (single, batch, fidelity and
-// trajectory requests, each checked locally first as `request check` does), wait (the live
-// progress line, reconnecting across an assayd restart, then the job's final status with its
-// verdict or report), status, list and cancel.
+// The `assay` commands that submit, check and follow jobs: submit (single, batch, fidelity,
+// trajectory and layer-attribution requests, each checked locally first as `request check` does),
+// wait (the live progress line, reconnecting across an assayd restart, then the job's final status
+// with its verdict or report), status, list and cancel.
 #include <chrono>
 #include <filesystem>
 #include <thread>
@@ -15,6 +15,7 @@
 #include "common/fs.h"
 #include "common/json.h"
 #include "common/kiln_receipt.h"
+#include "common/layers.h"
 #include "common/protocol.h"
 #include "common/request.h"
 #include "common/trajectory.h"
@@ -49,6 +50,20 @@ std::string check_request_file(const std::string& file, const std::string& text,
                        {"prompt_token_ids_sha256", common::token_ids_sha256(r.prompt_token_ids)},
                        {"continuation_lengths", lengths}};
       }
+      return r.request_sha256;
+    }
+    if (doc.is_object() && doc.value("schema", Json()) == common::kLayerRequest) {
+      auto r = common::validate_layer_request(doc);
+      if (report)
+        *report = Json{{"schema", r.schema},
+                       {"request_sha256", r.request_sha256},
+                       {"input_length", r.input_token_ids.size()},
+                       {"input_token_ids_sha256", common::token_ids_sha256(r.input_token_ids)},
+                       {"engine", r.engine},
+                       {"rows_file_sha256", r.rows_sha256},
+                       {"rows", common::layer_rows_name(r.rows)},
+                       {"tolerance", {{"relative_rmse", r.tolerance}}},
+                       {"patching", r.patching}};
       return r.request_sha256;
     }
     if (fidelity) {
@@ -117,15 +132,19 @@ int Cli::submit(std::string_view only) {
   const std::string schema_name =
       common::parse_strict(body, {.max_bytes = common::kMaxRequestBytes}).value("schema", "");
   const bool trajectory = schema_name == common::kTrajectoryRequest;
+  const bool layer = schema_name == common::kLayerRequest;
   const bool batch = schema_name == protocol::kNextTokenBatchRequest;
   std::string_view schema = trajectory ? common::kTrajectoryRequest
+                            : layer    ? common::kLayerRequest
                             : fidelity ? protocol::kFidelityRequest
                                        : std::string_view{};
   if (!only.empty() && schema != only)
     throw ExitWith{kExitInvalidInput, o_.file + " is not an " + std::string(only) +
                                           " request; submit it with `assay submit`"};
-  if (trajectory && !o_.model.empty())
-    throw ExitWith{kExitUsage, "--model does not apply to a trajectory request: it has model_dir"};
+  if ((trajectory || layer) && !o_.model.empty())
+    throw ExitWith{kExitUsage, std::string("--model does not apply to a ") +
+                                   (layer ? "layer-attribution" : "trajectory") +
+                                   " request: it has model_dir"};
   if (fidelity && !o_.model.empty())
     throw ExitWith{kExitUsage,
                    "--model does not apply to a fidelity request: it names its "
@@ -168,6 +187,7 @@ int Cli::submit(std::string_view only) {
                                : "submitted ")
          << (fidelity     ? "fidelity job "
              : trajectory ? "trajectory job "
+             : layer      ? "layer-attribution job "
              : batch      ? "batch job "
                           : "job ")
          << id << " (" << state << ")  request " << request_sha256 << "\n";
@@ -195,6 +215,11 @@ int Cli::finished(const Json& job) {
     if (ok && job.value("request_schema", "") == common::kTrajectoryRequest) {
       out_ << describe_job(shown) << "\n"
            << trajectory_report(api_.get_json(job_path(job_id(job), "result")));
+      return kExitOk;
+    }
+    if (ok && job.value("request_schema", "") == common::kLayerRequest) {
+      out_ << describe_job(shown) << "\n"
+           << layer_report(api_.get_json(job_path(job_id(job), "result")));
       return kExitOk;
     }
     if (ok) {

@@ -1,6 +1,6 @@
 // The `assay` commands that fetch what a finished job produced: result (the exact bytes, or the
-// file and its DSSE envelope beside it), artifact, `fidelity show` / `trajectory show` (the
-// job's report for people) and report (a result file as self-contained HTML).
+// file and its DSSE envelope beside it), artifact, `fidelity show` / `trajectory show` /
+// `layer show` (the job's report for people) and report (a result file as self-contained HTML).
 #include <filesystem>
 
 #include "client/cli_internal.h"
@@ -10,6 +10,7 @@
 #include "client/verify.h"
 #include "common/error.h"
 #include "common/json.h"
+#include "common/layers.h"
 #include "common/protocol.h"
 #include "common/trajectory.h"
 
@@ -70,8 +71,8 @@ int Cli::artifact() {
   return kExitOk;
 }
 
-// `assay fidelity show` / `assay trajectory show`: the job while it is not done, then its result
-// as `report` renders it (or as JSON).
+// `assay fidelity show` / `trajectory show` / `layer show`: the job while it is not done, then its
+// result as `report` renders it (or as JSON).
 int Cli::show_result(std::string_view schema, const char* kind,
                      std::string (*report)(const Json&)) {
   Json job = api_.get_json(job_path(o_.id));
@@ -100,6 +101,10 @@ int Cli::fidelity_show() {
 
 int Cli::trajectory_show() {
   return show_result(common::kTrajectoryRequest, "trajectory", &trajectory_report);
+}
+
+int Cli::layer_show() {
+  return show_result(common::kLayerRequest, "layer-attribution", &layer_report);
 }
 
 int Cli::report() {

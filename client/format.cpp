@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <sstream>
 #include <vector>
 
@@ -326,6 +327,142 @@ std::string trajectory_report(const Json& r) {
   } else {
     o << "engines: identical continuations\n";
   }
+  return o.str();
+}
+
+namespace {
+
+// The index of a result's {index, name} member, or -1 when it is null.
+std::int64_t at_index(const Json& at) {
+  return at.is_object() && at.contains("index") && at["index"].is_number_integer()
+             ? at["index"].get<std::int64_t>()
+             : -1;
+}
+
+std::string joined(const Json& names) {
+  std::string s;
+  for (const Json& n : names) s += (s.empty() ? "" : ", ") + scalar(n);
+  return s;
+}
+
+}  // namespace
+
+std::string layer_report(const Json& r) {
+  std::ostringstream o;
+  const Json req = r.value("request", Json::object());
+  const Json eng = r.value("engine", Json::object());
+  const Json ref = r.value("reference", Json::object());
+  const Json boundaries = r.value("boundaries", Json::array());
+  const Json patching = r.value("patching", Json());
+  const bool patched = patching.is_object();
+  const Json tolerance = req.value("tolerance", Json::object()).value("relative_rmse", Json());
+  const Json rows_file = eng.value("rows_file", Json::object());
+  o << "layer-attribution job " << field(r, {"job_id"}) << "  request \"" << field(req, {"id"})
+    << "\"  " << field(req, {"input_length"}) << " tokens, rows " << field(req, {"rows"})
+    << ", tolerance " << number(tolerance) << " (relative RMSE)\n";
+  o << "engine:     " << field(eng, {"name"});
+  if (const Json* next = find(eng, {"next_token_id"})) o << ", next token " << scalar(*next);
+  o << "; rows file " << field(rows_file, {"sha256"}) << " (" << field(rows_file, {"bytes"})
+    << " bytes), " << field(eng, {"boundaries_given"}) << " of " << field(ref, {"boundary_count"})
+    << " boundaries given";
+  const Json omitted = eng.value("omitted", Json::array());
+  if (!omitted.empty()) o << "; omitted: " << joined(omitted);
+  o << "\nreference:  argmax " << field(ref, {"argmax_token_id"}) << " (logit "
+    << number(ref.value("argmax_logit", Json())) << "), hidden " << field(ref, {"hidden_size"})
+    << ", rows " << field(ref, {"rows_sha256"}) << "\n\n";
+
+  const std::int64_t first_nb = at_index(r.value("first_non_bitwise", Json()));
+  const std::int64_t first_over = at_index(r.value("first_over_tolerance", Json()));
+  const std::int64_t growth = at_index(r.value("largest_growth", Json()));
+  const std::int64_t flip = patched ? at_index(patching.value("first_flip", Json())) : -1;
+  const std::int64_t hold = patched ? at_index(patching.value("last_hold", Json())) : -1;
+  std::map<std::int64_t, Json> patched_at;  // by boundary index
+  if (patched)
+    for (const Json& p : patching.value("boundaries", Json::array()))
+      patched_at[p.value("index", std::int64_t{-1})] = p;
+  std::map<std::int64_t, Json> by_index;
+  std::vector<std::vector<std::string>> rows{{"  #", "boundary", "bitwise", "cosine", "max abs",
+                                              "mean abs", "RMSE", "ref RMS", "rel RMSE", "growth"}};
+  if (patched) rows[0].push_back("patched argmax");
+  for (const Json& b : boundaries) {
+    const std::int64_t i = b.value("index", std::int64_t{-1});
+    by_index[i] = b;
+    const Json bitwise = b.value("bitwise_equal", Json());
+    std::vector<std::string> row{"  " + field(b, {"index"}),
+                                 field(b, {"name"}),
+                                 !b.value("present", false) ? "omitted"
+                                 : bitwise.is_boolean()     ? (bitwise.get<bool>() ? "yes" : "no")
+                                                            : "-",
+                                 number(b.value("cosine_similarity", Json()), "%.10g"),
+                                 number(b.value("max_abs_error", Json()), "%.4g"),
+                                 number(b.value("mean_abs_error", Json()), "%.4g"),
+                                 number(b.value("root_mean_square_error", Json()), "%.4g"),
+                                 number(b.value("reference_root_mean_square", Json()), "%.4g"),
+                                 number(b.value("relative_root_mean_square_error", Json()), "%.4g"),
+                                 number(b.value("relative_rmse_growth", Json()), "%+.3g")};
+    if (patched) {
+      auto p = patched_at.find(i);
+      row.push_back(p == patched_at.end()
+                        ? "-"
+                        : field(p->second, {"argmax_token_id"}) +
+                              (p->second.value("becomes_candidate", false) ? " (engine's)" : ""));
+    }
+    std::vector<std::string> marks;
+    if (i == first_nb) marks.push_back("first non-bitwise");
+    if (i == first_over) marks.push_back("first over tolerance");
+    if (i == growth) marks.push_back("largest growth");
+    if (i == hold) marks.push_back("last hold");
+    if (i == flip) marks.push_back("first flip");
+    std::string mark;
+    for (const auto& m : marks) mark += (mark.empty() ? "<- " : ", ") + m;
+    row.push_back(mark);
+    rows.push_back(std::move(row));
+  }
+  o << render_table(rows) << "\n";
+
+  auto named = [&](std::int64_t i) {
+    return std::to_string(i) + " " + (by_index.count(i) ? field(by_index[i], {"name"}) : "?");
+  };
+  auto metric = [&](std::int64_t i, const char* key, const char* f) {
+    return by_index.count(i) ? number(by_index[i].value(key, Json()), f) : "-";
+  };
+  o << "first non-bitwise:    "
+    << (first_nb < 0 ? "none: every boundary the engine gave is bitwise equal" : named(first_nb))
+    << "\n";
+  o << "first over tolerance: "
+    << (first_over < 0 ? "none: no relative RMSE above " + number(tolerance)
+                       : named(first_over) + " (relative RMSE " +
+                             metric(first_over, "relative_root_mean_square_error", "%.4g") + " > " +
+                             number(tolerance) + ")")
+    << "\n";
+  o << "largest growth:       "
+    << (growth < 0 ? "none: relative RMSE never grows"
+                   : named(growth) + " (" + metric(growth, "relative_rmse_growth", "%+.3g") + ")")
+    << "\n";
+  if (!patched) {
+    o << "patching: not requested\n";
+  } else {
+    const std::string candidate = field(patching, {"candidate_token_id"});
+    const std::string argmax = field(patching, {"reference_argmax_token_id"});
+    std::int64_t rounded = 0;
+    for (const auto& [i, p] : patched_at) rounded += p.value("rounded_elements", std::int64_t{0});
+    o << "patching: engine's token " << candidate << ", reference argmax " << argmax << "; "
+      << field(patching, {"forwards"}) << " forwards in "
+      << format_seconds(patching.value("seconds", 0.0));
+    if (rounded > 0) o << "; " << rounded << " engine elements rounded to the model's dtype";
+    o << "\n  last hold:  "
+      << (hold < 0 ? "none before the first flip" : named(hold) + " (argmax stays " + argmax + ")")
+      << "\n  first flip: "
+      << (flip < 0 ? "none: no single substitution makes the argmax the engine's token"
+                   : named(flip) + " (argmax becomes " + candidate + ")")
+      << "\n";
+    if (flip >= 0)
+      o << "  the decisive departure is "
+        << (hold < 0 ? "at or before " + named(flip)
+                     : "after " + named(hold) + ", at or before " + named(flip))
+        << "\n";
+  }
+  o << "\nresult_sha256 " << field(r, {"result_sha256"}) << "\n";
   return o.str();
 }
 

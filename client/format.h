@@ -26,6 +26,11 @@ std::string fidelity_report(const common::Json& result);
 // A trajectory result as text: per engine its first departure (reference top-10 and margin
 // there), which engine departed first, and the engines' first divergence with its attribution.
 std::string trajectory_report(const common::Json& result);
+// A layer-attribution result as text: the request, engine and reference lines, one row per
+// boundary (bitwise yes/no/omitted, cosine, max and mean abs error, RMSE, reference RMS, relative
+// RMSE, its growth, and with patching the patched argmax) with the first non-bitwise boundary,
+// the first over tolerance, the largest growth and the patching bracket marked, then a summary.
+std::string layer_report(const common::Json& result);
 
 // One line per check: "ok  name  detail" / "FAIL  name  detail".
 std::string checks_table(const VerifyReport& report);

@@ -1,6 +1,7 @@
 // `assay report` (report.h): picks the page for the result's schema, and the HTML helpers both
 // pages share (report_html.h): escaping, formatting, key/value tables and the page shell with
-// its inline CSS. The pages are report_next_token.cpp and report_fidelity.cpp.
+// its inline CSS. The pages are report_next_token.cpp, report_fidelity.cpp and
+// report_layers.cpp.
 #include "client/report.h"
 
 #include <cstdio>
@@ -9,6 +10,7 @@
 
 #include "client/report_html.h"
 #include "common/error.h"
+#include "common/layers.h"
 
 namespace assay::client {
 namespace html {
@@ -30,6 +32,7 @@ svg text{font:11px system-ui,sans-serif;fill:#3b4452}
 .grid{stroke:#e6e9ef}.axis{stroke:#8a93a3}
 details{margin:6px 0}summary{cursor:pointer;color:#3b5b9a}
 .kv td:first-child{color:#5a6473;white-space:nowrap}
+tr.marked td{background:#fff4e0}table.layers td,table.layers th{padding:2px 5px;font-size:12px}
 )";
 
 // Appends `j`'s leaves as (dotted key, text) rows.
@@ -124,10 +127,12 @@ std::string render_report(const common::Json& result, const std::filesystem::pat
   if (schema == "assay.next-token-oracle-result.v1")
     return html::next_token_page(result, artifact_dir);
   if (schema == "assay.fidelity-result.v1") return html::fidelity_page(result, artifact_dir);
+  if (schema == common::kLayerResult) return html::layers_page(result, artifact_dir);
   throw common::Error("client.report",
-                      "a report needs an assay.next-token-oracle-result.v1 or "
-                      "assay.fidelity-result.v1 document, not schema \"" +
-                          schema + "\"");
+                      "a report needs an assay.next-token-oracle-result.v1, "
+                      "assay.fidelity-result.v1 or " +
+                          std::string(common::kLayerResult) + " document, not schema \"" + schema +
+                          "\"");
 }
 
 }  // namespace assay::client

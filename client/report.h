@@ -15,7 +15,11 @@ namespace assay::client {
 // (assay.fidelity-result.v1): gates, token-wise KL along positions per context, the KL histogram
 // and its CDF on a log axis, the statistics table. The artifact beside the result
 // (`artifact_dir`/logits.safetensors or kl.safetensors) is read when present and its sha256
-// equals the result's; otherwise the charts use what the result itself holds. Throws
+// equals the result's; otherwise the charts use what the result itself holds. A layer-attribution
+// result (assay.layer-attribution-result.v1): where the engine first leaves the reference and
+// which departure decides the token, relative RMSE against depth on a log axis (exact zeros on a
+// floor, omitted and undefined boundaries marked apart) with the first non-bitwise and the
+// decisive boundary marked, and the per-boundary table. Throws
 // Error("client.report") for a document of another schema.
 std::string render_report(const common::Json& result, const std::filesystem::path& artifact_dir);
 

@@ -1,6 +1,7 @@
 // Private to `assay report`: the HTML helpers both pages share (escaping, number formatting,
-// key/value tables of JSON objects, the page shell with its inline CSS) and the two pages, one
-// per result kind (report_next_token.cpp, report_fidelity.cpp); report.cpp picks the page.
+// key/value tables of JSON objects, the page shell with its inline CSS) and the pages, one per
+// result kind (report_next_token.cpp, report_fidelity.cpp, report_layers.cpp); report.cpp picks
+// the page.
 #pragma once
 
 #include <filesystem>
@@ -28,5 +29,7 @@ std::string page(const std::string& title, const std::string& body);
 std::string next_token_page(const common::Json& r, const std::filesystem::path& dir);
 // An assay.fidelity-result.v1 page; the artifact is looked for in `dir`.
 std::string fidelity_page(const common::Json& r, const std::filesystem::path& dir);
+// An assay.layer-attribution-result.v1 page; layers.safetensors is looked for in `dir`.
+std::string layers_page(const common::Json& r, const std::filesystem::path& dir);
 
 }  // namespace assay::client::html

@@ -8,6 +8,7 @@
 #include "common/identity.h"
 #include "common/json_schema.h"
 #include "common/kiln_schemas.h"
+#include "common/layers.h"
 #include "common/protocol.h"
 #include "common/request.h"
 #include "common/result.h"
@@ -49,6 +50,7 @@ constexpr ResultKind kKinds[] = {
     {protocol::kFidelityResult, protocol::kFidelityPredicateType, "kl_artifact"},
     {common::kTrajectoryResult, common::kTrajectoryPredicateType, "trajectory_artifact"},
     {protocol::kNextTokenBatchResult, protocol::kBatchPredicateType, "states_artifact"},
+    {common::kLayerResult, common::kLayerPredicateType, "layers_artifact"},
 };
 
 const ResultKind* kind_of(const std::optional<std::string>& schema) {
@@ -411,8 +413,9 @@ VerifyReport verify_result(const VerifyInputs& in) {
                    (known ? ""
                           : ", expected \"" + std::string(protocol::kNextTokenResult) + "\", \"" +
                                 std::string(protocol::kFidelityResult) + "\", \"" +
-                                std::string(common::kTrajectoryResult) + "\" or \"" +
-                                std::string(protocol::kNextTokenBatchResult) + "\""));
+                                std::string(common::kTrajectoryResult) + "\", \"" +
+                                std::string(protocol::kNextTokenBatchResult) + "\" or \"" +
+                                std::string(common::kLayerResult) + "\""));
     std::string canon = common::canonical(result);
     checks.add("result.canonical", result_bytes == canon,
                result_bytes == canon ? "file bytes are the RFC 8785 canonical form"

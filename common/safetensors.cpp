@@ -79,17 +79,27 @@ const TensorView* SafetensorsIndex::find(std::string_view name) const {
   return nullptr;
 }
 
-SafetensorsIndex parse_safetensors(std::span<const std::byte> image, std::size_t max_header_bytes) {
-  if (image.size() < 8)
-    invalid("file of " + std::to_string(image.size()) + " bytes has no header length");
-  std::uint64_t header_len = read_le64(image.data());
+namespace {
+
+// `head` holds the file's first bytes (all of it, or at least length and header); the data
+// section is file_size - 8 - header length bytes from the end of the header, and views point
+// into `head` only when it holds the whole file (else their data is null).
+SafetensorsIndex parse_index(std::span<const std::byte> head, std::uint64_t file_size,
+                             std::size_t max_header_bytes) {
+  if (file_size < 8 || head.size() < 8)
+    invalid("file of " + std::to_string(file_size) + " bytes has no header length");
+  std::uint64_t header_len = read_le64(head.data());
   if (header_len > max_header_bytes)
     invalid("header length " + std::to_string(header_len) + " exceeds the limit of " +
             std::to_string(max_header_bytes));
-  if (header_len > image.size() - 8)
+  if (header_len > file_size - 8)
     invalid("header length " + std::to_string(header_len) + " runs past the end of the file (" +
-            std::to_string(image.size()) + " bytes)");
-  std::string_view header(reinterpret_cast<const char*>(image.data() + 8), header_len);
+            std::to_string(file_size) + " bytes)");
+  if (header_len > head.size() - 8)
+    invalid("header length " + std::to_string(header_len) + " runs past the " +
+            std::to_string(head.size()) + " bytes read");
+  const bool whole = head.size() == file_size;
+  std::string_view header(reinterpret_cast<const char*>(head.data() + 8), header_len);
   Json doc;
   try {
     doc = parse_strict(header, ParseLimits{max_header_bytes, 64, true});
@@ -98,8 +108,8 @@ SafetensorsIndex parse_safetensors(std::span<const std::byte> image, std::size_t
   }
   if (!doc.is_object()) invalid("header is not a JSON object");
 
-  const std::byte* data = image.data() + 8 + header_len;
-  const std::uint64_t data_size = image.size() - 8 - header_len;
+  const std::byte* data = whole ? head.data() + 8 + header_len : nullptr;
+  const std::uint64_t data_size = file_size - 8 - header_len;
   SafetensorsIndex index;
   for (auto it = doc.begin(); it != doc.end(); ++it) {
     const std::string& name = it.key();
@@ -153,19 +163,32 @@ SafetensorsIndex parse_safetensors(std::span<const std::byte> image, std::size_t
     if (numel * esize != end - begin)
       invalid("tensor \"" + name + "\" has shape x dtype size " + std::to_string(numel * esize) +
               " but data_offsets span " + std::to_string(end - begin) + " bytes");
-    view.data = data + begin;
+    view.data = data ? data + begin : nullptr;
     view.nbytes = static_cast<std::size_t>(end - begin);
+    view.offset = begin;
     index.tensors.push_back(std::move(view));
   }
   std::sort(index.tensors.begin(), index.tensors.end(),
-            [](const TensorView& a, const TensorView& b) { return a.data < b.data; });
+            [](const TensorView& a, const TensorView& b) { return a.offset < b.offset; });
   for (std::size_t i = 1; i < index.tensors.size(); ++i) {
     const auto& prev = index.tensors[i - 1];
     const auto& cur = index.tensors[i];
-    if (cur.data < prev.data + prev.nbytes)
+    if (cur.offset < prev.offset + prev.nbytes)
       invalid("tensors \"" + prev.name + "\" and \"" + cur.name + "\" overlap");
   }
   return index;
+}
+
+}  // namespace
+
+SafetensorsIndex parse_safetensors(std::span<const std::byte> image, std::size_t max_header_bytes) {
+  return parse_index(image, image.size(), max_header_bytes);
+}
+
+SafetensorsIndex parse_safetensors_header(std::span<const std::byte> head, std::uint64_t file_size,
+                                          std::size_t max_header_bytes) {
+  return parse_index(head.first(std::min<std::size_t>(head.size(), file_size)), file_size,
+                     max_header_bytes);
 }
 
 SafetensorsFile SafetensorsFile::open(const std::filesystem::path& path) {

@@ -23,8 +23,9 @@ struct TensorView {
   std::string name;
   Dtype dtype;
   std::vector<std::int64_t> shape;
-  const std::byte* data;  // points into the mapping (or the caller's buffer)
+  const std::byte* data;  // points into the mapping (or the caller's buffer); null from a header
   std::size_t nbytes;
+  std::uint64_t offset = 0;  // of the first byte in the data section
   std::int64_t numel() const;
 };
 
@@ -39,6 +40,10 @@ struct SafetensorsIndex {
 };
 SafetensorsIndex parse_safetensors(std::span<const std::byte> image,
                                    std::size_t max_header_bytes = 100 * 1024 * 1024);
+// The same checks from the file's first bytes only (length and header; `head` may hold more) and
+// its size: names, dtypes, shapes and offsets without reading the data. Views' data is null.
+SafetensorsIndex parse_safetensors_header(std::span<const std::byte> head, std::uint64_t file_size,
+                                          std::size_t max_header_bytes = 100 * 1024 * 1024);
 
 // A read-only mmap of a safetensors file; views stay valid while the object lives.
 class SafetensorsFile {

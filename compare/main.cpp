@@ -12,6 +12,7 @@
 #include "common/fs.h"
 #include "common/json.h"
 #include "compare/compare.h"
+#include "compare/layers.h"
 #include "compare/trajectory.h"
 
 namespace {
@@ -75,7 +76,9 @@ void print_summary(const Json& d) {
 // Bad input (the job's fault) exits 2; anything else, including a failed write, exits 3.
 int exit_code(const std::string& code) {
   if (code == "compare.internal") return 3;
-  return code.starts_with("compare.") || code.starts_with("input.") ? 2 : 3;
+  return code.starts_with("compare.") || code.starts_with("input.") || code.starts_with("request.")
+             ? 2
+             : 3;
 }
 
 }  // namespace
@@ -87,6 +90,7 @@ int main(int argc, char** argv) {
       "Worker:   assay-compare run --input input.json --workdir DIR  (writes DIR/output.json and "
       "DIR/<kl_file>)\n"
       "Worker:   assay-compare trajectory --input input.json --workdir DIR\n"
+      "Worker:   assay-compare layers --input input.json --workdir DIR\n"
       "Command:  assay-compare kl --reference REF --candidate CAND [--json]"};
   app.require_subcommand(1, 1);
 
@@ -105,6 +109,14 @@ int main(int argc, char** argv) {
       ->required();
   trajectory->add_option("--workdir", tworkdir, "workspace where output.json and the artifact go")
       ->required();
+
+  auto* layers = app.add_subcommand(
+      "layers",
+      "worker protocol (layer-attribution jobs): an engine's hidden-state rows against the "
+      "reference's per boundary, with Kiln's metrics in fp64 and the first departures");
+  std::string linput, lworkdir;
+  layers->add_option("--input", linput, "input.json (assay.compare-layers-input.v1)")->required();
+  layers->add_option("--workdir", lworkdir, "workspace where output.json goes")->required();
 
   auto* kl = app.add_subcommand(
       "kl", "compare two logits files directly (one context, every row) and print the result");
@@ -140,6 +152,21 @@ int main(int argc, char** argv) {
       }
       cmp::TrajectoryInput in = cmp::parse_trajectory_input(doc, tinput);
       cmp::write_trajectory_outputs(cmp::analyse_trajectory(in), tworkdir, in.artifact_file);
+      return 0;
+    }
+    if (*layers) {
+      Json doc;
+      try {
+        doc = assay::common::parse_strict(assay::common::read_file(linput, 64 << 20));
+      } catch (const Error& e) {
+        throw Error("input.invalid", linput + ": " + e.what());
+      }
+      cmp::LayersInput in = cmp::parse_layers_input(doc, linput);
+      // The reference is a file of the workspace, named relative to it.
+      in.reference = (std::filesystem::path(lworkdir) / in.reference).string();
+      Json out = cmp::compare_layers(in);
+      assay::common::atomic_write_file(std::filesystem::path(lworkdir) / "output.json",
+                                       out.dump(2) + "\n");
       return 0;
     }
     std::optional<std::string> repro;

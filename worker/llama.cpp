@@ -111,16 +111,21 @@ class LlamaFamily final : public Model {
     (void)options;
   }
 
-  at::Tensor hidden_states(const at::Tensor& input_ids) override {
+  at::Tensor hidden_states(const at::Tensor& input_ids, Probe* probe) override {
     int64_t t = input_ids.size(1);
-    at::Tensor h = at::embedding(embed_, input_ids);
+    at::Tensor h = probed(
+        probe, [] { return "embedding"; }, at::embedding(embed_, input_ids));
     auto dtype = h.scalar_type();
     auto [cos, sin] = rotary_cos_sin(inv_freq_.to(h.device()), t, dtype);
     at::Tensor mask = additive_causal_mask(t, dtype).to(h.device());
     double scaling = std::pow(static_cast<double>(head_dim_), -0.5);
-    for (const Layer& l : layers_) {
+    for (std::size_t i = 0; i < layers_.size(); ++i) {
+      const Layer& l = layers_[i];
+      auto name = [i](const char* part) {
+        return [i, part] { return "layers." + std::to_string(i) + part; };
+      };
       at::Tensor residual = h;
-      at::Tensor x = rms_norm(h, l.input_norm, eps_);
+      at::Tensor x = probed(probe, name(".input_layernorm"), rms_norm(h, l.input_norm, eps_));
       at::Tensor q = l.q(x).view({1, t, -1, head_dim_});
       at::Tensor k = l.k(x).view({1, t, -1, head_dim_});
       at::Tensor v = l.v(x).view({1, t, -1, head_dim_});
@@ -131,14 +136,17 @@ class LlamaFamily final : public Model {
       q = apply_rotary(q.transpose(1, 2), cos, sin);
       k = apply_rotary(k.transpose(1, 2), cos, sin);
       at::Tensor o = eager_attention(q, k, v.transpose(1, 2), mask, scaling);
-      o = l.o(o.reshape({1, t, -1}).contiguous());
+      o = probed(probe, name(".self_attn"), l.o(o.reshape({1, t, -1}).contiguous()));
       h = residual + o;
 
       residual = h;
-      x = rms_norm(h, l.post_attention_norm, eps_);
-      h = residual + l.down(at::silu(l.gate(x)) * l.up(x));
+      x = probed(probe, name(".post_attention_layernorm"),
+                 rms_norm(h, l.post_attention_norm, eps_));
+      h = residual + probed(probe, name(".mlp"), l.down(at::silu(l.gate(x)) * l.up(x)));
+      h = probed(probe, name(""), h);
     }
-    return rms_norm(h, norm_, eps_);
+    return probed(
+        probe, [] { return "norm"; }, rms_norm(h, norm_, eps_));
   }
 
   at::Tensor lm_head(const at::Tensor& hidden) const override {
@@ -146,6 +154,7 @@ class LlamaFamily final : public Model {
   }
 
   int64_t vocab_size() const override { return vocab_; }
+  int64_t hidden_size() const override { return hidden_; }
   std::string architecture() const override { return architecture_; }
   std::string attention_implementation() const override { return "eager"; }
 

@@ -19,6 +19,7 @@
 #include "common/identity.h"
 #include "common/protocol.h"
 #include "common/safetensors.h"
+#include "worker/attribution.h"
 #include "worker/batch.h"
 #include "worker/capture.h"
 #include "worker/loader.h"
@@ -257,8 +258,24 @@ int main(int argc, char** argv) {
   batch->add_option("--input", batch_input, "input.json")->required();
   batch->add_option("--workdir", batch_workdir, "workspace directory")->required();
 
+  std::string layers_input, layers_workdir;
+  auto* layers = app.add_subcommand(
+      "layers",
+      "Worker protocol (layer-attribution jobs): read input.json (assay.oracle-layers-input.v1), "
+      "write layers.safetensors (the F32 rows of every boundary: embedding, layers.N.*, norm) and "
+      "output.json (assay.oracle-layers-output.v1); with a patch, one more forward per named "
+      "boundary with the engine's rows substituted there");
+  layers->add_option("--input", layers_input, "input.json")->required();
+  layers->add_option("--workdir", layers_workdir, "workspace directory")->required();
+
   CLI11_PARSE(app, argc, argv);
   try {
+    if (*layers) {
+      run_layers(parse_layers_input(assay::common::parse_strict(
+                     assay::common::read_file(layers_input, 64u << 20))),
+                 layers_workdir);
+      return 0;
+    }
     if (*logits) return run_logits(la);
     if (*capture) return run_capture(capture_input, capture_workdir);
     if (*batch) return run_next_token_batch(batch_input, batch_workdir);

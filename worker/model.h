@@ -39,14 +39,36 @@ class Weights {
   virtual void release() = 0;
 };
 
+// Sees the forward's hidden state at each named boundary as it passes, and may replace it
+// (activation patching). Boundaries, in forward order, named as transformers' modules under
+// `model.` are (common/layers.h layer_boundaries): "embedding"; per layer N
+// "layers.N.input_layernorm", "layers.N.self_attn" (or "layers.N.linear_attn"; the block's output
+// before the residual add), "layers.N.post_attention_layernorm", "layers.N.mlp" (its output
+// before the residual add), "layers.N" (the layer's output); "norm". The value is [1, T, hidden]
+// in the dtype the forward computed it in.
+class Probe {
+ public:
+  virtual ~Probe() = default;
+  // Returns the tensor the forward goes on with: `value` itself to observe only.
+  virtual at::Tensor at(const std::string& boundary, const at::Tensor& value) = 0;
+};
+
+// probe ? probe->at(name, value) : value. The name is built only when there is a probe.
+template <typename Name>
+at::Tensor probed(Probe* probe, Name&& name, const at::Tensor& value) {
+  return probe ? probe->at(name(), value) : value;
+}
+
 class Model {
  public:
   virtual ~Model() = default;
   // input_ids: int64 [1, T] on the execution device. Returns logits [1, T, vocab] in the
   // execution dtype, computed as transformers' eager forward computes them.
   at::Tensor forward(const at::Tensor& input_ids) { return lm_head(hidden_states(input_ids)); }
-  // The forward up to the LM head: the final normalised hidden states [1, T, hidden].
-  virtual at::Tensor hidden_states(const at::Tensor& input_ids) = 0;
+  // The forward up to the LM head: the final normalised hidden states [1, T, hidden]. A probe
+  // sees every boundary; one that returns what it is given changes no bit of the result.
+  virtual at::Tensor hidden_states(const at::Tensor& input_ids, Probe* probe = nullptr) = 0;
+  virtual int64_t hidden_size() const = 0;
   // The LM head over hidden states [1, n, hidden] (any n rows of hidden_states' output) ->
   // logits [1, n, vocab]. Captures apply it to blocks of positions so that [T, vocab] is never
   // held whole.

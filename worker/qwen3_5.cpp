@@ -385,7 +385,7 @@ class Qwen3_5Model final : public Model {
     }
   }
 
-  Tensor hidden_states(const Tensor& input_ids) override {
+  Tensor hidden_states(const Tensor& input_ids, Probe* probe) override {
     c10::InferenceMode guard;
     if (input_ids.dim() != 2 || input_ids.size(0) != 1 || input_ids.scalar_type() != at::kLong ||
         input_ids.size(1) == 0) {
@@ -400,19 +400,29 @@ class Qwen3_5Model final : public Model {
                                          std::to_string(c_.vocab) + ")");
     }
     const int64_t seq_len = input_ids.size(1);
-    Tensor h = at::embedding(embed_tokens_, input_ids);
+    Tensor h = probed(
+        probe, [] { return "embedding"; }, at::embedding(embed_tokens_, input_ids));
     auto [cos, sin] = rotary(seq_len, h.scalar_type());
     Tensor mask = causal_mask(seq_len, h.scalar_type());
-    for (const Layer& layer : layers_) {
+    for (std::size_t i = 0; i < layers_.size(); ++i) {
+      const Layer& layer = layers_[i];
+      auto name = [i](const char* part) {
+        return [i, part] { return "layers." + std::to_string(i) + part; };
+      };
       Tensor residual = h;
-      Tensor x = rms_norm(h, layer.input_layernorm, c_.eps);
-      x = layer.linear ? gated_delta_net(layer.gdn, x) : attention(layer.attn, x, cos, sin, mask);
+      Tensor x =
+          probed(probe, name(".input_layernorm"), rms_norm(h, layer.input_layernorm, c_.eps));
+      x = layer.linear
+              ? probed(probe, name(".linear_attn"), gated_delta_net(layer.gdn, x))
+              : probed(probe, name(".self_attn"), attention(layer.attn, x, cos, sin, mask));
       h = residual + x;
       residual = h;
-      x = rms_norm(h, layer.post_attention_layernorm, c_.eps);
-      h = residual + mlp(layer, x);
+      x = probed(probe, name(".post_attention_layernorm"),
+                 rms_norm(h, layer.post_attention_layernorm, c_.eps));
+      h = probed(probe, name(""), residual + probed(probe, name(".mlp"), mlp(layer, x)));
     }
-    return rms_norm(h, norm_, c_.eps);
+    return probed(
+        probe, [] { return "norm"; }, rms_norm(h, norm_, c_.eps));
   }
 
   Tensor lm_head(const Tensor& hidden) const override {
@@ -421,6 +431,7 @@ class Qwen3_5Model final : public Model {
   }
 
   int64_t vocab_size() const override { return c_.vocab; }
+  int64_t hidden_size() const override { return c_.hidden; }
   std::string architecture() const override { return c_.architecture; }
   std::string attention_implementation() const override { return "eager"; }
   std::string linear_attention_implementation() const override {

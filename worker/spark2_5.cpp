@@ -179,11 +179,13 @@ class Spark2_5 final : public Model {
     output_ = tied_ ? embedding_ : w.get("lm_head.weight", {vocab_, hidden_});
   }
 
-  at::Tensor hidden_states(const at::Tensor& input_ids) override {
+  at::Tensor hidden_states(const at::Tensor& input_ids, Probe* probe) override {
     int64_t t = input_ids.size(1);
     auto dtype = embedding_.scalar_type();
     auto device = embedding_.device();
-    at::Tensor h = at::embedding(embedding_, input_ids).to(at::kFloat);
+    at::Tensor h = probed(
+                       probe, [] { return "embedding"; }, at::embedding(embedding_, input_ids))
+                       .to(at::kFloat);
 
     struct Tables {
       at::Tensor cos, sin, mask;
@@ -206,9 +208,15 @@ class Spark2_5 final : public Model {
     int64_t n_rep = heads_ / kv_heads_;
     int64_t q_dim = heads_ * head_dim_;
     int64_t kv_dim = kv_heads_ * head_dim_;
-    for (const Layer& l : layers_) {
+    for (std::size_t i = 0; i < layers_.size(); ++i) {
+      const Layer& l = layers_[i];
+      auto name = [i](const char* part) {
+        return [i, part] { return "layers." + std::to_string(i) + part; };
+      };
       const Tables& tab = tables[l.sliding ? kSliding : kFull];
-      at::Tensor x = spark_norm(h, l.input_norm, eps_).to(dtype);
+      // The remote code's norms return fp32 and the caller casts: the boundary is the fp32 output.
+      at::Tensor x =
+          probed(probe, name(".input_layernorm"), spark_norm(h, l.input_norm, eps_)).to(dtype);
       at::Tensor qkv = l.qkv(x);
       at::Tensor q = qkv.slice(-1, 0, q_dim).view({1, t, heads_, head_dim_}).transpose(1, 2);
       at::Tensor k =
@@ -233,13 +241,18 @@ class Spark2_5 final : public Model {
         at::Tensor gate = gate_act_ == GateAct::kSigmoid ? at::sigmoid(g32) : at::silu(g32);
         o = o * gate.to(o.scalar_type());
       }
-      o = l.out(o.transpose(1, 2).contiguous().view({1, t, -1}));
+      o = probed(probe, name(".self_attn"), l.out(o.transpose(1, 2).contiguous().view({1, t, -1})));
       h = h + o;
 
-      x = spark_norm(h, l.post_attention_norm, eps_).to(dtype);
-      h = h + l.down(at::gelu(l.gate(x)) * l.up(x));
+      x = probed(probe, name(".post_attention_layernorm"),
+                 spark_norm(h, l.post_attention_norm, eps_))
+              .to(dtype);
+      h = probed(probe, name(""),
+                 h + probed(probe, name(".mlp"), l.down(at::gelu(l.gate(x)) * l.up(x))));
     }
-    return spark_norm(h, norm_, eps_).to(dtype);
+    return probed(
+               probe, [] { return "norm"; }, spark_norm(h, norm_, eps_))
+        .to(dtype);
   }
 
   at::Tensor lm_head(const at::Tensor& hidden) const override {
@@ -247,6 +260,7 @@ class Spark2_5 final : public Model {
   }
 
   int64_t vocab_size() const override { return vocab_; }
+  int64_t hidden_size() const override { return hidden_; }
   std::string architecture() const override { return "Spark2_5ForCausalLM"; }
   std::string attention_implementation() const override { return "eager"; }
 

@@ -133,6 +133,12 @@ void Engine::open_step_files(JobRun& run, const Job& job, const Step& step, Json
     spec.pass_fds.push_back(f.fd.get());
     run.model_fds.push_back(std::move(f.fd));
   };
+  // The step's own files first, so that their numbers (3, 4, ...) are known when its input is
+  // built; then the model's, listed in the input.
+  for (const auto& path : step.open_files) {
+    Opened f = open_file_as(path, peer, "request.bad_logits_file", "file");
+    hand(f);
+  }
   if (!step.model_dir.empty()) {
     OpenedModel m = open_model_as(step.model_dir, peer);
     Json listed = Json::array();
@@ -142,10 +148,6 @@ void Engine::open_step_files(JobRun& run, const Job& job, const Step& step, Json
       hand(m.files[i]);
     }
     input["model_fds"] = std::move(listed);
-  }
-  for (const auto& path : step.open_files) {
-    Opened f = open_file_as(path, peer, "request.bad_logits_file", "file");
-    hand(f);
   }
 }
 

@@ -35,9 +35,7 @@ std::string execution_dtype(const std::string& model_dir) {
   return dtype;
 }
 
-namespace {
-
-Json read_config(const std::filesystem::path& model_dir) {
+Json read_model_config(const std::filesystem::path& model_dir) {
   auto cfg_path = model_dir / "config.json";
   try {
     return common::parse_strict(read_no_links(cfg_path, 4 << 20));
@@ -45,6 +43,8 @@ Json read_config(const std::filesystem::path& model_dir) {
     throw Error("request.bad_model", "cannot read " + cfg_path.string() + ": " + e.what());
   }
 }
+
+namespace {
 
 // The integer `key` at the top level of config.json or in its text_config.
 std::optional<std::int64_t> config_int(const Json& cfg, const char* key) {
@@ -58,19 +58,27 @@ std::optional<std::int64_t> config_int(const Json& cfg, const char* key) {
 }  // namespace
 
 std::int64_t read_vocab_size(const std::filesystem::path& model_dir) {
-  auto v = config_int(read_config(model_dir), "vocab_size");
+  auto v = config_int(read_model_config(model_dir), "vocab_size");
   if (!v)
     throw Error("request.bad_model",
                 (model_dir / "config.json").string() + " has no integer vocab_size");
   return *v;
 }
 
+std::int64_t read_hidden_size(const std::filesystem::path& model_dir) {
+  auto v = config_int(read_model_config(model_dir), "hidden_size");
+  if (!v || *v < 1)
+    throw Error("request.bad_model",
+                (model_dir / "config.json").string() + " has no positive integer hidden_size");
+  return *v;
+}
+
 std::optional<std::int64_t> read_max_positions(const std::filesystem::path& model_dir) {
-  return config_int(read_config(model_dir), "max_position_embeddings");
+  return config_int(read_model_config(model_dir), "max_position_embeddings");
 }
 
 std::vector<std::int64_t> read_eos_token_ids(const std::filesystem::path& model_dir) {
-  Json cfg = read_config(model_dir);
+  Json cfg = read_model_config(model_dir);
   std::vector<std::int64_t> ids;
   for (const Json* c : {&cfg, cfg.contains("text_config") ? &cfg["text_config"] : nullptr}) {
     if (!c || !c->is_object() || !c->contains("eos_token_id")) continue;
@@ -115,7 +123,7 @@ std::uint64_t estimate_sequence_bytes(const std::filesystem::path& model_dir, st
   if (tokens == 0) return 0;
   Json cfg;
   try {
-    cfg = read_config(model_dir);
+    cfg = read_model_config(model_dir);
   } catch (const Error&) {
     return 0;  // the worker refuses such a checkpoint anyway
   }

@@ -18,6 +18,10 @@ std::string execution_dtype(const std::string& model_dir);
 // config.json's vocab_size (top level or text_config, as multimodal checkpoints nest it);
 // throws Error("request.bad_model") naming the file when unreadable or absent.
 std::int64_t read_vocab_size(const std::filesystem::path& model_dir);
+// config.json, read with no link followed; Error("request.bad_model") naming it otherwise.
+common::Json read_model_config(const std::filesystem::path& model_dir);
+// config.json's hidden_size (top level or text_config); Error("request.bad_model") when absent.
+std::int64_t read_hidden_size(const std::filesystem::path& model_dir);
 // config.json's max_position_embeddings, when it has one.
 std::optional<std::int64_t> read_max_positions(const std::filesystem::path& model_dir);
 // config.json's eos_token_id (an integer or a list of them, at the top or in text_config); empty

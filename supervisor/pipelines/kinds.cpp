@@ -1,5 +1,6 @@
 #include "common/error.h"
 #include "common/identity.h"
+#include "common/layers.h"
 #include "common/protocol.h"
 #include "common/result.h"
 #include "common/trajectory.h"
@@ -15,6 +16,8 @@ const std::vector<JobKind>& kinds() {
        &open_fidelity},
       {"trajectory", common::kTrajectoryRequest, common::kTrajectoryArtifactFileName, false,
        &admit_trajectory, &open_trajectory},
+      {"layer-attribution", common::kLayerRequest, common::kLayerArtifactFileName, false,
+       &admit_layers, &open_layers},
       {"next-token-batch", protocol::kNextTokenBatchRequest, common::kBatchArtifactFileName, true,
        &admit_batch, &open_batch},
       {"next-token", "", common::kArtifactFileName, true, &admit_next_token, &open_next_token},

@@ -67,7 +67,7 @@ struct Step {
   // another user reads exactly what the submitter may read, and nothing by path.
   std::string model_dir;
   // Files (absolute paths, already checked against the submitter's rights) the engine opens and
-  // hands over after the model's files: fds 3, 4, ... in this order when there is no model_dir.
+  // hands over before the model's files: fds 3, 4, ... in this order.
   std::vector<std::string> open_files;
   std::function<common::Json()> input;  // built when the step starts, after the previous ones
   // Files moved into the fresh workspace first (source, name there): a worker sees only its
@@ -184,6 +184,9 @@ Admission admit_fidelity(const common::Json&, const SubmitContext&);
 std::unique_ptr<Pipeline> open_trajectory(const Config&, const std::filesystem::path&,
                                           const std::string&);
 Admission admit_trajectory(const common::Json&, const SubmitContext&);
+std::unique_ptr<Pipeline> open_layers(const Config&, const std::filesystem::path&,
+                                      const std::string&);
+Admission admit_layers(const common::Json&, const SubmitContext&);
 std::unique_ptr<Pipeline> open_batch(const Config&, const std::filesystem::path&,
                                      const std::string&);
 Admission admit_batch(const common::Json&, const SubmitContext&);

@@ -480,4 +480,12 @@ inline std::string run_capture(const std::string& cmd) {
   return std::to_string(WEXITSTATUS(st)) + ":" + out;
 }
 
+// Validates `doc` against schemas/<schema>.schema.json (tests/tools/validate_schema.py):
+// "0:" and its output when valid, else its exit status and the errors.
+inline std::string validate_schema(const std::string& schema, const fs::path& doc) {
+  return run_capture(std::string(ASSAY_PYTHON3) + " " + ASSAY_SOURCE_DIR +
+                     "/tests/tools/validate_schema.py " + ASSAY_SOURCE_DIR + "/schemas/" + schema +
+                     ".schema.json " + doc.string());
+}
+
 }  // namespace assay::test

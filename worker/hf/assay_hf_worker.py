@@ -1,6 +1,6 @@
 """assay-hf-worker: the work assay does with Hugging Face transformers itself, as a worker.
 
-Usage: assay-hf-worker render-prompt|next-token --input input.json --workdir DIR
+Usage: assay-hf-worker render-prompt|next-token|layers --input input.json --workdir DIR
 
 render-prompt (assay.prompt-check-input.v1, schemas/prompt-check-input.schema.json): Kiln's
 prompt check. The model's own tokenizer files, read through the descriptors assayd opened
@@ -19,9 +19,18 @@ deterministic algorithms, no TF32, inference mode; DIR/logits.safetensors and DI
 (assay.oracle-output.v1, with "backend": "transformers" and the transformers version and the
 sha256 of the modeling and configuration source files it imported).
 
+layers (assay.oracle-layers-input.v1): the same model and forward with forward hooks on the
+modules named as boundaries (embedding, per layer input_layernorm, self_attn or linear_attn,
+post_attention_layernorm, mlp and the layer, then norm) keeping their outputs' rows widened to
+float32; DIR/layers.safetensors (one F32 tensor per boundary, in forward order) and
+DIR/output.json (assay.oracle-layers-output.v1). With `patch`, one more forward per named
+boundary whose hook returns the engine's rows (read through patch.fd) in place of the module's
+output, recording the last position's argmax.
+
 Exit 0 on success; on an error one line "assay-hf-worker: error [CODE]: MESSAGE" on stderr and
 exit 2.
 """
+import dataclasses
 import hashlib
 import json
 import os
@@ -282,14 +291,54 @@ def source_sha256(module):
         return os.path.basename(path), sha256_id(f.read())
 
 
-def next_token(doc, workdir):
+def deterministic_torch(torch, threads):
+    """The settings every forward of this worker runs under (tests/layers/engine_rows.py too)."""
+    torch.set_num_threads(int(threads))
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True
+    torch.set_float32_matmul_precision("highest")
+
+
+@dataclasses.dataclass
+class Built:
+    """A model built from the bytes of its descriptors, in eval mode on its device."""
+    model: object
+    config: object
+    config_dict: dict
+    device: str
+    dtype_name: str
+    bytes_used: dict
+    start: float  # when the worker began: duration_seconds counts from here
+
+
+def text_model_state(model, state):
+    """The weights of a multimodal checkpoint (model.language_model.*, as Qwen publishes
+    Qwen3.5) under the names of the text-only class from_config builds from its config, less
+    what that class ignores on load (vision tower, multi-token prediction): the renaming
+    transformers' from_pretrained does."""
+    import re
+
+    prefix = "model.language_model."
+    if not any(k.startswith(prefix) for k in state) or \
+            any(k.startswith(prefix) for k in model.state_dict()):
+        return state
+    ignored = [re.compile(p) for p in getattr(model, "_keys_to_ignore_on_load_unexpected", None)
+               or []]
+    return {("model." + k[len(prefix):] if k.startswith(prefix) else k): t
+            for k, t in state.items() if not any(p.search(k) for p in ignored)}
+
+
+def build_model(doc, workdir):
+    """AutoModelForCausalLM.from_config (eager, no remote code) with the weights of the
+    descriptors (safetensors from bytes, hashed as read), under deterministic settings."""
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
     os.environ["HF_HOME"] = os.path.join(workdir, "hf-home")
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     start = time.monotonic()
-    import resource
-
     import safetensors.torch
     import torch
     import transformers
@@ -298,13 +347,7 @@ def next_token(doc, workdir):
     device, dtype_name = execution["device"], execution["dtype"]
     if device != "cpu" and not torch.cuda.is_available():
         raise WorkerError("oracle.device_unavailable", f"{device}: torch sees no GPU")
-    torch.set_num_threads(int(execution["threads"]))
-    torch.use_deterministic_algorithms(True)
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    torch.backends.cudnn.benchmark = False
-    torch.backends.cudnn.deterministic = True
-    torch.set_float32_matmul_precision("highest")
+    deterministic_torch(torch, execution["threads"])
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[dtype_name]
 
     # Every file once, from its descriptor, hashed as read: the bytes computed with.
@@ -315,6 +358,9 @@ def next_token(doc, workdir):
     if "config.json" not in files:
         raise WorkerError("model.missing_fd", "the model has no config.json")
     config_bytes = read_fd(files["config.json"], "config.json", SMALL_FILE_LIMIT)
+    tokenizer_hash = (sha256_id(read_fd(files["tokenizer.json"], "tokenizer.json",
+                                        SMALL_FILE_LIMIT))
+                      if "tokenizer.json" in files else None)
     weights, state = [], {}
     for name in sorted(n for n in files if n.endswith(".safetensors")):
         data = read_fd(files[name], name)
@@ -322,9 +368,6 @@ def next_token(doc, workdir):
         state.update(safetensors.torch.load(data))
     if not weights:
         raise WorkerError("model.no_weights", "the model has no .safetensors file")
-    folder, tok_files = copy_tokenizer(doc, workdir)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(
-        folder, local_files_only=True, trust_remote_code=False)
 
     config_dict = json.loads(config_bytes)
     model_type = config_dict.get("model_type")
@@ -336,6 +379,7 @@ def next_token(doc, workdir):
         raise WorkerError("model.unsupported",
                           f"transformers {transformers.__version__} cannot build "
                           f"{config_dict.get('architectures')} ({model_type}): {e}") from e
+    state = text_model_state(model, state)
     missing, unexpected = model.load_state_dict(state, strict=False)
     tied = set(getattr(model, "_tied_weights_keys", None) or [])
     missing = [k for k in missing if k not in tied and not k.endswith("lm_head.weight")]
@@ -343,18 +387,86 @@ def next_token(doc, workdir):
         raise WorkerError("model.missing_tensor" if missing else "model.unexpected_tensor",
                           f"missing {missing[:5]}, unexpected {unexpected[:5]}")
     if getattr(config, "tie_word_embeddings", False):
+        # A multimodal config's text part (what from_config built) may not say it is tied.
+        model.config.tie_word_embeddings = True
         model.tie_weights()
+        head, embed = model.get_output_embeddings(), model.get_input_embeddings()
+        if head is not None and head.weight.data_ptr() != embed.weight.data_ptr():
+            raise WorkerError("model.untied", f"{type(model).__name__}: tie_word_embeddings is "
+                              "set but lm_head is not the embedding")
     # The parameters are already in dtype (from_config); .to(dtype) would also cast float32
     # buffers such as RoPE's inv_freq, which from_pretrained keeps in float32.
     model = model.to(device=device).eval()
-    load_seconds = time.monotonic() - start
+    return Built(model=model, config=config, config_dict=config_dict, device=device,
+                 dtype_name=dtype_name, start=start,
+                 bytes_used={"weight_files": weights, "config_hash": sha256_id(config_bytes),
+                             "tokenizer_hash": tokenizer_hash})
 
-    ids = [int(i) for i in doc["input_token_ids"]]
-    vocab = int(model.config.vocab_size)
+
+def execution_fields(built):
+    """What ran the forward: the fields of oracle-output.schema.json every mode writes."""
+    import torch
+    import transformers
+
+    model = built.model
+    attention = getattr(model.config, "_attn_implementation", "eager")
+    conf = configuration(torch, built.device, built.dtype_name, attention)
+    modeling_file, modeling_sha = source_sha256(sys.modules[type(model).__module__])
+    config_file, config_sha = source_sha256(sys.modules[type(built.config).__module__])
+    return {
+        "backend": "transformers",
+        "transformers": {"version": transformers.__version__, "model_class": type(model).__name__,
+                         "modeling_file": modeling_file, "modeling_sha256": modeling_sha,
+                         "configuration_file": config_file,
+                         "configuration_sha256": config_sha},
+        "architecture": type(model).__name__,
+        "model_type": built.config_dict.get("model_type"),
+        "bytes_used": built.bytes_used,
+        "device": built.device,
+        "device_name": cpu_facts()["model"] or "cpu",
+        "dtype": built.dtype_name,
+        "torch_version": torch.__version__.split("+")[0],
+        "threads": torch.get_num_threads(),
+        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+        "tf32_allowed": False,
+        "attention_implementation": attention,
+        "linear_attention_implementation": "none",
+        "executable_sha256": sha256_id(open(__file__, "rb").read()),
+        "configuration": conf,
+        "configuration_sha256": canonical_sha256(conf),
+        "runtime": runtime_facts(torch),
+        "loaded_libraries": loaded_libraries(),
+    }
+
+
+def peak_rss_bytes():
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def check_token_ids(ids, vocab, field):
     for i, t in enumerate(ids):
         if t >= vocab:
             raise WorkerError("request.invalid_token_id",
-                              f"input_token_ids[{i}] = {t} is outside the vocabulary [0, {vocab})")
+                              f"{field}[{i}] = {t} is outside the vocabulary [0, {vocab})")
+
+
+def next_token(doc, workdir):
+    built = build_model(doc, workdir)
+    import safetensors.torch
+    import torch
+    import transformers
+
+    model, device = built.model, built.device
+    folder, _ = copy_tokenizer(doc, workdir)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(
+        folder, local_files_only=True, trust_remote_code=False)
+    load_seconds = time.monotonic() - built.start
+
+    ids = [int(i) for i in doc["input_token_ids"]]
+    vocab = int(model.config.vocab_size)
+    check_token_ids(ids, vocab, "input_token_ids")
     text = lambda t: tokenizer.decode([t])  # noqa: E731
     for i, p in enumerate(doc.get("continuation_prefix", [])):
         if text(p["token_id"]) != p["text"]:
@@ -385,23 +497,12 @@ def next_token(doc, workdir):
     safetensors.torch.save_file(
         {"input_ids": torch.tensor([ids], dtype=torch.int64), "logits": logits},
         os.path.join(workdir, "logits.safetensors"),
-        metadata={"architecture": (config_dict.get("architectures") or [""])[0],
-                  "device": device, "dtype": dtype_name, "torch_version": torch.__version__})
-    attention = getattr(model.config, "_attn_implementation", "eager")
-    conf = configuration(torch, device, dtype_name, attention)
-    modeling = sys.modules[type(model).__module__]
-    configuration_module = sys.modules[type(config).__module__]
-    modeling_file, modeling_sha = source_sha256(modeling)
-    config_file, config_sha = source_sha256(configuration_module)
+        metadata={"architecture": (built.config_dict.get("architectures") or [""])[0],
+                  "device": device, "dtype": built.dtype_name,
+                  "torch_version": torch.__version__})
     return {
+        **execution_fields(built),
         "schema": "assay.oracle-output.v1",
-        "backend": "transformers",
-        "transformers": {"version": transformers.__version__, "model_class": type(model).__name__,
-                         "modeling_file": modeling_file, "modeling_sha256": modeling_sha,
-                         "configuration_file": config_file,
-                         "configuration_sha256": config_sha},
-        "architecture": type(model).__name__,
-        "model_type": model_type,
         "vocab_size": vocab,
         "argmax": top[0],
         "argmax_text": text(top[0]),
@@ -417,32 +518,281 @@ def next_token(doc, workdir):
         "logits_sha256": sha256_id(logits_bytes),
         "input_token_count": len(ids),
         "input_token_ids_sha256": canonical_ids_sha256(ids),
-        "bytes_used": {"weight_files": weights, "config_hash": sha256_id(config_bytes),
-                       "tokenizer_hash": tok_files.get("tokenizer.json", {}).get("sha256")},
-        "device": device,
-        "device_name": cpu_facts()["model"] or "cpu",
-        "dtype": dtype_name,
-        "torch_version": torch.__version__.split("+")[0],
-        "threads": torch.get_num_threads(),
-        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
-        "tf32_allowed": False,
-        "attention_implementation": attention,
-        "linear_attention_implementation": "none",
-        "executable_sha256": sha256_id(open(__file__, "rb").read()),
         "load_seconds": load_seconds,
         "forward_seconds": forward_seconds,
-        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-        "duration_seconds": time.monotonic() - start,
-        "configuration": conf,
-        "configuration_sha256": canonical_sha256(conf),
-        "runtime": runtime_facts(torch),
-        "loaded_libraries": loaded_libraries(),
+        "peak_rss_bytes": peak_rss_bytes(),
+        "duration_seconds": time.monotonic() - built.start,
+    }
+
+
+# --- layers: hidden states at named boundaries, and activation patching ------------------------
+
+LAYERS_FILE = "layers.safetensors"
+
+
+def decoder_stack(model):
+    """The text model holding embed_tokens, layers and norm: model.model, or deeper
+    (model.model.language_model) in a multimodal checkpoint."""
+    import torch
+
+    for _, module in model.named_modules():
+        if all(hasattr(module, a) for a in ("embed_tokens", "layers", "norm")) and \
+                isinstance(module.layers, torch.nn.ModuleList):
+            return module
+    raise WorkerError("layers.unsupported",
+                      f"{type(model).__name__} has no module with embed_tokens, layers and norm")
+
+
+def boundary_modules(model):
+    """[(name, module)] in forward order, named as transformers' modules under `model.`:
+    embedding, per layer N input_layernorm, self_attn or linear_attn, post_attention_layernorm,
+    mlp and the layer itself, then norm."""
+    stack = decoder_stack(model)
+    out = [("embedding", stack.embed_tokens)]
+    for n, layer in enumerate(stack.layers):
+        mixer = "linear_attn" if hasattr(layer, "linear_attn") else "self_attn"
+        parts = ["input_layernorm", mixer, "post_attention_layernorm", "mlp"]
+        absent = [p for p in parts if not hasattr(layer, p)]
+        if absent:
+            raise WorkerError("layers.unsupported",
+                              f"layers.{n} ({type(layer).__name__}) has no {', '.join(absent)}")
+        out += [(f"layers.{n}.{p}", getattr(layer, p)) for p in parts]
+        out.append((f"layers.{n}", layer))
+    out.append(("norm", stack.norm))
+    return out
+
+
+def first_output(output):
+    """The hidden state a module returns: attention blocks return (output, weights)."""
+    return output[0] if isinstance(output, tuple) else output
+
+
+def capture_hooks(modules, rows, store):
+    """Forward hooks keeping each boundary's rows, widened to float32 (never rounded), in store;
+    rows "last" keeps [1, hidden], "all" [T, hidden]. Returns the handles to remove."""
+    import torch
+
+    def hook_for(name):
+        def hook(module, args, output):
+            hidden = first_output(output)[0]
+            kept = hidden[-1:] if rows == "last" else hidden
+            store[name] = kept.detach().to("cpu", torch.float32, copy=True).contiguous()
+        return hook
+
+    return [module.register_forward_hook(hook_for(name)) for name, module in modules]
+
+
+def substitute_hook(rows, counts):
+    """A forward hook returning rows ([T, hidden], any float dtype) in place of the module's
+    output, converted to that output's dtype; counts["rounded"] is how many elements the
+    conversion changed."""
+    def hook(module, args, output):
+        hidden = first_output(output)
+        new = rows.to(device=hidden.device, dtype=hidden.dtype).reshape(hidden.shape)
+        counts["rounded"] = int((new.to(rows.device, rows.dtype) != rows).sum())
+        return (new,) + tuple(output[1:]) if isinstance(output, tuple) else new
+    return hook
+
+
+def last_argmax(logits):
+    """The lowest id among the largest of a last-position logits row (torch.argmax's rule)."""
+    import torch
+
+    return int(torch.argmax(logits))
+
+
+def write_safetensors(path, tensors, metadata):
+    """tensors: [(name, dtype "F32"/"BF16", shape, raw bytes)], laid out in the order given (the
+    safetensors package sorts by name, which would put layers.10 before layers.2)."""
+    header, offset = ({"__metadata__": dict(metadata)} if metadata else {}), 0
+    for name, dtype, shape, data in tensors:
+        header[name] = {"dtype": dtype, "shape": list(shape),
+                        "data_offsets": [offset, offset + len(data)]}
+        offset += len(data)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * ((8 - len(text) % 8) % 8)
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(len(text).to_bytes(8, "little"))
+        f.write(text)
+        for _, _, _, data in tensors:
+            f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.rename(tmp, path)
+
+
+def tensor_bytes(t):
+    """Raw little-endian bytes of a CPU tensor (bfloat16 through its int16 view)."""
+    import torch
+
+    t = t.contiguous()
+    return (t.view(torch.int16) if t.dtype == torch.bfloat16 else t).numpy().tobytes()
+
+
+def safetensors_metadata(data, name):
+    """The __metadata__ of a safetensors file's bytes ({} when it has none)."""
+    try:
+        size = int.from_bytes(data[:8], "little")
+        header = json.loads(data[8:8 + size])
+    except (ValueError, UnicodeDecodeError) as e:
+        raise WorkerError("request.bad_layer_rows", f"{name} has no safetensors header: {e}") from e
+    return header.get("__metadata__") or {}
+
+
+def read_engine_rows(patch, names, ids, hidden):
+    """The engine's rows file (patch.fd): every tensor named by a boundary, F32 or BF16, shape
+    [T, hidden] (or [hidden] for T = 1), finite. Returns ({name: tensor}, the file's sha256)."""
+    import safetensors.torch
+    import torch
+
+    data = read_fd(patch["fd"], "the engine's rows file")
+    expected_ids = canonical_ids_sha256(ids)
+    given_ids = safetensors_metadata(data, "the engine's rows file").get("input_token_ids_sha256")
+    if given_ids is not None and given_ids != expected_ids:
+        raise WorkerError("request.bad_layer_rows",
+                          f"the engine's rows file's __metadata__ input_token_ids_sha256 is "
+                          f"{given_ids}, not the input's {expected_ids}")
+    try:
+        tensors = safetensors.torch.load(data)
+    except Exception as e:  # safetensors' own error types differ across versions
+        raise WorkerError("request.bad_layer_rows", f"the engine's rows file: {e}") from e
+    t, shapes = len(ids), ([len(ids), hidden],) + (([hidden],) if len(ids) == 1 else ())
+    for name, tensor in tensors.items():
+        if name not in names:
+            raise WorkerError("request.bad_layer_rows", f"tensor {name!r} is not a boundary of the model")
+        if tensor.dtype not in (torch.float32, torch.bfloat16):
+            raise WorkerError("request.bad_layer_rows",
+                              f"tensor {name!r} has dtype {tensor.dtype}, not F32 or BF16")
+        if list(tensor.shape) not in shapes:
+            raise WorkerError("request.bad_layer_rows",
+                              f"tensor {name!r} has shape {list(tensor.shape)}; patching "
+                              f"substitutes all {t} positions and needs [{t}, {hidden}]")
+        if not torch.isfinite(tensor).all():
+            raise WorkerError("request.bad_layer_rows", f"tensor {name!r} has a non-finite element")
+    return tensors, sha256_id(data)
+
+
+def patch_boundaries(patch, names, tensors):
+    """The boundaries to patch, checked: known, in forward order, each in the engine's file."""
+    order = {name: i for i, name in enumerate(names)}
+    wanted = patch["boundaries"]
+    for name in wanted:
+        if name not in order:
+            raise WorkerError("request.bad_layer_rows",
+                              f"patch.boundaries names {name!r}, not a boundary of the model")
+        if name not in tensors:
+            raise WorkerError("request.bad_layer_rows",
+                              f"patch.boundaries names {name!r}; the engine's rows file has no "
+                              "tensor of that name")
+    if [order[n] for n in wanted] != sorted({order[n] for n in wanted}):
+        raise WorkerError("input.invalid",
+                          "patch.boundaries are not distinct boundaries in forward order")
+    return [(order[n], n) for n in wanted]
+
+
+def run_patching(model, modules, ids_tensor, patch, tensors, file_sha256):
+    """One forward per boundary with the engine's rows substituted there (first_flip and
+    last_hold are the job's to derive, as from assay-oracle's)."""
+    import torch
+
+    candidate = int(patch["candidate_token_id"])
+    by_name = dict(modules)
+    rows, start = [], time.monotonic()
+    for index, name in patch_boundaries(patch, [n for n, _ in modules], tensors):
+        counts = {"rounded": 0}
+        handle = by_name[name].register_forward_hook(substitute_hook(tensors[name], counts))
+        began = time.monotonic()
+        try:
+            with torch.inference_mode():
+                out = model(input_ids=ids_tensor, use_cache=False)
+        finally:
+            handle.remove()
+        argmax = last_argmax(out.logits[0, -1].float())
+        rows.append({"index": index, "name": name, "argmax_token_id": argmax,
+                     "becomes_candidate": argmax == candidate,
+                     "seconds": time.monotonic() - began,
+                     "rounded_elements": counts["rounded"]})
+    return {"candidate_token_id": candidate, "file_sha256": file_sha256, "forwards": len(rows),
+            "seconds": time.monotonic() - start, "boundaries": rows}
+
+
+def layers(doc, workdir):
+    built = build_model(doc, workdir)
+    import torch
+
+    model = built.model
+    load_seconds = time.monotonic() - built.start
+    rows = doc["rows"]
+    if rows not in ("last", "all"):
+        raise WorkerError("input.invalid", f"rows {rows!r} is not \"last\" or \"all\"")
+    modules = boundary_modules(model)
+    names = [name for name, _ in modules]
+    embed = decoder_stack(model).embed_tokens
+    vocab, hidden = int(embed.num_embeddings), int(embed.embedding_dim)
+    ids = [int(i) for i in doc["token_ids"]]
+    check_token_ids(ids, vocab, "token_ids")
+    patch = doc.get("patch")
+    tensors, file_sha256 = (read_engine_rows(patch, set(names), ids, hidden) if patch else
+                            (None, None))
+    if patch and not 0 <= int(patch["candidate_token_id"]) < vocab:
+        raise WorkerError("request.invalid_token_id",
+                          f"patch.candidate_token_id = {patch['candidate_token_id']} is outside "
+                          f"the vocabulary [0, {vocab})")
+
+    ids_tensor = torch.tensor([ids], device=built.device)
+    store = {}
+    handles = capture_hooks(modules, rows, store)
+    forward_start = time.monotonic()
+    try:
+        with torch.inference_mode():
+            out = model(input_ids=ids_tensor, use_cache=False)
+    finally:
+        for handle in handles:
+            handle.remove()
+    logits = out.logits[0, -1].float().cpu().contiguous()
+    forward_seconds = time.monotonic() - forward_start
+    if not torch.isfinite(logits).all():
+        raise WorkerError("oracle.non_finite_logits", "the last position has non-finite logits")
+    argmax = last_argmax(logits)
+
+    entries, boundaries = [], []
+    for index, name in enumerate(names):
+        data = tensor_bytes(store[name])
+        entries.append((name, "F32", store[name].shape, data))
+        boundaries.append({"index": index, "name": name, "shape": list(store[name].shape),
+                           "sha256": sha256_id(data)})
+    write_safetensors(os.path.join(workdir, LAYERS_FILE), entries,
+                      {"input_token_ids_sha256": canonical_ids_sha256(ids), "rows": rows})
+    del store, entries
+
+    patching = (run_patching(model, modules, ids_tensor, patch, tensors, file_sha256)
+                if patch else None)
+    return {
+        **execution_fields(built),
+        "schema": "assay.oracle-layers-output.v1",
+        "rows": rows,
+        "input_token_count": len(ids),
+        "input_token_ids_sha256": canonical_ids_sha256(ids),
+        "hidden_size": hidden,
+        "vocab_size": int(logits.numel()),
+        "rows_file": LAYERS_FILE,
+        "boundaries": boundaries,
+        "logits_sha256": sha256_id(logits.numpy().tobytes()),
+        "argmax_token_id": argmax,
+        "argmax_logit": float(logits[argmax]),
+        "patching": patching,
+        "load_seconds": load_seconds,
+        "forward_seconds": forward_seconds,
+        "peak_rss_bytes": peak_rss_bytes(),
+        "duration_seconds": time.monotonic() - built.start,
     }
 
 
 def main(argv):
     modes = {"render-prompt": ("assay.prompt-check-input.v1", render_prompt),
-             "next-token": ("assay.oracle-input.v1", next_token)}
+             "next-token": ("assay.oracle-input.v1", next_token),
+             "layers": ("assay.oracle-layers-input.v1", layers)}
     if len(argv) != 6 or argv[1] not in modes or argv[2] != "--input" or \
             argv[4] != "--workdir":
         print(__doc__.strip(), file=sys.stderr)

@@ -1,0 +1,275 @@
+#include "worker/attribution.h"
+
+#include <cmath>
+
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+
+#include "common/error.h"
+#include "common/fs.h"
+#include "common/identity.h"
+#include "common/protocol.h"
+#include "common/request.h"
+#include "common/safetensors.h"
+#include "worker/run.h"
+
+namespace assay::oracle {
+
+using common::Error;
+using common::Json;
+
+LayersInput parse_layers_input(const Json& doc) {
+  const std::string where = "input.json";
+  if (!doc.is_object()) throw Error("input.invalid", where + ": not an object");
+  common::reject_unknown_fields(
+      doc, {"schema", "model_dir", "model_fds", "token_ids", "rows", "execution", "patch"}, where);
+  std::string schema = common::require_string(doc, "schema", where);
+  if (schema != common::kOracleLayersInput)
+    throw Error("input.invalid", where + ": schema \"" + schema + "\" is not \"" +
+                                     std::string(common::kOracleLayersInput) + "\"");
+  LayersInput in;
+  in.model_dir = common::require_string(doc, "model_dir", where);
+  if (!in.model_dir.is_absolute())
+    throw Error("input.invalid",
+                where + ": model_dir \"" + in.model_dir.string() + "\" must be an absolute path");
+  in.model_fds = parse_optional_model_fds(doc, where);
+  const Json& ids = common::require(doc, "token_ids", where);
+  if (!ids.is_array() || ids.empty())
+    throw Error("input.invalid", where + ": token_ids must be a non-empty array");
+  for (std::size_t k = 0; k < ids.size(); ++k) {
+    if (!ids[k].is_number_integer())
+      throw Error("input.invalid", where + ": token_ids[" + std::to_string(k) +
+                                       "] is not an integer: " + ids[k].dump());
+    in.token_ids.push_back(ids[k].get<std::int64_t>());
+  }
+  std::string rows = common::require_string(doc, "rows", where);
+  if (rows != "last" && rows != "all")
+    throw Error("input.invalid", where + ": rows \"" + rows + "\" is not \"last\" or \"all\"");
+  in.rows = rows == "last" ? common::LayerRows::kLast : common::LayerRows::kAll;
+  in.execution = parse_execution(common::require(doc, "execution", where), where + " execution");
+  if (auto it = doc.find("patch"); it != doc.end() && !it->is_null()) {
+    const std::string w = where + " patch";
+    if (!it->is_object()) throw Error("input.invalid", w + ": not an object");
+    common::reject_unknown_fields(*it, {"fd", "boundaries", "candidate_token_id"}, w);
+    LayersInput::Patch p;
+    p.fd = static_cast<int>(common::require_int(*it, "fd", w));
+    if (p.fd < 3) throw Error("input.invalid", w + ": fd " + std::to_string(p.fd) + " is below 3");
+    const Json& names = common::require(*it, "boundaries", w);
+    if (!names.is_array() || names.empty())
+      throw Error("input.invalid", w + ": boundaries must be a non-empty array");
+    for (const Json& n : names) {
+      if (!n.is_string()) throw Error("input.invalid", w + ": boundaries holds " + n.dump());
+      p.boundaries.push_back(n.get<std::string>());
+    }
+    p.candidate_token_id = common::require_int(*it, "candidate_token_id", w);
+    if (in.rows != common::LayerRows::kAll)
+      throw Error("input.invalid", w + ": patching needs rows \"all\"");
+    in.patch = std::move(p);
+  }
+  return in;
+}
+
+namespace {
+
+// Keeps each boundary's rows, F32 on the CPU: bf16 values widened, never re-rounded.
+class CaptureProbe final : public Probe {
+ public:
+  explicit CaptureProbe(bool last_only) : last_only_(last_only) {}
+  at::Tensor at(const std::string& boundary, const at::Tensor& value) override {
+    at::Tensor rows = value[0];
+    if (last_only_) rows = rows.narrow(0, rows.size(0) - 1, 1);
+    names.push_back(boundary);
+    // copy = true: a float32 value is copied too, never kept as a view of the forward's tensor.
+    this->rows.push_back(
+        rows.to(at::kCPU).to(at::kFloat, /*non_blocking=*/false, /*copy=*/true).contiguous());
+    return value;
+  }
+  std::vector<std::string> names;
+  std::vector<at::Tensor> rows;
+
+ private:
+  bool last_only_;
+};
+
+// Substitutes the engine's rows [T, hidden] at one boundary, in the dtype the forward has there.
+class PatchProbe final : public Probe {
+ public:
+  PatchProbe(std::string boundary, at::Tensor engine)
+      : boundary_(std::move(boundary)), engine_(std::move(engine)) {}
+  at::Tensor at(const std::string& boundary, const at::Tensor& value) override {
+    if (boundary != boundary_) return value;
+    if (value.size(1) != engine_.size(0) || value.size(2) != engine_.size(1))
+      throw Error("request.bad_layer_rows", "tensor \"" + boundary_ + "\" has shape " +
+                                                c10::str(engine_.sizes()) + ", the forward has " +
+                                                c10::str(value.sizes()) + " there");
+    at::Tensor substituted = engine_.to(value.scalar_type()).to(value.device()).unsqueeze(0);
+    rounded = at::ne(substituted.to(at::kCPU).to(at::kFloat)[0], engine_.to(at::kFloat))
+                  .sum()
+                  .item<std::int64_t>();
+    seen = true;
+    return substituted;
+  }
+  bool seen = false;
+  std::int64_t rounded = 0;
+
+ private:
+  std::string boundary_;
+  at::Tensor engine_;
+};
+
+// The last position's F32 logits of hidden states [1, T, hidden], computed over all T rows as
+// next-token computes them (a GEMM may pick other kernels for one row).
+at::Tensor last_logits(Model& model, const at::Tensor& hidden) {
+  at::Tensor logits = model.lm_head(hidden);
+  return logits[0].to(at::kFloat).to(at::kCPU).contiguous()[-1].contiguous();
+}
+
+// The lowest id among the largest logits; Error("oracle.non_finite_logits") on a NaN.
+std::int64_t argmax_of(const at::Tensor& last, const std::string& what) {
+  const float* v = last.data_ptr<float>();
+  std::int64_t best = 0;
+  for (std::int64_t i = 0; i < last.numel(); ++i) {
+    if (std::isnan(v[i]))
+      throw Error("oracle.non_finite_logits", what + ": logit " + std::to_string(i) + " is NaN");
+    if (v[i] > v[best]) best = i;
+  }
+  return best;
+}
+
+std::string f32_sha256(const at::Tensor& t) {
+  return common::sha256_id(t.data_ptr<float>(), static_cast<std::size_t>(t.numel()) * 4);
+}
+
+// The engine's rows of one boundary as a [T, hidden] tensor, checked.
+at::Tensor engine_rows(const common::SafetensorsFile& file, const std::string& name, std::int64_t t,
+                       std::int64_t hidden) {
+  auto bad = [&](const std::string& m) {
+    throw Error("request.bad_layer_rows", "the engine's rows file: tensor \"" + name + "\" " + m);
+  };
+  const common::TensorView* v = file.find(name);
+  if (!v) bad("is missing (it was named for patching)");
+  if (v->shape != std::vector<std::int64_t>{t, hidden})
+    bad("has shape " + c10::str(c10::IntArrayRef(v->shape)) + ", not [" + std::to_string(t) + ", " +
+        std::to_string(hidden) + "]");
+  at::ScalarType dtype;
+  if (v->dtype == common::Dtype::kF32)
+    dtype = at::kFloat;
+  else if (v->dtype == common::Dtype::kBF16)
+    dtype = at::kBFloat16;
+  else
+    bad("has dtype " + std::string(common::dtype_name(v->dtype)) + ", not F32 or BF16");
+  at::Tensor rows =
+      at::from_blob(const_cast<std::byte*>(v->data), {t, hidden}, at::TensorOptions(dtype)).clone();
+  at::Tensor finite = at::isfinite(rows.to(at::kFloat));
+  if (!finite.all().item<bool>()) {
+    auto at_ = at::nonzero(at::logical_not(finite))[0];
+    bad("is not finite at row " + std::to_string(at_[0].item<std::int64_t>()) + ", column " +
+        std::to_string(at_[1].item<std::int64_t>()));
+  }
+  return rows;
+}
+
+}  // namespace
+
+void run_layers(const LayersInput& in, const std::filesystem::path& dir) {
+  ModelFiles files = open_model_files(in.model_dir, in.model_fds);
+  ExecOptions options = prepare_execution(in.execution, files);
+  auto t0 = Clock::now();
+  LoadedModel loaded = load_model(files, options, io_threads());
+  double load_seconds = seconds_since(t0);
+  Model& model = *loaded.model;
+  const std::int64_t vocab = model.vocab_size(), hidden = model.hidden_size();
+  const auto t = static_cast<std::int64_t>(in.token_ids.size());
+  check_token_ids(in.token_ids, vocab, "token_ids");
+  if (in.patch && (in.patch->candidate_token_id < 0 || in.patch->candidate_token_id >= vocab))
+    throw Error("request.invalid_token_id", "patch.candidate_token_id " +
+                                                std::to_string(in.patch->candidate_token_id) +
+                                                " is outside [0, " + std::to_string(vocab) + ")");
+
+  c10::InferenceMode guard;
+  at::Tensor input = at::tensor(in.token_ids, at::kLong).unsqueeze(0).to(options.device);
+  auto t1 = Clock::now();
+  CaptureProbe capture(in.rows == common::LayerRows::kLast);
+  at::Tensor last = last_logits(model, model.hidden_states(input, &capture));
+  double forward_seconds = seconds_since(t1);
+  std::int64_t argmax = argmax_of(last, "the reference forward");
+
+  const std::string ids_sha = common::token_ids_sha256(in.token_ids);
+  Json boundaries = Json::array();
+  std::vector<common::TensorToWrite> tensors;
+  for (std::size_t i = 0; i < capture.names.size(); ++i) {
+    const at::Tensor& r = capture.rows[i];
+    std::vector<std::int64_t> shape{r.size(0), r.size(1)};
+    if (shape[1] != hidden)
+      throw Error("oracle.internal", "boundary " + capture.names[i] + " has rows " +
+                                         c10::str(r.sizes()) + ", hidden_size is " +
+                                         std::to_string(hidden));
+    boundaries.push_back(Json{
+        {"index", i}, {"name", capture.names[i]}, {"shape", shape}, {"sha256", f32_sha256(r)}});
+    tensors.push_back({capture.names[i],
+                       common::Dtype::kF32,
+                       shape,
+                       {reinterpret_cast<const std::byte*>(r.data_ptr<float>()),
+                        static_cast<std::size_t>(r.numel()) * sizeof(float)}});
+  }
+  common::write_safetensors(
+      dir / common::kLayerArtifactFileName, tensors,
+      {{"input_token_ids_sha256", ids_sha}, {"rows", std::string(layer_rows_name(in.rows))}});
+
+  Json patching = nullptr;
+  if (in.patch) {
+    common::SafetensorsFile file =
+        common::SafetensorsFile::open_fd(in.patch->fd, "the engine's rows file");
+    std::string file_sha = common::sha256_id(file.image().data(), file.image().size());
+    Json done = Json::array();
+    auto tp = Clock::now();
+    for (const std::string& name : in.patch->boundaries) {
+      auto index = std::find(capture.names.begin(), capture.names.end(), name);
+      if (index == capture.names.end())
+        throw Error("request.bad_layer_rows",
+                    "patch boundary \"" + name + "\" is not a boundary of this model");
+      auto tb = Clock::now();
+      PatchProbe probe(name, engine_rows(file, name, t, hidden));
+      std::int64_t patched = argmax_of(last_logits(model, model.hidden_states(input, &probe)),
+                                       "the forward patched at " + name);
+      if (!probe.seen)
+        throw Error("oracle.internal", "the forward never passed boundary \"" + name + "\"");
+      done.push_back(Json{{"index", index - capture.names.begin()},
+                          {"name", name},
+                          {"argmax_token_id", patched},
+                          {"becomes_candidate", patched == in.patch->candidate_token_id},
+                          {"seconds", seconds_since(tb)},
+                          {"rounded_elements", probe.rounded}});
+    }
+    patching = Json{{"candidate_token_id", in.patch->candidate_token_id},
+                    {"file_sha256", file_sha},
+                    {"forwards", done.size()},
+                    {"seconds", seconds_since(tp)},
+                    {"boundaries", std::move(done)}};
+  }
+
+  Json out{{"schema", common::kOracleLayersOutput},
+           {"architecture", model.architecture()},
+           {"model_type", loaded.model_type},
+           {"rows", layer_rows_name(in.rows)},
+           {"input_token_count", t},
+           {"input_token_ids_sha256", ids_sha},
+           {"hidden_size", hidden},
+           {"vocab_size", vocab},
+           {"rows_file", common::kLayerArtifactFileName},
+           {"boundaries", std::move(boundaries)},
+           {"logits_sha256", f32_sha256(last)},
+           {"argmax_token_id", argmax},
+           {"argmax_logit", last.data_ptr<float>()[argmax]},
+           {"patching", std::move(patching)},
+           {"bytes_used", bytes_used(files, loaded.weight_files)}};
+  add_execution_report(out, options, in.execution.threads, model.attention_implementation(),
+                       model.linear_attention_implementation());
+  out["load_seconds"] = load_seconds;
+  out["forward_seconds"] = forward_seconds;
+  out["peak_rss_bytes"] = peak_rss_bytes();
+  out["duration_seconds"] = seconds_since(kStart);
+  common::atomic_write_file(dir / protocol::kOutputFile, out.dump(2) + "\n");
+}
+
+}  // namespace assay::oracle

@@ -285,12 +285,10 @@ Job& JobStore::create(Job job, const std::string& request_canonical,
   files.insert(files.end(), extra.begin(), extra.end());
   files.emplace_back(std::string(kEventsFile), event_lines(job.events, 0));
   files.emplace_back("job.json", common::canonical(job.to_json()));
-  if (std::error_code ec; fs::exists(dir, ec)) {
-    // A leftover of a job that did not load: replace its files one by one, job.json last.
-    for (const auto& [name, content] : files) common::atomic_write_file(dir / name, content, 0600);
-  } else {
-    create_dir_durably(dir, files);
-  }
+  // A leftover of a job that did not load goes whole: none of its files (an earlier admission's
+  // checks.json, a result, a workspace) may pass for the new job's.
+  if (std::error_code ec; fs::exists(dir, ec)) fs::remove_all(dir, ec);
+  create_dir_durably(dir, files);
   job.events_logged = job.events.size();
   common::fsync_directory(jobs_dir_);
   by_key_[job.key] = job.id;

@@ -57,32 +57,11 @@ class NextTokenPipeline final : public Pipeline {
     };
     // "both": the libtorch oracle makes the result; transformers runs the same input after it
     // and the result says whether their logits agree bit for bit.
-    Step oracle{.role = "oracle",
-                .worker = backend == "transformers" ? config_.hf_worker : config_.oracle_worker,
-                .mode = "next-token",
-                .model_dir = model_dir_,
-                .open_files = {},
-                .input = input,
-                .move_in = {},
-                .accept = [this](Json output, const contain::Evidence& evidence) {
-                  check_bytes_used(output, fingerprint_, "oracle");
-                  check_configuration(output, "oracle");
-                  oracle_ = std::move(output);
-                  oracle_evidence_ = evidence;
-                }};
-    Step second{.role = "oracle-transformers",
-                .worker = config_.hf_worker,
-                .mode = "next-token",
-                .model_dir = model_dir_,
-                .open_files = {},
-                .input = input,
-                .move_in = {},
-                .accept = [this](Json output, const contain::Evidence& evidence) {
-                  check_bytes_used(output, fingerprint_, "oracle-transformers");
-                  check_configuration(output, "oracle-transformers");
-                  second_ = std::move(output);
-                  second_evidence_ = evidence;
-                }};
+    Step oracle =
+        oracle_step("oracle", backend == "transformers" ? config_.hf_worker : config_.oracle_worker,
+                    input, oracle_, oracle_evidence_);
+    Step second =
+        oracle_step("oracle-transformers", config_.hf_worker, input, second_, second_evidence_);
     std::vector<Step> steps;
     steps.push_back(std::move(fingerprint));
     if (!prompt_check_applies(request_))
@@ -114,6 +93,25 @@ class NextTokenPipeline final : public Pipeline {
   }
 
  private:
+  // A next-token worker run over the oracle's input, its bytes and configuration checked, kept
+  // in `output` and `evidence` (members: they outlive the step).
+  Step oracle_step(const std::string& role, const fs::path& worker, std::function<Json()> input,
+                   Json& output, std::optional<contain::Evidence>& evidence) {
+    return Step{.role = role,
+                .worker = worker,
+                .mode = "next-token",
+                .model_dir = model_dir_,
+                .open_files = {},
+                .input = std::move(input),
+                .move_in = {},
+                .accept = [this, role, &output, &evidence](Json out, const contain::Evidence& e) {
+                  check_bytes_used(out, fingerprint_, role);
+                  check_configuration(out, role);
+                  output = std::move(out);
+                  evidence = e;
+                }};
+  }
+
   const Config& config_;
   fs::path job_dir_;
   std::string model_dir_;

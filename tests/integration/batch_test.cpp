@@ -63,9 +63,7 @@ std::string logits_bytes(const fs::path& file) {
 }
 
 std::string validate(const std::string& schema, const fs::path& doc) {
-  return run_capture(std::string(ASSAY_PYTHON3) + " " + ASSAY_SOURCE_DIR +
-                     "/tests/tools/validate_schema.py " + ASSAY_SOURCE_DIR + "/schemas/" + schema +
-                     ".schema.json " + doc.string());
+  return validate_schemas({{schema, doc}});
 }
 
 // The batch oracle's pid, seen from here (it runs in its own PID namespace): 0 when none runs.

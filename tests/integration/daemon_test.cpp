@@ -352,13 +352,11 @@ TEST_CASE("a real job runs both contained workers and returns a verifiable signe
   // Every document the daemon wrote validates against its schema.
   fs::path dir = d.state() / "jobs" / id;
   std::string validate =
-      run_capture(std::string(ASSAY_PYTHON3) + " " + ASSAY_SOURCE_DIR +
-                  "/tests/integration/validate_schemas.py " + ASSAY_SOURCE_DIR +
-                  "/schemas next-token-oracle-result=" + (dir / "result.json").string() +
-                  " next-token-request=" + (dir / "request.json").string() +
-                  " fingerprint-input=" + (dir / "fingerprint" / "input.json").string() +
-                  " oracle-input=" + (dir / "oracle" / "input.json").string() +
-                  " process-containment=" + (dir / "oracle" / "evidence.json").string());
+      validate_schemas({{"next-token-oracle-result", (dir / "result.json")},
+                        {"next-token-request", (dir / "request.json")},
+                        {"fingerprint-input", (dir / "fingerprint" / "input.json")},
+                        {"oracle-input", (dir / "oracle" / "input.json")},
+                        {"process-containment", (dir / "oracle" / "evidence.json")}});
   CHECK_MESSAGE(validate.rfind("0:", 0) == 0, validate);
 
   // Kiln v2's evidence, measured: the source tree, the bytes of every executable and of the
@@ -611,13 +609,11 @@ TEST_CASE(
   // Every document of the job validates against its schema.
   fs::path dir = d.state() / "jobs" / id;
   std::string validate =
-      run_capture(std::string(ASSAY_PYTHON3) + " " + ASSAY_SOURCE_DIR +
-                  "/tests/integration/validate_schemas.py " + ASSAY_SOURCE_DIR +
-                  "/schemas next-token-oracle-result=" + (dir / "result.json").string() +
-                  " kiln-next-token-request=" + (dir / "request.json").string() +
-                  " prompt-check-input=" + (dir / "prompt" / "input.json").string() +
-                  " prompt-check-output=" + (dir / "prompt" / "output.json").string() +
-                  " process-containment=" + (dir / "prompt" / "evidence.json").string());
+      validate_schemas({{"next-token-oracle-result", (dir / "result.json")},
+                        {"kiln-next-token-request", (dir / "request.json")},
+                        {"prompt-check-input", (dir / "prompt" / "input.json")},
+                        {"prompt-check-output", (dir / "prompt" / "output.json")},
+                        {"process-containment", (dir / "prompt" / "evidence.json")}});
   CHECK_MESSAGE(validate.rfind("0:", 0) == 0, validate);
 
   // The same Kiln request through both backends: the prompt check passes, both oracles run on
@@ -639,10 +635,8 @@ TEST_CASE(
   CHECK(both_result["implementation"]["executables"].contains("assay-hf-worker"));
   fs::path both_dir = d.state() / "jobs" / job["id"].get<std::string>();
   std::string both_valid =
-      run_capture(std::string(ASSAY_PYTHON3) + " " + ASSAY_SOURCE_DIR +
-                  "/tests/integration/validate_schemas.py " + ASSAY_SOURCE_DIR +
-                  "/schemas next-token-oracle-result=" + (both_dir / "result.json").string() +
-                  " oracle-output=" + (both_dir / "oracle-transformers" / "output.json").string());
+      validate_schemas({{"next-token-oracle-result", (both_dir / "result.json")},
+                        {"oracle-output", (both_dir / "oracle-transformers" / "output.json")}});
   CHECK_MESSAGE(both_valid.rfind("0:", 0) == 0, both_valid);
 
   job = submit(altered);
@@ -730,13 +724,10 @@ TEST_CASE(
       CHECK_MESSAGE(v.rfind("0:", 0) == 0, v);
     }
     fs::path dir = d.state() / "jobs" / id;
-    std::string validate =
-        run_capture(std::string(ASSAY_PYTHON3) + " " + ASSAY_SOURCE_DIR +
-                    "/tests/integration/validate_schemas.py " + ASSAY_SOURCE_DIR +
-                    "/schemas next-token-oracle-result=" + (dir / "result.json").string() +
-                    " next-token-request=" + (dir / "request.json").string() +
-                    " oracle-input=" + (dir / "oracle" / "input.json").string() +
-                    " oracle-output=" + (dir / "oracle" / "output.json").string());
+    std::string validate = validate_schemas({{"next-token-oracle-result", (dir / "result.json")},
+                                             {"next-token-request", (dir / "request.json")},
+                                             {"oracle-input", (dir / "oracle" / "input.json")},
+                                             {"oracle-output", (dir / "oracle" / "output.json")}});
     CHECK_MESSAGE(validate.rfind("0:", 0) == 0, validate);
   }
 

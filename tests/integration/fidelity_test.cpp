@@ -212,15 +212,13 @@ TEST_CASE("fidelity: a 4-bit copy of the reference, with reproduction confirmati
 
   // Every document of the job validates against its schema.
   std::string validate =
-      run_capture(std::string(ASSAY_PYTHON3) + " " + ASSAY_SOURCE_DIR +
-                  "/tests/integration/validate_schemas.py " + ASSAY_SOURCE_DIR +
-                  "/schemas fidelity-result=" + (dir / "result.json").string() +
-                  " fidelity-request=" + (dir / "request.json").string() +
-                  " oracle-capture-input=" + (dir / "capture-reference" / "input.json").string() +
-                  " oracle-capture-output=" + (dir / "capture-candidate" / "output.json").string() +
-                  " compare-input=" + (dir / "compare" / "input.json").string() +
-                  " compare-output=" + (dir / "compare" / "output.json").string() +
-                  " process-containment=" + (dir / "compare" / "evidence.json").string());
+      validate_schemas({{"fidelity-result", (dir / "result.json")},
+                        {"fidelity-request", (dir / "request.json")},
+                        {"oracle-capture-input", (dir / "capture-reference" / "input.json")},
+                        {"oracle-capture-output", (dir / "capture-candidate" / "output.json")},
+                        {"compare-input", (dir / "compare" / "input.json")},
+                        {"compare-output", (dir / "compare" / "output.json")},
+                        {"process-containment", (dir / "compare" / "evidence.json")}});
   CHECK_MESSAGE(validate.rfind("0:", 0) == 0, validate);
 
   // The captures were scratch: no logits are left in the workspaces.
@@ -252,10 +250,8 @@ TEST_CASE(
   CHECK(m["top1_agreement"].get<double>() == 1.0);
   CHECK(result["candidate"]["kind"] == "logits");
   CHECK(result["candidate"]["logits_files"][0]["file_sha256"] == common::sha256_file_id(fa));
-  std::string validate = run_capture(
-      std::string(ASSAY_PYTHON3) + " " + ASSAY_SOURCE_DIR +
-      "/tests/integration/validate_schemas.py " + ASSAY_SOURCE_DIR + "/schemas fidelity-result=" +
-      (d.state() / "jobs" / job["id"].get<std::string>() / "result.json").string());
+  std::string validate = validate_schemas(
+      {{"fidelity-result", (d.state() / "jobs" / job["id"].get<std::string>() / "result.json")}});
   CHECK_MESSAGE(validate.rfind("0:", 0) == 0, validate);
   // The capture and `assay-oracle logits` computed the same bytes.
   CHECK(result["candidate"]["logits_files"][0]["logits_sha256"] ==
@@ -465,9 +461,7 @@ std::vector<std::int64_t> spark_ids(std::int64_t n, std::int64_t seed) {
 }
 
 std::string validate_result(const fs::path& result) {
-  return run_capture(std::string(ASSAY_PYTHON3) + " " + ASSAY_SOURCE_DIR +
-                     "/tests/integration/validate_schemas.py " + ASSAY_SOURCE_DIR +
-                     "/schemas fidelity-result=" + result.string());
+  return validate_schemas({{"fidelity-result", result}});
 }
 
 const Json* threshold_gate(const Json& gates, const std::string& name) {

@@ -480,12 +480,14 @@ inline std::string run_capture(const std::string& cmd) {
   return std::to_string(WEXITSTATUS(st)) + ":" + out;
 }
 
-// Validates `doc` against schemas/<schema>.schema.json (tests/tools/validate_schema.py):
-// "0:" and its output when valid, else its exit status and the errors.
-inline std::string validate_schema(const std::string& schema, const fs::path& doc) {
-  return run_capture(std::string(ASSAY_PYTHON3) + " " + ASSAY_SOURCE_DIR +
-                     "/tests/tools/validate_schema.py " + ASSAY_SOURCE_DIR + "/schemas/" + schema +
-                     ".schema.json " + doc.string());
+// Validates each document against schemas/<name>.schema.json
+// (tests/integration/validate_schemas.py): "0:" and its output when all are valid, else its exit
+// status and the first failure.
+inline std::string validate_schemas(const std::vector<std::pair<std::string, fs::path>>& docs) {
+  std::string cmd = std::string(ASSAY_PYTHON3) + " " + ASSAY_SOURCE_DIR +
+                    "/tests/integration/validate_schemas.py " + ASSAY_SOURCE_DIR + "/schemas";
+  for (const auto& [name, path] : docs) cmd += " " + name + "=" + path.string();
+  return run_capture(cmd);
 }
 
 }  // namespace assay::test

@@ -186,7 +186,7 @@ TEST_CASE(
            {"layer-attribution-request", dir / "request.json"},
            {"oracle-layers-input", dir / "layers" / "input.json"},
            {"oracle-layers-output", dir / "layers" / "output.json"}}) {
-    std::string v = validate_schema(schema, doc);
+    std::string v = validate_schemas({{schema, doc}});
     CHECK_MESSAGE(v.rfind("0:", 0) == 0, schema << ": " << v);
   }
 

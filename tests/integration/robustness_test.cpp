@@ -331,6 +331,40 @@ TEST_SUITE("robustness") {
   }
 
   TEST_CASE(
+      "a job directory that did not load is replaced whole when its request comes again: no "
+      "stale checks.json or result survives into the new job") {
+    TempDir tmp;
+    fs::path model = tmp.path / "m";
+    fs::create_directories(model);
+    spit(model / "config.json", R"({"model_type":"llama","vocab_size":260})");
+    Daemon d(tmp.path / "state", tmp.path / "assayd.sock",
+             {"--containment", "none", "--fingerprint-worker", "/bin/false"});
+    REQUIRE_MESSAGE(d.start(), d.log());
+    Json request = next_token_request("leftover", model);
+    auto sub = request_json(d, request);
+    REQUIRE_MESSAGE(sub.status == 201, sub.body);
+    std::string id = sub.json()["id"];
+    REQUIRE(wait_job(d.socket(), id, terminal, 30)["state"] == "failed");
+    CHECK(d.stop_within(10) == 0);
+    fs::path dir = d.state() / "jobs" / id;
+    spit(dir / "job.json", "{not json");
+    spit(dir / "checks.json", R"({"receipts":"stale"})");
+    spit(dir / "result.json", R"({"stale":true})");
+    REQUIRE_MESSAGE(d.start(), d.log());
+    CHECK(request_get(d, "/v1/jobs/" + id).status == 404);
+    sub = request_json(d, request);
+    REQUIRE_MESSAGE(sub.status == 201, sub.body);
+    CHECK(sub.json()["id"] == id);
+    CHECK(wait_job(d.socket(), id, terminal, 30)["state"] == "failed");
+    // The new admission's own checks.json, not the planted one.
+    REQUIRE(fs::exists(dir / "checks.json"));
+    CHECK(slurp(dir / "checks.json").find("stale") == std::string::npos);
+    CHECK(common::parse_strict(slurp(dir / "checks.json"))["receipts"].is_object());
+    CHECK_FALSE(fs::exists(dir / "result.json"));
+    CHECK(fs::exists(dir / "request.json"));
+  }
+
+  TEST_CASE(
       "a job's events are appended to events.jsonl, not kept in job.json, and read back after a "
       "restart") {
     TempDir tmp;

@@ -115,10 +115,8 @@ TEST_CASE(
   CHECK(status["events"].dump().find("Slurm job") != std::string::npos);
   std::string metrics = request_get(*d, "/metrics").body;
   CHECK(metrics.find("assay_slurm_steps_submitted_total 2") != std::string::npos);
-  std::string validate = run_capture(std::string(ASSAY_PYTHON3) + " " + ASSAY_SOURCE_DIR +
-                                     "/tests/tools/validate_schema.py " + ASSAY_SOURCE_DIR +
-                                     "/schemas/next-token-oracle-result.schema.json " +
-                                     (d->state() / "jobs" / id / "result.json").string());
+  std::string validate =
+      validate_schemas({{"next-token-oracle-result", (d->state() / "jobs" / id / "result.json")}});
   CHECK_MESSAGE(validate.rfind("0:", 0) == 0, validate);
   if (have(kClient)) {
     spit(tmp.path / "result.json", reply.body);

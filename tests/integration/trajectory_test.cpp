@@ -147,20 +147,11 @@ TEST_CASE(
   std::memcpy(got.data(), argmax->data, argmax->nbytes);
   CHECK(got == ref);
 
-  std::string validate =
-      run_capture(std::string(ASSAY_PYTHON3) + " " + ASSAY_SOURCE_DIR +
-                  "/tests/tools/validate_schema.py " + ASSAY_SOURCE_DIR +
-                  "/schemas/trajectory-result.schema.json " + (dir / "result.json").string());
+  std::string validate = validate_schemas({{"trajectory-result", (dir / "result.json")}});
   CHECK_MESSAGE(validate.rfind("0:", 0) == 0, validate);
-  validate =
-      run_capture(std::string(ASSAY_PYTHON3) + " " + ASSAY_SOURCE_DIR +
-                  "/tests/tools/validate_schema.py " + ASSAY_SOURCE_DIR +
-                  "/schemas/trajectory-request.schema.json " + (dir / "request.json").string());
+  validate = validate_schemas({{"trajectory-request", (dir / "request.json")}});
   CHECK_MESSAGE(validate.rfind("0:", 0) == 0, validate);
-  validate = run_capture(std::string(ASSAY_PYTHON3) + " " + ASSAY_SOURCE_DIR +
-                         "/tests/tools/validate_schema.py " + ASSAY_SOURCE_DIR +
-                         "/schemas/fingerprint-output.schema.json " +
-                         (dir / "fingerprint" / "output.json").string());
+  validate = validate_schemas({{"fingerprint-output", (dir / "fingerprint" / "output.json")}});
   CHECK_MESSAGE(validate.rfind("0:", 0) == 0, validate);
 
   for (const auto& [schema, doc] : std::vector<std::pair<std::string, fs::path>>{
@@ -169,9 +160,7 @@ TEST_CASE(
            {"oracle-capture-input", dir / "capture-0" / "input.json"},
            {"oracle-capture-output", dir / "capture-1" / "output.json"},
            {"fingerprint-input", dir / "fingerprint" / "input.json"}}) {
-    validate = run_capture(std::string(ASSAY_PYTHON3) + " " + ASSAY_SOURCE_DIR +
-                           "/tests/tools/validate_schema.py " + ASSAY_SOURCE_DIR + "/schemas/" +
-                           schema + ".schema.json " + doc.string());
+    validate = validate_schemas({{schema, doc}});
     CHECK_MESSAGE(validate.rfind("0:", 0) == 0, schema << ": " << validate);
   }
 
@@ -209,9 +198,7 @@ TEST_CASE(
   fs::path input2 =
       d.state() / "jobs" / job2["id"].get<std::string>() / "fingerprint" / "input.json";
   CHECK(common::parse_strict(slurp(input2))["cache"].size() >= 3);
-  validate = run_capture(std::string(ASSAY_PYTHON3) + " " + ASSAY_SOURCE_DIR +
-                         "/tests/tools/validate_schema.py " + ASSAY_SOURCE_DIR +
-                         "/schemas/fingerprint-input.schema.json " + input2.string());
+  validate = validate_schemas({{"fingerprint-input", input2}});
   CHECK_MESSAGE(validate.rfind("0:", 0) == 0, validate);
 }
 

@@ -3,7 +3,8 @@
 
     validate_schemas.py SCHEMA_DIR NAME=FILE [NAME=FILE ...]
 
-NAME is a schema file name without ".schema.json". Exits 1 naming the first failure."""
+NAME is a schema file name without ".schema.json" (an unknown NAME fails). Documents with
+duplicate keys are rejected. Exits 1 naming the failures."""
 import json
 import os
 import sys
@@ -11,6 +12,15 @@ import sys
 import jsonschema
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
+
+
+def no_duplicates(pairs):
+    obj = {}
+    for key, value in pairs:
+        if key in obj:
+            raise ValueError("duplicate key %r" % key)
+        obj[key] = value
+    return obj
 
 
 def main():
@@ -28,10 +38,11 @@ def main():
         name, path = arg.split("=", 1)
         schema = store.get(name + ".schema.json")
         if schema is None:
-            print("no schema %s.schema.json: skipped %s" % (name, path))
+            print("no schema %s.schema.json in %s (for %s)" % (name, schema_dir, path))
+            failed += 1
             continue
         with open(path) as f:
-            doc = json.load(f)
+            doc = json.load(f, object_pairs_hook=no_duplicates)
         registry = Registry().with_resources(
             (uri, Resource.from_contents(s, default_specification=DRAFT202012))
             for uri, s in store.items() if "://" in uri)

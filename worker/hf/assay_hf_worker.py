@@ -78,14 +78,25 @@ def read_fd(fd, name, limit=None):
     return b"".join(chunks)
 
 
-def model_files(doc):
-    """(name, fd) of each model file: the descriptors assayd passed, else (on a Slurm node, where
-    descriptors do not reach) the directory's files opened by path."""
+def model_files(doc, wanted=None):
+    """(name, fd) of each model file whose name passes `wanted` (None: every file): the
+    descriptors assayd passed, else (on a Slurm node, where descriptors do not reach) the
+    directory's files opened by path, without following a link."""
+    keep = (lambda name: True) if wanted is None else wanted
     if "model_fds" in doc:
-        return [(e["name"], e["fd"]) for e in doc["model_fds"]]
+        return [(e["name"], e["fd"]) for e in doc["model_fds"] if keep(e["name"])]
     folder = doc["model_dir"]
-    return [(name, os.open(os.path.join(folder, name), os.O_RDONLY | os.O_NOFOLLOW))
-            for name in sorted(os.listdir(folder)) if name in TOKENIZER_FILES]
+    # O_NONBLOCK: a FIFO in the folder does not hang the open (reading it then fails).
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
+    return [(name, os.open(os.path.join(folder, name), flags))
+            for name in sorted(os.listdir(folder)) if keep(name)]
+
+
+def offline_home(workdir):
+    """No hub, no network, caches inside the workspace: set before transformers is imported."""
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["TRANSFORMERS_OFFLINE"] = "1"
+    os.environ["HF_HOME"] = os.path.join(workdir, "hf-home")
 
 
 def copy_tokenizer(doc, workdir):
@@ -93,9 +104,7 @@ def copy_tokenizer(doc, workdir):
     folder = os.path.join(workdir, "tokenizer")
     os.mkdir(folder, 0o700)
     files = {}
-    for name, fd in model_files(doc):
-        if name not in TOKENIZER_FILES:
-            continue
+    for name, fd in model_files(doc, lambda name: name in TOKENIZER_FILES):
         data = read_fd(fd, name, SMALL_FILE_LIMIT)
         with open(os.path.join(folder, name), "xb") as f:
             f.write(data)
@@ -139,9 +148,7 @@ def first_difference(tokenizer, expected, rendered):
 
 
 def render_prompt(doc, workdir):
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    os.environ["TRANSFORMERS_OFFLINE"] = "1"
-    os.environ["HF_HOME"] = os.path.join(workdir, "hf-home")
+    offline_home(workdir)
     start = time.monotonic()
     import tokenizers
     import transformers
@@ -334,9 +341,7 @@ def text_model_state(model, state):
 def build_model(doc, workdir):
     """AutoModelForCausalLM.from_config (eager, no remote code) with the weights of the
     descriptors (safetensors from bytes, hashed as read), under deterministic settings."""
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    os.environ["TRANSFORMERS_OFFLINE"] = "1"
-    os.environ["HF_HOME"] = os.path.join(workdir, "hf-home")
+    offline_home(workdir)
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     start = time.monotonic()
     import safetensors.torch
@@ -351,10 +356,7 @@ def build_model(doc, workdir):
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[dtype_name]
 
     # Every file once, from its descriptor, hashed as read: the bytes computed with.
-    files = {name: fd for name, fd in
-             ([(e["name"], e["fd"]) for e in doc["model_fds"]] if "model_fds" in doc else
-              [(n, os.open(os.path.join(doc["model_dir"], n), os.O_RDONLY | os.O_NOFOLLOW))
-               for n in os.listdir(doc["model_dir"])])}
+    files = dict(model_files(doc))
     if "config.json" not in files:
         raise WorkerError("model.missing_fd", "the model has no config.json")
     config_bytes = read_fd(files["config.json"], "config.json", SMALL_FILE_LIMIT)

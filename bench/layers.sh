@@ -130,6 +130,9 @@ for case in cases:
         "all_bitwise": full["first_non_bitwise"] is None and last["first_non_bitwise"] is None,
         "patched_not_reference": [b["name"] for b in full["patching"]["boundaries"]
                                   if not b["becomes_candidate"]],
+        "patched_logits_are_reference": all(
+            b["logits_sha256"] == full["reference"]["logits_sha256"]
+            for b in full["patching"]["boundaries"]),
         "logits_equal": last["reference"]["logits_sha256"] == nt_result["oracle"]["logits_sha256"],
         "peak_rss": {"next_token": nt_result["oracle"]["peak_rss_bytes"],
                      "last": last["reference"]["output"]["peak_rss_bytes"],
@@ -150,8 +153,9 @@ lines = ["# Layer attribution against one next-token job (`bench/layers.sh`)", "
          f"CPU: {cpu}; `ATEN_CPU_CAPABILITY` {cap}; measured {datetime.date.today()}.", "",
          "| case | T | boundaries | next-token job (s) | layer job, last rows (s) | **ratio** | "
          "layer job, all rows + patching (s) | **ratio** | patching forwards / s | "
-         "oracle peak RSS next-token / last / all (GB) | logits equal | all bitwise |",
-         "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+         "oracle peak RSS next-token / last / all (GB) | logits equal | all bitwise | "
+         "patched logits = reference's |",
+         "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
 for r in rows:
     rss = r["peak_rss"]
     lines.append(
@@ -160,7 +164,8 @@ for r in rows:
         f"{r['layers_all_patching']:.2f} | **{r['layers_all_patching'] / r['next_token']:.2f}x** | "
         f"{r['forwards']} / {r['patching_seconds']:.2f} | "
         f"{rss['next_token'] / 1e9:.2f} / {rss['last'] / 1e9:.2f} / {rss['all'] / 1e9:.2f} | "
-        f"{'yes' if r['logits_equal'] else 'NO'} | {'yes' if r['all_bitwise'] else 'NO'} |")
+        f"{'yes' if r['logits_equal'] else 'NO'} | {'yes' if r['all_bitwise'] else 'NO'} | "
+        f"{'yes' if r['patched_logits_are_reference'] else 'NO'} |")
 lines += ["", "Raw rows:", "", "```"] + [json.dumps(r) for r in rows] + ["```", ""]
 open(out, "w").write("\n".join(lines))
 print("\n".join(lines))

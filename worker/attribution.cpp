@@ -74,8 +74,14 @@ namespace {
 // Keeps each boundary's rows, F32 on the CPU: bf16 values widened, never re-rounded.
 class CaptureProbe final : public Probe {
  public:
-  explicit CaptureProbe(bool last_only) : last_only_(last_only) {}
+  // keep_inputs: also hold each decoder layer's input as the forward computed it (the
+  // "embedding" and "layers.N" values themselves, all positions), for patching to start from.
+  CaptureProbe(bool last_only, bool keep_inputs)
+      : last_only_(last_only), keep_inputs_(keep_inputs) {}
   at::Tensor at(const std::string& boundary, const at::Tensor& value) override {
+    if (keep_inputs_ && (boundary == "embedding" || (boundary.starts_with("layers.") &&
+                                                     boundary.find('.', 7) == std::string::npos)))
+      layer_inputs.push_back(value);
     at::Tensor rows = value[0];
     if (last_only_) rows = rows.narrow(0, rows.size(0) - 1, 1);
     names.push_back(boundary);
@@ -86,10 +92,19 @@ class CaptureProbe final : public Probe {
   }
   std::vector<std::string> names;
   std::vector<at::Tensor> rows;
+  std::vector<at::Tensor> layer_inputs;  // [i]: decoder layer i's input; [L]: the final norm's
 
  private:
-  bool last_only_;
+  bool last_only_, keep_inputs_;
 };
+
+// The decoder layer a boundary belongs to: 0 for "embedding" (substituted before layer 0),
+// N for "layers.N[.part]", `layers` for "norm".
+std::int64_t layer_of(const std::string& boundary, std::int64_t layers) {
+  if (boundary == "embedding") return 0;
+  if (boundary == "norm") return layers;
+  return std::stoll(boundary.substr(7, boundary.find('.', 7) - 7));
+}
 
 // Substitutes the engine's rows [T, hidden] at one boundary, in the dtype the forward has there.
 class PatchProbe final : public Probe {
@@ -189,10 +204,14 @@ void run_layers(const LayersInput& in, const std::filesystem::path& dir) {
   c10::InferenceMode guard;
   at::Tensor input = at::tensor(in.token_ids, at::kLong).unsqueeze(0).to(options.device);
   auto t1 = Clock::now();
-  CaptureProbe capture(in.rows == common::LayerRows::kLast);
+  CaptureProbe capture(in.rows == common::LayerRows::kLast, in.patch.has_value());
   at::Tensor last = last_logits(model, model.hidden_states(input, &capture));
   double forward_seconds = seconds_since(t1);
   std::int64_t argmax = argmax_of(last, "the reference forward");
+  if (in.patch && static_cast<std::int64_t>(capture.layer_inputs.size()) != model.layer_count() + 1)
+    throw Error("oracle.internal",
+                "the forward passed " + std::to_string(capture.layer_inputs.size()) +
+                    " layer inputs, not " + std::to_string(model.layer_count() + 1));
 
   const std::string ids_sha = common::token_ids_sha256(in.token_ids);
   Json boundaries = Json::array();
@@ -230,14 +249,20 @@ void run_layers(const LayersInput& in, const std::filesystem::path& dir) {
                     "patch boundary \"" + name + "\" is not a boundary of this model");
       auto tb = Clock::now();
       PatchProbe probe(name, engine_rows(file, name, t, hidden));
-      std::int64_t patched = argmax_of(last_logits(model, model.hidden_states(input, &probe)),
-                                       "the forward patched at " + name);
+      // From the patched boundary's layer on, given the reference's own input to that layer:
+      // the layers before it would recompute exactly that input.
+      std::int64_t first = layer_of(name, model.layer_count());
+      at::Tensor h = capture.layer_inputs.at(static_cast<std::size_t>(first));
+      if (name == "embedding") h = probe.at(name, h);
+      at::Tensor logits = last_logits(model, model.hidden_states_from(first, h, &probe));
+      std::int64_t patched = argmax_of(logits, "the forward patched at " + name);
       if (!probe.seen)
         throw Error("oracle.internal", "the forward never passed boundary \"" + name + "\"");
       done.push_back(Json{{"index", index - capture.names.begin()},
                           {"name", name},
                           {"argmax_token_id", patched},
                           {"becomes_candidate", patched == in.patch->candidate_token_id},
+                          {"logits_sha256", f32_sha256(logits)},
                           {"seconds", seconds_since(tb)},
                           {"rounded_elements", probe.rounded}});
     }

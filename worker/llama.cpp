@@ -111,15 +111,18 @@ class LlamaFamily final : public Model {
     (void)options;
   }
 
-  at::Tensor hidden_states(const at::Tensor& input_ids, Probe* probe) override {
-    int64_t t = input_ids.size(1);
-    at::Tensor h = probed(
-        probe, [] { return "embedding"; }, at::embedding(embed_, input_ids));
+  at::Tensor embed(const at::Tensor& input_ids) override {
+    return at::embedding(embed_, input_ids);
+  }
+
+  at::Tensor hidden_states_from(int64_t first, const at::Tensor& input, Probe* probe) override {
+    at::Tensor h = input;
+    int64_t t = h.size(1);
     auto dtype = h.scalar_type();
     auto [cos, sin] = rotary_cos_sin(inv_freq_.to(h.device()), t, dtype);
     at::Tensor mask = additive_causal_mask(t, dtype).to(h.device());
     double scaling = std::pow(static_cast<double>(head_dim_), -0.5);
-    for (std::size_t i = 0; i < layers_.size(); ++i) {
+    for (auto i = static_cast<std::size_t>(first); i < layers_.size(); ++i) {
       const Layer& l = layers_[i];
       auto name = [i](const char* part) {
         return [i, part] { return "layers." + std::to_string(i) + part; };
@@ -155,6 +158,7 @@ class LlamaFamily final : public Model {
 
   int64_t vocab_size() const override { return vocab_; }
   int64_t hidden_size() const override { return hidden_; }
+  int64_t layer_count() const override { return static_cast<int64_t>(layers_.size()); }
   std::string architecture() const override { return architecture_; }
   std::string attention_implementation() const override { return "eager"; }
 

@@ -67,7 +67,21 @@ class Model {
   at::Tensor forward(const at::Tensor& input_ids) { return lm_head(hidden_states(input_ids)); }
   // The forward up to the LM head: the final normalised hidden states [1, T, hidden]. A probe
   // sees every boundary; one that returns what it is given changes no bit of the result.
-  virtual at::Tensor hidden_states(const at::Tensor& input_ids, Probe* probe = nullptr) = 0;
+  at::Tensor hidden_states(const at::Tensor& input_ids, Probe* probe = nullptr) {
+    return hidden_states_from(0,
+                              probed(
+                                  probe, [] { return "embedding"; }, embed(input_ids)),
+                              probe);
+  }
+  // The embedding's output [1, T, hidden] (the "embedding" boundary).
+  virtual at::Tensor embed(const at::Tensor& input_ids) = 0;
+  // The forward from decoder layer `first` (0 .. layer_count(); layer_count() runs the final
+  // norm only) given that layer's input `h` [1, T, hidden]: the "embedding" boundary's value for
+  // layer 0, "layers.<first - 1>"'s otherwise. The same ops as the whole forward from there, so
+  // that the reference's own input gives the whole forward's bits (activation patching starts
+  // at the patched layer instead of the embedding).
+  virtual at::Tensor hidden_states_from(int64_t first, const at::Tensor& h, Probe* probe) = 0;
+  virtual int64_t layer_count() const = 0;
   virtual int64_t hidden_size() const = 0;
   // The LM head over hidden states [1, n, hidden] (any n rows of hidden_states' output) ->
   // logits [1, n, vocab]. Captures apply it to blocks of positions so that [T, vocab] is never

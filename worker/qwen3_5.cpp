@@ -385,7 +385,7 @@ class Qwen3_5Model final : public Model {
     }
   }
 
-  Tensor hidden_states(const Tensor& input_ids, Probe* probe) override {
+  Tensor embed(const Tensor& input_ids) override {
     c10::InferenceMode guard;
     if (input_ids.dim() != 2 || input_ids.size(0) != 1 || input_ids.scalar_type() != at::kLong ||
         input_ids.size(1) == 0) {
@@ -399,12 +399,16 @@ class Qwen3_5Model final : public Model {
                                          " is outside the vocabulary [0, " +
                                          std::to_string(c_.vocab) + ")");
     }
-    const int64_t seq_len = input_ids.size(1);
-    Tensor h = probed(
-        probe, [] { return "embedding"; }, at::embedding(embed_tokens_, input_ids));
+    return at::embedding(embed_tokens_, input_ids);
+  }
+
+  Tensor hidden_states_from(int64_t first, const Tensor& input, Probe* probe) override {
+    c10::InferenceMode guard;
+    Tensor h = input;
+    const int64_t seq_len = h.size(1);
     auto [cos, sin] = rotary(seq_len, h.scalar_type());
     Tensor mask = causal_mask(seq_len, h.scalar_type());
-    for (std::size_t i = 0; i < layers_.size(); ++i) {
+    for (auto i = static_cast<std::size_t>(first); i < layers_.size(); ++i) {
       const Layer& layer = layers_[i];
       auto name = [i](const char* part) {
         return [i, part] { return "layers." + std::to_string(i) + part; };
@@ -432,6 +436,7 @@ class Qwen3_5Model final : public Model {
 
   int64_t vocab_size() const override { return c_.vocab; }
   int64_t hidden_size() const override { return c_.hidden; }
+  int64_t layer_count() const override { return static_cast<int64_t>(layers_.size()); }
   std::string architecture() const override { return c_.architecture; }
   std::string attention_implementation() const override { return "eager"; }
   std::string linear_attention_implementation() const override {

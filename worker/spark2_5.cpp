@@ -179,13 +179,16 @@ class Spark2_5 final : public Model {
     output_ = tied_ ? embedding_ : w.get("lm_head.weight", {vocab_, hidden_});
   }
 
-  at::Tensor hidden_states(const at::Tensor& input_ids, Probe* probe) override {
-    int64_t t = input_ids.size(1);
+  at::Tensor embed(const at::Tensor& input_ids) override {
+    return at::embedding(embedding_, input_ids);
+  }
+
+  // The residual stream is fp32: layer 0's input is the embedding widened (exactly).
+  at::Tensor hidden_states_from(int64_t first, const at::Tensor& input, Probe* probe) override {
+    at::Tensor h = input.to(at::kFloat);
+    int64_t t = h.size(1);
     auto dtype = embedding_.scalar_type();
     auto device = embedding_.device();
-    at::Tensor h = probed(
-                       probe, [] { return "embedding"; }, at::embedding(embedding_, input_ids))
-                       .to(at::kFloat);
 
     struct Tables {
       at::Tensor cos, sin, mask;
@@ -208,7 +211,7 @@ class Spark2_5 final : public Model {
     int64_t n_rep = heads_ / kv_heads_;
     int64_t q_dim = heads_ * head_dim_;
     int64_t kv_dim = kv_heads_ * head_dim_;
-    for (std::size_t i = 0; i < layers_.size(); ++i) {
+    for (auto i = static_cast<std::size_t>(first); i < layers_.size(); ++i) {
       const Layer& l = layers_[i];
       auto name = [i](const char* part) {
         return [i, part] { return "layers." + std::to_string(i) + part; };
@@ -261,6 +264,7 @@ class Spark2_5 final : public Model {
 
   int64_t vocab_size() const override { return vocab_; }
   int64_t hidden_size() const override { return hidden_; }
+  int64_t layer_count() const override { return static_cast<int64_t>(layers_.size()); }
   std::string architecture() const override { return "Spark2_5ForCausalLM"; }
   std::string attention_implementation() const override { return "eager"; }
 

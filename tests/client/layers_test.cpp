@@ -151,6 +151,7 @@ Json layer_result(const std::vector<Spec>& spec, const Options& o = {}) {
                       {"name", b["name"]},
                       {"argmax_token_id", flips ? 7 : 3},
                       {"becomes_candidate", flips},
+                      {"logits_sha256", "sha256:" + std::string(64, flips ? '7' : '3')},
                       {"seconds", 0.25},
                       {"rounded_elements", i == 4 ? 12 : 0}});
     }

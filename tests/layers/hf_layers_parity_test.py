@@ -236,7 +236,8 @@ def check_model(name, config, patch_dtype, oracle, hf, tmp, checks):
             checks.check("assay-oracle logits_sha256 and argmax equal",
                          oout["logits_sha256"] == out["logits_sha256"] and
                          oout["argmax_token_id"] == out["argmax_token_id"])
-            keys = ("index", "name", "argmax_token_id", "becomes_candidate", "rounded_elements")
+            keys = ("index", "name", "argmax_token_id", "becomes_candidate", "rounded_elements",
+                    "logits_sha256")
             mine = [[b[k] for k in keys] for b in patching["boundaries"]]
             its = [[b.get(k) for k in keys]
                    for b in (oout.get("patching") or {}).get("boundaries", [])]

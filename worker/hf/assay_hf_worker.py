@@ -710,9 +710,11 @@ def run_patching(model, modules, ids_tensor, patch, tensors, file_sha256):
                 out = model(input_ids=ids_tensor, use_cache=False)
         finally:
             handle.remove()
-        argmax = last_argmax(out.logits[0, -1].float())
+        last = out.logits[0, -1].float().contiguous()
+        argmax = last_argmax(last)
         rows.append({"index": index, "name": name, "argmax_token_id": argmax,
                      "becomes_candidate": argmax == candidate,
+                     "logits_sha256": sha256_id(last.numpy().tobytes()),
                      "seconds": time.monotonic() - began,
                      "rounded_elements": counts["rounded"]})
     return {"candidate_token_id": candidate, "file_sha256": file_sha256, "forwards": len(rows),

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <limits>
 
@@ -185,10 +186,28 @@ SafetensorsIndex parse_safetensors(std::span<const std::byte> image, std::size_t
   return parse_index(image, image.size(), max_header_bytes);
 }
 
-SafetensorsIndex parse_safetensors_header(std::span<const std::byte> head, std::uint64_t file_size,
-                                          std::size_t max_header_bytes) {
-  return parse_index(head.first(std::min<std::size_t>(head.size(), file_size)), file_size,
-                     max_header_bytes);
+SafetensorsIndex read_safetensors_header(int fd, std::uint64_t file_size,
+                                         std::size_t max_header_bytes) {
+  std::vector<std::byte> head(8);
+  auto read_at = [&](std::size_t from) {
+    for (std::size_t got = from; got < head.size();) {
+      ssize_t r = ::pread(fd, head.data() + got, head.size() - got, static_cast<off_t>(got));
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0)
+        invalid("the file ended after " + std::to_string(got) + " of its " +
+                std::to_string(file_size) + " bytes (it shrank while it was read?)");
+      got += static_cast<std::size_t>(r);
+    }
+  };
+  if (file_size < 8)
+    invalid("file of " + std::to_string(file_size) + " bytes has no header length");
+  read_at(0);
+  std::uint64_t header_len = read_le64(head.data());
+  // parse_index reports a length past the limit or the file; read no more than either allows.
+  head.resize(8 + static_cast<std::size_t>(
+                      std::min<std::uint64_t>({header_len, max_header_bytes, file_size - 8})));
+  read_at(8);
+  return parse_index(head, file_size, max_header_bytes);
 }
 
 SafetensorsFile SafetensorsFile::open(const std::filesystem::path& path) {

@@ -40,10 +40,11 @@ struct SafetensorsIndex {
 };
 SafetensorsIndex parse_safetensors(std::span<const std::byte> image,
                                    std::size_t max_header_bytes = 100 * 1024 * 1024);
-// The same checks from the file's first bytes only (length and header; `head` may hold more) and
-// its size: names, dtypes, shapes and offsets without reading the data. Views' data is null.
-SafetensorsIndex parse_safetensors_header(std::span<const std::byte> head, std::uint64_t file_size,
-                                          std::size_t max_header_bytes = 100 * 1024 * 1024);
+// The same checks from the header alone, read with pread from `fd` (a file of `file_size` bytes,
+// as fstat gave it): names, dtypes, shapes and offsets without reading the data. Views' data is
+// null. Throws Error("safetensors.invalid") as above, and when the file ends early.
+SafetensorsIndex read_safetensors_header(int fd, std::uint64_t file_size,
+                                         std::size_t max_header_bytes = 100 * 1024 * 1024);
 
 // A read-only mmap of a safetensors file; views stay valid while the object lives.
 class SafetensorsFile {

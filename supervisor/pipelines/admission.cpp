@@ -293,12 +293,13 @@ std::string check_model_dir(const std::string& raw, const Peer& peer, Json* reco
   return m.dir.path;
 }
 
-void check_readable_file(const std::string& raw, const Peer& peer, const std::string& code,
-                         const std::string& what, Json* record) {
+Opened check_readable_file(const std::string& raw, const Peer& peer, const std::string& code,
+                           const std::string& what, Json* record) {
   std::string path = normalised(raw, code, what);
   if (path != raw) throw Error(code, what + " " + quote_path(raw) + " is not a normalised path");
   Opened f = open_file_as(path, peer, code, what);
   if (record) record->push_back(record_of(f));
+  return f;
 }
 
 UniqueFd open_no_links(const fs::path& path) {

@@ -63,9 +63,10 @@ void verify_admitted(const common::Json& admitted, const Peer& peer);
 // whether it exists). `record`, when given, gets the opened_record of it and its files appended.
 std::string check_model_dir(const std::string& dir, const Peer& peer,
                             common::Json* record = nullptr);
-// Throws Error(code) when `path` is not a regular file the peer can read (same wording rules).
-void check_readable_file(const std::string& path, const Peer& peer, const std::string& code,
-                         const std::string& what, common::Json* record = nullptr);
+// Throws Error(code) when `path` is not a normalised path to a regular file the peer can read
+// (same wording rules); returns it opened, for a caller that reads it there and then.
+Opened check_readable_file(const std::string& path, const Peer& peer, const std::string& code,
+                           const std::string& what, common::Json* record = nullptr);
 
 // A file of assayd's own reading below a checked directory (config.json facts): opened with no
 // link followed anywhere in its path; throws Error("fs.open") / Error("fs.not_regular").

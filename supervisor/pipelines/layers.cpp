@@ -9,8 +9,6 @@
 // boundary in fp64 with the first departures. The result is assay.layer-attribution-result.v1.
 #include <algorithm>
 
-#include <unistd.h>
-
 #include "common/error.h"
 #include "common/identity.h"
 #include "common/layers.h"
@@ -33,35 +31,6 @@ namespace {
 constexpr const char* kOracleRole = "layers";
 constexpr const char* kCompareRole = "compare";
 constexpr const char* kReferenceRows = "reference.safetensors";
-
-// The engine's rows file header, read through the descriptor admission opened as the submitter
-// (length, then at most 64 MiB of header; the data is not read here).
-common::SafetensorsIndex read_rows_header(const Opened& f) {
-  auto bad = [&](const std::string& m) {
-    throw Error("request.bad_layer_rows", "request.engine.rows_file.path " + f.path + ": " + m);
-  };
-  const auto size = static_cast<std::uint64_t>(f.st.st_size);
-  std::vector<std::byte> head(8);
-  if (size < 8 || ::pread(f.fd.get(), head.data(), 8, 0) != 8) bad("not a safetensors file");
-  std::uint64_t n = 0;
-  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<std::uint8_t>(head[i]);
-  constexpr std::uint64_t kMaxHeader = 64u << 20;
-  if (n > kMaxHeader || n > size - 8)
-    bad("header length " + std::to_string(n) + " is past the file's " + std::to_string(size) +
-        " bytes or the 64 MiB limit");
-  head.resize(8 + n);
-  std::size_t got = 0;
-  while (got < n) {
-    ssize_t r = ::pread(f.fd.get(), head.data() + 8 + got, n - got, static_cast<off_t>(8 + got));
-    if (r <= 0) bad("the header could not be read (the file shrank?)");
-    got += static_cast<std::size_t>(r);
-  }
-  try {
-    return common::parse_safetensors_header(head, size, kMaxHeader);
-  } catch (const Error& e) {
-    bad(e.what());
-  }
-}
 
 class LayersPipeline final : public Pipeline {
  public:
@@ -364,14 +333,21 @@ Admission admit_layers(const Json& document, const SubmitContext& context) {
                                           std::to_string(r.input_token_ids.size()) +
                                           " ids, more than the model's max_position_embeddings " +
                                           std::to_string(*max_positions));
-  // The engine's file, as the submitter: its header names the boundaries it holds.
-  Opened rows = open_file_as(r.rows_path, context.peer, "request.bad_layer_rows_file",
-                             "request.engine.rows_file.path");
+  // The engine's file, as the submitter: its header (at most 64 MiB of it; the data is not read
+  // here) names the boundaries it holds.
+  Opened rows = check_readable_file(r.rows_path, context.peer, "request.bad_layer_rows_file",
+                                    "request.engine.rows_file.path", &opened);
+  common::SafetensorsIndex header;
+  try {
+    header = common::read_safetensors_header(
+        rows.fd.get(), static_cast<std::uint64_t>(rows.st.st_size), 64u << 20);
+  } catch (const Error& e) {
+    throw Error("request.bad_layer_rows",
+                "request.engine.rows_file.path " + rows.path + ": " + e.what());
+  }
   common::EngineRows given = common::check_engine_rows(
-      read_rows_header(rows), common::layer_boundaries(read_model_config(model_dir)),
-      read_hidden_size(model_dir), r,
-      r.model_identity ? (*r.model_identity)["content_sha256"].get<std::string>() : "");
-  for (const Json& o : opened_record({&rows})) opened.push_back(o);
+      header, common::layer_boundaries(read_model_config(model_dir)), read_hidden_size(model_dir),
+      r, r.model_identity ? (*r.model_identity)["content_sha256"].get<std::string>() : "");
   Admission a{common::sha256_canonical_id(
                   Json{{"request_sha256", r.request_sha256}, {"kind", "layer-attribution"}}),
               r.request_sha256,

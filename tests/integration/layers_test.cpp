@@ -260,6 +260,15 @@ TEST_CASE(
   auto reply = request_json(d, r);
   CHECK(reply.status == 422);
   CHECK_MESSAGE(reply.body.find("link") != std::string::npos, reply.body);
+  // A path with "//" in it, and a file whose header length runs past its end.
+  Json doubled = layer_request("doubled", model, ids, tmp.path / "target.safetensors", false);
+  doubled["engine"]["rows_file"]["path"] = tmp.path.string() + "//target.safetensors";
+  reply = request_json(d, doubled);
+  CHECK(reply.status == 422);
+  CHECK_MESSAGE(reply.body.find("not a normalised path") != std::string::npos, reply.body);
+  spit(tmp.path / "short.safetensors", std::string("\xff\xff\x00\x00\x00\x00\x00\x00{}", 10));
+  refused(tmp.path / "short.safetensors", "request.bad_layer_rows",
+          "runs past the end of the file");
   // Patching needs all positions.
   Json last = layer_request("last", model, ids, tmp.path / "target.safetensors", true, 1);
   last["rows"] = "last";
@@ -275,6 +284,16 @@ TEST_CASE(
   CHECK(job["error"]["code"] == "request.bad_layer_rows");
   CHECK_MESSAGE(
       job["error"]["message"].get<std::string>().find("another model") != std::string::npos,
+      job.dump());
+
+  // The file changed after the request named its digest: the comparison refuses to read it.
+  fs::path moved = crafted_rows(tmp.path / "moved.safetensors", {{"embedding", {t, hidden}}});
+  Json stale = layer_request("stale", model, ids, moved, false);
+  crafted_rows(moved, {{"embedding", {t, hidden}}, {"norm", {t, hidden}}});
+  job = run_job(d, stale);
+  CHECK(job["state"] == "failed");
+  CHECK_MESSAGE(
+      job["error"]["message"].get<std::string>().find("not the request's") != std::string::npos,
       job.dump());
 
   // A NaN is found by the comparison, which names where it is.

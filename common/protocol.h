@@ -26,6 +26,8 @@ inline constexpr std::string_view kCompareOutput = "assay.compare-output.v1";
 inline constexpr std::string_view kNextTokenBatchRequest = "assay.next-token-batch-request.v1";
 inline constexpr std::string_view kNextTokenBatchResult = "assay.next-token-batch-result.v1";
 inline constexpr std::string_view kBatchPredicateType = "https://assay.dev/next-token-batch/v1";
+inline constexpr std::string_view kOracleServeInput = "assay.oracle-serve-input.v1";
+inline constexpr std::string_view kOracleServeLoaded = "assay.oracle-serve-loaded.v1";
 inline constexpr std::string_view kOracleBatchInput = "assay.oracle-batch-input.v1";
 inline constexpr std::string_view kOracleBatchOutput = "assay.oracle-batch-output.v1";
 

@@ -1,10 +1,12 @@
 // The fingerprint cache's side of a fingerprint: the worker input's `cache` parsed strictly into
-// CacheEntry values, a probed file's state (its cache key), the lookup that reuses a digest only
-// for a file whose state is exactly its entry's, and a hashed file's document in the output.
+// CacheEntry values, a probed file's state (its cache key, fs-verity digest included), the lookup
+// that reuses a digest only for a file whose state is exactly its entry's, and a hashed file's
+// document in the output.
 #include <algorithm>
 #include <set>
 
 #include "common/error.h"
+#include "common/fsverity.h"
 #include "common/identity.h"
 #include "fingerprint/fingerprint.h"
 #include "fingerprint/reader.h"
@@ -29,6 +31,7 @@ CacheEntry state_of(const FileRef& f) {
   e.size = static_cast<std::uint64_t>(f.before.st_size);
   e.mtime_ns = ns(f.before.st_mtim);
   e.ctime_ns = ns(f.before.st_ctim);
+  e.fsverity_digest = f.fsverity;
   return e;
 }
 
@@ -36,7 +39,8 @@ const CacheEntry* cached(const std::vector<CacheEntry>& cache, const FileRef& f)
   CacheEntry now = state_of(f);
   for (const CacheEntry& e : cache)
     if (e.name == now.name && e.dev == now.dev && e.ino == now.ino && e.size == now.size &&
-        e.mtime_ns == now.mtime_ns && e.ctime_ns == now.ctime_ns)
+        e.mtime_ns == now.mtime_ns && e.ctime_ns == now.ctime_ns &&
+        e.fsverity_digest == now.fsverity_digest)
       return &e;
   return nullptr;
 }
@@ -51,9 +55,9 @@ std::vector<CacheEntry> parse_cache(const Json& value, const std::string& where,
     const Json& v = value[i];
     if (!v.is_object()) throw Error(code, w + " is not an object");
     for (auto it = v.begin(); it != v.end(); ++it)
-      if (std::string_view k = it.key(); k != "name" && k != "dev" && k != "ino" && k != "size" &&
-                                         k != "mtime_ns" && k != "ctime_ns" && k != "sha256" &&
-                                         k != "job" && k != "at")
+      if (std::string_view k = it.key();
+          k != "name" && k != "dev" && k != "ino" && k != "size" && k != "mtime_ns" &&
+          k != "ctime_ns" && k != "fsverity_digest" && k != "sha256" && k != "job" && k != "at")
         throw Error(code, w + " has an unknown field \"" + it.key() + "\"");
     auto str = [&](const char* k) {
       if (!v.contains(k) || !v[k].is_string() || v[k].get<std::string>().empty())
@@ -78,10 +82,24 @@ std::vector<CacheEntry> parse_cache(const Json& value, const std::string& where,
         throw Error(code, w + ".size is not a non-negative integer");
       return v["size"].get<std::uint64_t>();
     };
-    CacheEntry e{str("name"),     u64("dev"),    u64("ino"), size(),   i64("mtime_ns"),
-                 i64("ctime_ns"), str("sha256"), str("job"), str("at")};
+    CacheEntry e{.name = str("name"),
+                 .dev = u64("dev"),
+                 .ino = u64("ino"),
+                 .size = size(),
+                 .mtime_ns = i64("mtime_ns"),
+                 .ctime_ns = i64("ctime_ns"),
+                 .fsverity_digest = std::nullopt,
+                 .sha256 = str("sha256"),
+                 .job = str("job"),
+                 .at = str("at")};
     if (!common::is_identity(e.sha256))
       throw Error(code, w + ".sha256 \"" + e.sha256 + "\" is not sha256:<64 lowercase hex>");
+    if (v.contains("fsverity_digest")) {
+      e.fsverity_digest = str("fsverity_digest");
+      if (!common::is_fsverity_digest(*e.fsverity_digest))
+        throw Error(code, w + ".fsverity_digest \"" + *e.fsverity_digest +
+                              "\" is not sha256:<64 hex> or sha512:<128 hex>, lowercase");
+    }
     if (!names.insert(e.name).second) throw Error(code, w + ".name \"" + e.name + "\" twice");
     out.push_back(std::move(e));
   }
@@ -90,16 +108,19 @@ std::vector<CacheEntry> parse_cache(const Json& value, const std::string& where,
 
 Json to_json(const FileDigest& f) {
   const CacheEntry& s = f.state;
-  return Json{{"name", s.name},
-              {"dev", std::to_string(s.dev)},
-              {"ino", std::to_string(s.ino)},
-              {"size", s.size},
-              {"mtime_ns", std::to_string(s.mtime_ns)},
-              {"ctime_ns", std::to_string(s.ctime_ns)},
-              {"sha256", s.sha256},
-              {"source", f.from_cache ? "cache" : "computed"},
-              {"job", f.from_cache ? Json(s.job) : Json(nullptr)},
-              {"at", f.from_cache ? Json(s.at) : Json(nullptr)}};
+  Json j{{"name", s.name},
+         {"dev", std::to_string(s.dev)},
+         {"ino", std::to_string(s.ino)},
+         {"size", s.size},
+         {"mtime_ns", std::to_string(s.mtime_ns)},
+         {"ctime_ns", std::to_string(s.ctime_ns)},
+         {"sha256", s.sha256},
+         {"source", f.from_cache ? "cache" : "computed"},
+         {"job", f.from_cache ? Json(s.job) : Json(nullptr)},
+         {"at", f.from_cache ? Json(s.at) : Json(nullptr)}};
+  // Absent rather than null without fs-verity: the documents of such files stay as they were.
+  if (s.fsverity_digest) j["fsverity_digest"] = *s.fsverity_digest;
+  return j;
 }
 
 }  // namespace assay::fingerprint

@@ -181,18 +181,19 @@ void read_chat_template(ModelReader& reader, ModelFiles& m, std::vector<char>& b
 
 // One file to digest: the shards plus config, tokenizer and template, in that order.
 struct Job {
-  const FileRef* file;
+  FileRef* file;
   std::string digest;
-  // Only weight shards may come from the cache: the oracle's bytes_used re-hashes them, so a
-  // stale entry (a write through a shared mapping keeps mtime and ctime) fails the job. The
+  // Only weight shards may come from the cache: the oracle's bytes_used re-hashes them (or
+  // binds them by the same fs-verity digest, which no write can outlive), so a stale entry (a
+  // write through a shared mapping keeps mtime and ctime) fails the job. The
   // small files are hashed every time, since nothing downstream hashes them again.
   bool cacheable = false;
   const CacheEntry* from_cache = nullptr;
 };
 
-std::vector<Job> jobs_for(const ModelFiles& m) {
+std::vector<Job> jobs_for(ModelFiles& m) {
   std::vector<Job> jobs;
-  for (const auto& s : m.shards) jobs.push_back({&s, {}, true});
+  for (auto& s : m.shards) jobs.push_back({&s, {}, true});
   jobs.push_back({&m.config, {}});
   jobs.push_back({&m.tokenizer, {}});
   if (m.jinja) jobs.push_back({&*m.jinja, {}});
@@ -205,6 +206,8 @@ std::vector<Job> jobs_for(const ModelFiles& m) {
 unsigned hash_all(ModelReader& reader, const Options& options, std::vector<Job>& jobs) {
   std::vector<Job*> order;
   for (auto& j : jobs) {
+    // Before the cache lookup: a cached sha256 stands only beside the same fs-verity digest.
+    reader.measure_fsverity(*j.file);
     j.from_cache = j.cacheable ? cached(options.cache, *j.file) : nullptr;
     if (j.from_cache)
       j.digest = j.from_cache->sha256;

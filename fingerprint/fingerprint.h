@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/fsverity.h"
 #include "common/json.h"
 #include "fingerprint/model_fds.h"
 
@@ -33,21 +34,25 @@ struct ModelIdentity {
 };
 
 // A digest a previous fingerprint computed, with the file's state then: reused only when the
-// file's (device, inode, size, mtime, ctime) now are exactly these. Whoever can set a file's
-// ctime back (root, the kernel's clock) could defeat this; an unchanged state is what it trusts.
+// file's (device, inode, size, mtime, ctime) now are exactly these, and its fs-verity digest too
+// (both absent, or equal). Whoever can set a file's ctime back (root, the kernel's clock) could
+// defeat the times; an unchanged state is what it trusts. Enabling fs-verity moves neither time,
+// and a file with fs-verity can no longer change, so its digest is the stronger half of the key.
 struct CacheEntry {
   std::string name;  // relative to the model directory
   std::uint64_t dev = 0, ino = 0, size = 0;
   std::int64_t mtime_ns = 0, ctime_ns = 0;
+  // The file's fs-verity digest (common::measure_fsverity) when it has fs-verity.
+  std::optional<std::string> fsverity_digest;
   std::string sha256;
   std::string job;  // the job that computed it
   std::string at;   // when (UTC, RFC 3339)
   bool operator==(const CacheEntry&) const = default;
 };
 
-// Parses `cache` of the worker input: [{name, dev, ino, size, mtime_ns, ctime_ns, sha256, job,
-// at}, ...], each name once; dev, ino and the times as decimal strings (they exceed 2^53). Throws
-// Error(code) naming the entry.
+// Parses `cache` of the worker input: [{name, dev, ino, size, mtime_ns, ctime_ns,
+// [fsverity_digest], sha256, job, at}, ...], each name once; dev, ino and the times as decimal
+// strings (they exceed 2^53). Throws Error(code) naming the entry.
 std::vector<CacheEntry> parse_cache(const common::Json& value, const std::string& where,
                                     const std::string& code);
 
@@ -66,6 +71,10 @@ struct Options {
   std::optional<std::vector<ModelFd>> model_fds;
   // Digests known from earlier jobs; a file whose fstat matches its entry exactly is not read.
   std::vector<CacheEntry> cache;
+  // Asks whether a file has fs-verity, on the descriptor it is read through (by default the
+  // kernel): lets tests on a host without fs-verity stand in for it.
+  std::function<std::optional<std::string>(int fd, const std::string& shown)> measure_fsverity =
+      common::measure_fsverity;
 };
 
 // How one hashed file's digest was obtained, with the file's state (its cache key).
@@ -104,8 +113,9 @@ Fingerprint fingerprint_model(const std::filesystem::path& model_dir, std::strin
 // The identity object: {id, config_hash, tokenizer_hash, chat_template_hash, weight_files,
 // content_sha256}.
 common::Json to_json(const ModelIdentity& identity);
-// {name, dev, ino, size, mtime_ns, ctime_ns, sha256, source: "computed"|"cache", job, at}; dev,
-// ino and the times as decimal strings; job and at are null for a digest computed in this run.
+// {name, dev, ino, size, mtime_ns, ctime_ns, [fsverity_digest], sha256, source:
+// "computed"|"cache", job, at}; dev, ino and the times as decimal strings; fsverity_digest only
+// for a file with fs-verity; job and at are null for a digest computed in this run.
 common::Json to_json(const FileDigest& file);
 
 // sha256 of the canonical form of {id, config_hash, tokenizer_hash, chat_template_hash,

@@ -203,6 +203,15 @@ void ModelReader::check_unchanged(const FileRef& f, int fd, std::uint64_t got) {
     throw Error("fingerprint.changed", f.shown + " was replaced or removed while it was read");
 }
 
+void ModelReader::measure_fsverity(FileRef& f) {
+  if (by_fds()) {
+    f.fsverity = options.measure_fsverity(f.given_fd, f.shown);
+    return;
+  }
+  UniqueFd fd = open_checked(f);
+  f.fsverity = options.measure_fsverity(fd.get(), f.shown);
+}
+
 std::string ModelReader::hash_file(const FileRef& f, std::vector<char>& buf, std::string* keep) {
   UniqueFd fd = open_checked(f);
   ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_SEQUENTIAL);

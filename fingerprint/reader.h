@@ -45,6 +45,7 @@ struct FileRef {
   std::string leaf;
   int given_fd = -1;  // the supervisor's descriptor (Options::model_fds); then dirfd is unused
   struct stat before {};
+  std::optional<std::string> fsverity;  // set by ModelReader::measure_fsverity
 };
 
 class RateLimiter {
@@ -84,6 +85,9 @@ struct ModelReader {
   common::UniqueFd open_checked(const FileRef& f);
   // After reading `got` bytes: the file, and the name, are still what probe() saw.
   void check_unchanged(const FileRef& f, int fd, std::uint64_t got);
+  // Sets f.fsverity: the file's fs-verity digest, measured on the descriptor it is read through
+  // (the given one, or one opened and checked as for reading), or none.
+  void measure_fsverity(FileRef& f);
   // Reads the file once, in large sequential chunks, feeding the hash (and `keep` if given).
   std::string hash_file(const FileRef& f, std::vector<char>& buf, std::string* keep = nullptr);
   // A JSON file's text (at most kMaxJsonBytes), hashed as it is read; adds its size to `bytes`.

@@ -110,7 +110,8 @@ void Config::load_file(const std::filesystem::path& path) {
                                  "fingerprint_threads",
                                  "preflight_retry_ms",
                                  "executor",
-                                 "slurm"},
+                                 "slurm",
+                                 "resident_models"},
                                 "config");
   std::string s;
   if (take_string(j, "socket", s = socket.string()), !s.empty()) socket = s;
@@ -152,7 +153,34 @@ void Config::load_file(const std::filesystem::path& path) {
   take_string(j, "oracle_device", oracle_device);
   take_string(j, "executor", executor);
   if (auto it = j.find("slurm"); it != j.end()) load_slurm(*it);
+  if (auto it = j.find("resident_models"); it != j.end()) load_resident(*it);
   load_limits(j);
+}
+
+void Config::load_resident(const Json& j) {
+  if (!j.is_object()) throw Error("config.invalid", "config.resident_models must be an object");
+  common::reject_unknown_fields(j, {"count", "memory_bytes", "idle_seconds"},
+                                "config.resident_models");
+  take_uint(j, "count", resident.count);
+  if (resident.count > 64)
+    throw Error("config.invalid", "config.resident_models.count must be in 0..64, got " +
+                                      std::to_string(resident.count));
+  if (auto it = j.find("memory_bytes"); it != j.end()) {
+    std::uint64_t bytes = 0;
+    take_uint(j, "memory_bytes", bytes);
+    if (bytes < (64u << 20))
+      throw Error("config.invalid",
+                  "config.resident_models.memory_bytes must be at least 64 MiB, got " +
+                      std::to_string(bytes));
+    resident.memory_bytes = bytes;
+  }
+  if (auto it = j.find("idle_seconds"); it != j.end()) {
+    if (!it->is_number() || !(it->get<double>() >= 1 && it->get<double>() <= 7 * 86400.0))
+      throw Error(
+          "config.invalid",
+          "config.resident_models.idle_seconds must be a number in [1, 604800], got " + it->dump());
+    resident.idle_seconds = it->get<double>();
+  }
 }
 
 void Config::load_slurm(const Json& j) {
@@ -311,6 +339,7 @@ std::string Config::describe() const {
          {"containment", mode_name(containment.mode)},
          {"executor", executor},
          {"device_slots", device_slots},
+         {"resident_models", resident.count},
          {"max_queue", max_queue}};
   return j.dump();
 }

@@ -61,6 +61,21 @@ struct Config {
   bool fingerprint_cache = true;
   std::uint32_t preflight_retry_ms = 2000;
 
+  // Resident oracle workers ("resident_models": {...} in the config file): a libtorch oracle
+  // that stays loaded after a next-token job, contained like every worker in a cgroup of its
+  // own, and runs the next job on the same model if that job's fingerprint equals the bytes it
+  // loaded (else it is replaced). Off by default: a resident worker keeps the model's bytes in
+  // its own memory while idle, which a small host needs for other jobs (the preflight counts an
+  // idle resident's memory as available only to a job on the same model, and evicts idle ones
+  // when a job needs the room).
+  struct Resident {
+    unsigned count = 0;  // workers at most; 0: none (every job loads the model itself)
+    // The most memory (their cgroups' memory.max together) resident workers may hold; unset:
+    // no bound beyond the preflight.
+    std::optional<std::uint64_t> memory_bytes;
+    double idle_seconds = 600;  // an idle worker is stopped after this long
+  } resident;
+
   // Where worker steps run: "local" (this host's contained runtime) or "slurm" (each step a
   // Slurm batch job on a compute node, inside `assayd contain` there: executors/slurm.h).
   std::string executor = "local";
@@ -86,8 +101,9 @@ struct Config {
   std::string describe() const;
 
  private:
-  void load_limits(const nlohmann::json& j);  // the numeric keys of load_file
-  void load_slurm(const nlohmann::json& j);   // "slurm": {...}
+  void load_limits(const nlohmann::json& j);    // the numeric keys of load_file
+  void load_slurm(const nlohmann::json& j);     // "slurm": {...}
+  void load_resident(const nlohmann::json& j);  // "resident_models": {...}
   void finalize_executor();
 };
 

@@ -41,6 +41,7 @@ int serve_main(int argc, char** argv) {
   std::string config_file, socket, state_dir, containment, fingerprint_worker, oracle_worker,
       compare_worker, hf_worker, executor, log_level = "info";
   int slots = 0;
+  int resident = -1;
   app.add_option("--socket", socket, "unix socket path (default: systemd socket activation)");
   app.add_option("--state-dir", state_dir, "state directory (jobs, keys)");
   app.add_option("--config", config_file,
@@ -56,6 +57,10 @@ int serve_main(int argc, char** argv) {
                  "where worker steps run: local (default) or slurm (Slurm batch jobs; needs the "
                  "config file's \"slurm\": {\"shared_dir\", ...})")
       ->check(CLI::IsMember({"local", "slurm"}));
+  app.add_option("--resident-models", resident,
+                 "resident oracle workers at most (config resident_models.count; 0, the default: "
+                 "none, every job loads its model)")
+      ->check(CLI::Range(0, 64));
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
   bool allow_root_workers = false;
   app.add_flag("--allow-root-workers", allow_root_workers,
@@ -78,6 +83,7 @@ int serve_main(int argc, char** argv) {
     if (!compare_worker.empty()) config.compare_worker = compare_worker;
     if (!hf_worker.empty()) config.hf_worker = hf_worker;
     if (slots) config.device_slots = slots;
+    if (resident >= 0) config.resident.count = static_cast<unsigned>(resident);
     if (!executor.empty()) config.executor = executor;
     if (allow_root_workers) config.allow_root_workers = true;
     config.finalize();

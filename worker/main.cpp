@@ -27,6 +27,7 @@
 #include "worker/next_token.h"
 #include "worker/run.h"
 #include "worker/runtime.h"
+#include "worker/serve.h"
 #include "worker/tokenizer.h"
 
 namespace assay::oracle {
@@ -268,8 +269,18 @@ int main(int argc, char** argv) {
   layers->add_option("--input", layers_input, "input.json")->required();
   layers->add_option("--workdir", layers_workdir, "workspace directory")->required();
 
+  std::string serve_input, serve_workdir;
+  auto* serve = app.add_subcommand(
+      "serve",
+      "Worker protocol (resident workers): read input.json (assay.oracle-serve-input.v1), load the "
+      "model once through its model_fds, write loaded.json, then run next-token jobs one at a "
+      "time as the supervisor names them on the control socket (worker/serve.h)");
+  serve->add_option("--input", serve_input, "input.json")->required();
+  serve->add_option("--workdir", serve_workdir, "workspace directory")->required();
+
   CLI11_PARSE(app, argc, argv);
   try {
+    if (*serve) return run_serve(serve_input, serve_workdir);
     if (*layers) {
       run_layers(parse_layers_input(assay::common::parse_strict(
                      assay::common::read_file(layers_input, 64u << 20))),

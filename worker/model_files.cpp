@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "common/error.h"
+#include "common/fsverity.h"
 #include "common/identity.h"
 
 namespace assay::oracle {
@@ -46,6 +47,7 @@ FileImage::~FileImage() {
 ModelFiles ModelFiles::from_directory(const std::filesystem::path& dir) {
   ModelFiles f;
   f.dir_ = dir;
+  f.measure_verity_ = common::measure_fsverity;
   f.dirfd_ = common::UniqueFd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (!f.dirfd_) common::throw_errno("fs.open", "open directory " + dir.string(), errno);
   return f;
@@ -55,6 +57,7 @@ ModelFiles ModelFiles::from_fds(const std::filesystem::path& dir,
                                 std::vector<fingerprint::ModelFd> fds) {
   ModelFiles f;
   f.dir_ = dir;
+  f.measure_verity_ = common::measure_fsverity;
   f.fds_ = std::move(fds);
   return f;
 }
@@ -68,9 +71,11 @@ bool ModelFiles::has(const std::string& name) const {
 }
 
 // Opens (or takes the given descriptor of) `name`, then reads it whole into fresh anonymous
-// memory with pread; with hash_now each chunk is hashed as it arrives.
+// memory with pread; with hash_now each chunk is hashed as it arrives. With may_map, a file whose
+// descriptor has fs-verity is mapped instead: the kernel refuses any write to it and verifies each
+// page as it faults in, so the mapping holds the measured bytes without a private copy.
 std::shared_ptr<FileImage> ModelFiles::fetch(const std::string& name, std::size_t max_bytes,
-                                             bool hash_now) const {
+                                             bool hash_now, bool may_map) const {
   const std::string shown = (dir_ / name).string();
   common::UniqueFd owned;
   int fd = -1;
@@ -103,6 +108,21 @@ std::shared_ptr<FileImage> ModelFiles::fetch(const std::string& name, std::size_
 
   Mapping m;
   m.size = static_cast<std::size_t>(size);
+  // The digest is measured on this very descriptor, the one the bytes are mapped from.
+  std::optional<std::string> verity;
+  if (may_map && m.size > 0) verity = measure_verity_(fd, shown);
+  if (verity) {
+    void* p = ::mmap(nullptr, m.size, PROT_READ, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) common::throw_errno("fs.map", "map " + shown + " (fs-verity)", errno);
+    auto image = std::make_shared<FileImage>(static_cast<std::byte*>(p), m.size);
+    image->fsverity_ = std::move(verity);
+    // Never hashed here: a reader of its sha256 gets this error, not a wait that never ends.
+    std::promise<std::string> none;
+    none.set_exception(std::make_exception_ptr(common::Error(
+        "oracle.internal", shown + " is bound by its fs-verity digest; no sha256 was computed")));
+    image->digest_ = none.get_future().share();
+    return image;
+  }
   if (m.size > 0) {
     void* p = ::mmap(nullptr, m.size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED)
@@ -148,8 +168,8 @@ std::shared_ptr<FileImage> ModelFiles::fetch(const std::string& name, std::size_
 
 std::shared_ptr<const FileImage> ModelFiles::read(const std::string& name, std::size_t max_bytes) {
   if (auto it = cache_.find(name); it != cache_.end()) return it->second;
-  auto image = fetch(name, max_bytes, /*hash_now=*/true);
-  records_[name] = {image->bytes().size(), image->digest_};
+  auto image = fetch(name, max_bytes, /*hash_now=*/true, /*may_map=*/false);
+  records_[name] = {image->bytes().size(), image->digest_, std::nullopt};
   cache_.emplace(name, image);
   return image;
 }
@@ -162,11 +182,13 @@ void ModelFiles::hash_in_background(const std::vector<std::shared_ptr<FileImage>
     std::shared_ptr<const FileImage> image;  // keeps the bytes alive until hashed
     std::promise<std::string> digest;
   };
-  threads = std::clamp<unsigned>(threads, 1,
-                                 static_cast<unsigned>(std::max<std::size_t>(images.size(), 1)));
+  std::vector<std::shared_ptr<FileImage>> order;
+  for (const auto& image : images)
+    if (!image->fsverity_) order.push_back(image);  // bound by the kernel, not hashed
+  if (order.empty()) return;
+  threads = std::clamp<unsigned>(threads, 1, static_cast<unsigned>(order.size()));
   std::vector<std::vector<Job>> lists(threads);
   std::vector<std::size_t> load(threads, 0);
-  std::vector<std::shared_ptr<FileImage>> order = images;
   std::stable_sort(order.begin(), order.end(),
                    [](const auto& a, const auto& b) { return a->size_ > b->size_; });
   for (auto& image : order) {
@@ -207,7 +229,7 @@ std::vector<std::shared_ptr<const FileImage>> ModelFiles::read_large(
       std::size_t i = next.fetch_add(1);
       if (i >= names.size() || failed.load()) return;
       try {
-        out[i] = fetch(names[i], SIZE_MAX, /*hash_now=*/false);
+        out[i] = fetch(names[i], SIZE_MAX, /*hash_now=*/false, /*may_map=*/true);
       } catch (...) {
         std::lock_guard lock(error_mutex);
         if (!first_error) first_error = std::current_exception();
@@ -225,7 +247,7 @@ std::vector<std::shared_ptr<const FileImage>> ModelFiles::read_large(
   if (first_error) std::rethrow_exception(first_error);
   hash_in_background(out, threads);
   for (std::size_t i = 0; i < names.size(); ++i)
-    records_[names[i]] = {out[i]->bytes().size(), out[i]->digest_};
+    records_[names[i]] = {out[i]->bytes().size(), out[i]->digest_, out[i]->fsverity_};
   return {out.begin(), out.end()};
 }
 
@@ -249,7 +271,13 @@ Json bytes_used(const ModelFiles& files, const std::vector<std::string>& weight_
   Json weights = Json::array();
   for (const auto& name : sorted) {
     const FileRecord& r = recorded(name);
-    weights.push_back({{"path", name}, {"bytes", r.bytes}, {"sha256", r.sha256()}});
+    if (r.fsverity_digest)
+      weights.push_back({{"path", name},
+                         {"bytes", r.bytes},
+                         {"fsverity_digest", *r.fsverity_digest},
+                         {"bound_by", "fs-verity"}});
+    else
+      weights.push_back({{"path", name}, {"bytes", r.bytes}, {"sha256", r.sha256()}});
   }
   auto tokenizer = records.find("tokenizer.json");
   return {{"weight_files", std::move(weights)},

@@ -42,6 +42,10 @@ class Cgroup {
   virtual std::vector<pid_t> pids() const = 0;
   // Counters keyed by kernel file name; a file the kernel does not offer is null.
   virtual Counters counters() const = 0;
+  // Writes 0 to the counters this interface lets be reset and returns their file names (v1:
+  // memory.max_usage_in_bytes, memory.failcnt, memsw twins where offered; v2: none, since a
+  // write to memory.peak resets only the writer's own descriptor's view, kernel 6.12 on).
+  virtual std::vector<std::string> reset_peaks() { return {}; }
   // Removes the directories; throws naming the directory and errno if rmdir fails.
   virtual void remove() = 0;
 };

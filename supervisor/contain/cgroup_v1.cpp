@@ -144,6 +144,18 @@ class V1Cgroup : public Cgroup {
     return c;
   }
 
+  std::vector<std::string> reset_peaks() override {
+    std::vector<std::string> reset;
+    const fs::path& mem = dir("memory");
+    for (const char* file : {"memory.max_usage_in_bytes", "memory.failcnt",
+                             "memory.memsw.max_usage_in_bytes", "memory.memsw.failcnt"}) {
+      if (!fs::exists(mem / file)) continue;
+      write_cgroup_file(mem / file, "0");
+      reset.push_back(file);
+    }
+    return reset;
+  }
+
   void remove() override {
     for (const auto& h : dirs_) {
       rmdir_retrying(h.base);

@@ -63,6 +63,18 @@ class Running {
   virtual void kill() = 0;
   // The worker's init (pid 1 of its PID namespace; the worker itself is pid 2 there).
   virtual pid_t pid() const = 0;
+
+  // For a worker that stays alive across jobs (a resident oracle):
+  // Writes 0 to the counters the kernel lets be reset (cgroup v1 memory.max_usage_in_bytes,
+  // memory.failcnt and their memsw twins; none on v2) and returns their file names.
+  virtual std::vector<std::string> reset_peaks() { return {}; }
+  // The raw counters now; null without a cgroup, once the process exited, or when unreadable.
+  virtual std::optional<Counters> counters() { return std::nullopt; }
+  // Evidence of a job the running process did (ResidentEvidence, evidence.h): its cgroup,
+  // spawn, limits and namespaces, the counters now, started_at the job's; no exit, no rusage,
+  // no output. The caller sets wall_usec and the job's flags (timed_out, cancelled). A process
+  // not run by this host's runtime (a Slurm step) has none: common::Error("contain.unsupported").
+  virtual Evidence snapshot(const ResidentEvidence& resident);
 };
 
 // A child started for a SpawnSpec before the Runtime exists: it makes its network and mount

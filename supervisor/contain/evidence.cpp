@@ -237,6 +237,19 @@ Counter read_counter(const Field& f) {
   return c;
 }
 
+// A "counters" object: kernel file name -> counter.
+Counters read_counters(const Field& f) {
+  Counters out;
+  f.each_member([&](const std::string& k, const Field& v) { out[k] = read_counter(v); });
+  return out;
+}
+
+Json counters_json(const Counters& counters) {
+  Json out = Json::object();
+  for (const auto& [file, c] : counters) out[file] = counter_json(c);
+  return out;
+}
+
 StreamEvidence read_stream(const Field& f) {
   f.object({"path", "bytes", "dropped_bytes"});
   return {f["path"].string_or_null(), f["bytes"].count(), f["dropped_bytes"].count()};
@@ -408,28 +421,37 @@ Json Evidence::to_json() const {
                      {"swap_peak_bytes", opt(memory_swap_peak_bytes)}};
   e["pids_peak"] = opt(pids_peak);
   e["normalised"] = normalised_json(normalised());
-  if (counters) {
-    e["counters"] = Json::object();
-    for (const auto& [file, c] : *counters) e["counters"][file] = counter_json(c);
-  } else {
-    e["counters"] = nullptr;
-  }
+  e["counters"] = counters ? counters_json(*counters) : Json(nullptr);
   e["output"] = output ? Json{{"stdout", stream_json(output->out)},
                               {"stderr", stream_json(output->err)},
                               {"cap_bytes", output->cap_bytes}}
                        : Json(nullptr);
   e["errors"] = errors;
   if (executor) e["executor"] = *executor;
+  if (resident) {
+    Json start =
+        resident->counters_at_start ? counters_json(*resident->counters_at_start) : Json(nullptr);
+    e["resident"] =
+        Json{{"worker", resident->worker},           {"loaded_at", resident->loaded_at},
+             {"jobs_before", resident->jobs_before}, {"started_at", resident->started_at},
+             {"counters_at_start", start},           {"reset", resident->reset}};
+  }
   return e;
 }
 
 Evidence Evidence::from_json(const Json& document) {
-  // "executor" (the head's addition to a node's document) is the one optional member.
+  // "executor" (the head's addition to a node's document) and "resident" (a resident worker's
+  // job) are the optional members.
   Json json = document;
   std::optional<Json> executor;
   if (auto it = json.find("executor"); it != json.end()) {
     executor = *it;
     json.erase("executor");
+  }
+  std::optional<Json> resident;
+  if (auto it = json.find("resident"); it != json.end()) {
+    resident = *it;
+    json.erase("resident");
   }
   Field doc(json, "");
   doc.object({"schema",        "name",          "mode",       "orphan",
@@ -478,11 +500,7 @@ Evidence Evidence::from_json(const Json& document) {
   e.memory_swap_current_bytes = memory["swap_current_bytes"].count_or_null();
   e.memory_swap_peak_bytes = memory["swap_peak_bytes"].count_or_null();
   e.pids_peak = doc["pids_peak"].count_or_null();
-  if (Field f = doc["counters"]; !f.is_null()) {
-    e.counters.emplace();
-    f.each_member(
-        [&](const std::string& k, const Field& v) { (*e.counters)[k] = read_counter(v); });
-  }
+  if (Field f = doc["counters"]; !f.is_null()) e.counters = read_counters(f);
   if (Field f = doc["output"]; !f.is_null()) {
     f.object({"stdout", "stderr", "cap_bytes"});
     e.output =
@@ -494,6 +512,22 @@ Evidence Evidence::from_json(const Json& document) {
       throw common::Error("contain.bad_evidence",
                           "evidence field \"executor\" is not the Slurm executor's object");
     e.executor = *executor;
+  }
+  if (resident) {
+    Json holder{{"resident", *resident}};
+    Field f = Field(holder, "")["resident"];
+    f.object({"worker", "loaded_at", "jobs_before", "started_at", "counters_at_start", "reset"});
+    ResidentEvidence r;
+    r.worker = f["worker"].string();
+    r.loaded_at = f["loaded_at"].string();
+    r.jobs_before = f["jobs_before"].count();
+    r.started_at = f["started_at"].string();
+    for (const char* k : {"loaded_at", "started_at"})
+      if (!is_timestamp(f[k].string()))
+        f[k].fail("expected a UTC time like 2024-05-01T12:00:00.123Z");
+    if (Field c = f["counters_at_start"]; !c.is_null()) r.counters_at_start = read_counters(c);
+    r.reset = f["reset"].strings();
+    e.resident = std::move(r);
   }
   // Derived, never stored: a document whose "normalised" differs from its raw fields was not
   // written by to_json.

@@ -142,6 +142,19 @@ struct NormalisedEvidence {
   bool operator==(const NormalisedEvidence&) const = default;
 };
 
+// A job that a resident worker (one that stays loaded across jobs) ran: which worker, and the
+// raw counters as the job began, so that per-job figures are the difference. Counters that
+// reset_peaks() reset at the job's start read per job as they are.
+struct ResidentEvidence {
+  std::string worker;                         // the worker's id, "r-<n>-<its start time>"
+  std::string loaded_at;                      // UTC, when it had loaded (and hashed) the model
+  std::uint64_t jobs_before = 0;              // jobs it ran before this one
+  std::string started_at;                     // UTC, this job's start on it
+  std::optional<Counters> counters_at_start;  // null when they could not be read
+  std::vector<std::string> reset;             // counter files reset to 0 as the job began
+  bool operator==(const ResidentEvidence&) const = default;
+};
+
 // Orphans (worker cgroups an earlier assayd left) have no spawn, limits, network, PID namespace,
 // mounts,
 // started_at, wall_usec, exit or output.
@@ -177,12 +190,21 @@ struct Evidence {
   // slurm_job_id, node, partition, state, restarts, evidence_sha256 (of the node's own document),
   // memory_limit_hit} (executors/slurm.h). Absent: this host.
   std::optional<common::Json> executor;
+  // Set when a resident worker ran the job: `counters` are then read as it ended (the worker
+  // still running), `exit` is null unless the worker ended during the job, `wall_usec` and
+  // `started_at` are the job's, and `normalised` and the summary fields (oom_killed, memory,
+  // pids_peak, cpu.cgroup_usage_usec) are per-job (job_counters).
+  std::optional<ResidentEvidence> resident;
 
+  // The counters over this process's run: `counters`, or a resident job's per-job view of them
+  // (see `resident`).
+  std::optional<Counters> job_counters() const;
   // The Kiln-v2 view of the fields above; to_json writes it as "normalised" and from_json
   // checks that a document's "normalised" equals it.
   NormalisedEvidence normalised() const;
 
-  // Exited with code 0, not timed out, not OOM-killed.
+  // Exited with code 0, not timed out, not OOM-killed; for a resident job: the worker was
+  // still alive when the job ended (exit null), not timed out, no OOM kill during the job.
   bool succeeded() const;
   // Why it did not succeed, e.g. "exited with code 3" (empty when it succeeded).
   std::string failure_reason() const;

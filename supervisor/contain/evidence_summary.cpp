@@ -21,12 +21,65 @@ std::vector<std::string> Evidence::memory_pressure() const {
   return seen;
 }
 
+namespace {
+
+// A resident job's counters as per-job figures: each cumulative counter minus its value at the
+// job's start (never below 0), a counter reset at the start as read, and the lifetime peaks the
+// kernel cannot reset (memory.peak, memory.swap.peak, pids.peak) left out. Current values
+// (usage_in_bytes, swap.current) stay as read.
+Counters per_job(const Counters& end, const ResidentEvidence& r) {
+  static const std::vector<std::string> kLifetime = {"memory.peak", "memory.swap.peak", "pids.peak",
+                                                     "memory.max_usage_in_bytes",
+                                                     "memory.memsw.max_usage_in_bytes"};
+  static const std::vector<std::string> kCurrent = {
+      "memory.usage_in_bytes", "memory.memsw.usage_in_bytes", "memory.swap.current"};
+  auto listed = [](const std::vector<std::string>& v, const std::string& f) {
+    return std::find(v.begin(), v.end(), f) != v.end();
+  };
+  auto minus = [](std::optional<std::uint64_t> a, std::optional<std::uint64_t> b) {
+    if (!a || !b) return std::optional<std::uint64_t>();
+    return std::optional<std::uint64_t>(*a > *b ? *a - *b : 0);
+  };
+  Counters out;
+  for (const auto& [file, c] : end) {
+    if (listed(r.reset, file) || listed(kCurrent, file)) {
+      out[file] = c;
+      continue;
+    }
+    if (listed(kLifetime, file)) continue;
+    const Counter* start = nullptr;
+    if (r.counters_at_start)
+      if (auto it = r.counters_at_start->find(file); it != r.counters_at_start->end())
+        start = &it->second;
+    Counter d;
+    if (start && c.value) d.value = minus(c.value, start->value);
+    if (start && c.keys && start->keys) {
+      d.keys.emplace();
+      for (const auto& [k, v] : *c.keys) {
+        auto s = start->keys->find(k);
+        (*d.keys)[k] = s == start->keys->end() ? std::nullopt : minus(v, s->second);
+      }
+    }
+    out[file] = d;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::optional<Counters> Evidence::job_counters() const {
+  if (!counters) return std::nullopt;
+  if (!resident) return counters;
+  return per_job(*counters, *resident);
+}
+
 NormalisedEvidence Evidence::normalised() const {
   NormalisedEvidence n;
+  const std::optional<Counters> job = job_counters();
   auto find = [&](const std::string& file) -> const Counter* {
-    if (!counters) return nullptr;
-    auto it = counters->find(file);
-    return it == counters->end() ? nullptr : &it->second;
+    if (!job) return nullptr;
+    auto it = job->find(file);
+    return it == job->end() ? nullptr : &it->second;
   };
   // Sets `field` from a single-number file, recording the source when the kernel offered it.
   auto from_value = [&](std::optional<std::uint64_t>& field, const char* name,
@@ -81,6 +134,7 @@ NormalisedEvidence Evidence::normalised() const {
 }
 
 bool Evidence::succeeded() const {
+  if (resident) return !exit && !timed_out && !cancelled && oom_killed != true;
   return exit && exit->code == 0 && !timed_out && oom_killed != true;
 }
 
@@ -90,6 +144,7 @@ std::string Evidence::failure_reason() const {
   if (exit && exit->signal) {
     return "was killed by signal " + exit->signal_name.value_or(std::to_string(*exit->signal));
   }
+  if (resident && !exit) return cancelled ? "was stopped" : "";
   if (exit && exit->code == 0) return "";
   if (exit && exit->code) return "exited with code " + std::to_string(*exit->code);
   std::string reason = "left no exit status in its evidence";

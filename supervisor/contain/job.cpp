@@ -381,24 +381,74 @@ class Job : public std::enable_shared_from_this<Job> {
 
   Evidence build_evidence() {
     Evidence e;
-    e.name = spec_.name;
-    e.mode = backend_ ? backend_->name() : "none";
-    e.orphan = false;
+    bool removed = false;
     if (cgroup_) {
       try {
         e.counters = cgroup_->counters();
       } catch (const common::Error& err) {
         errors_.push_back(err.what());
       }
-      bool removed = false;
       try {
         cgroup_->remove();
         removed = true;
       } catch (const common::Error& err) {
         errors_.push_back(err.what());
       }
-      e.cgroup = CgroupEvidence{cgroup_->path(), cgroup_->hierarchies(), removed};
     }
+    describe(e, removed);
+    e.wall_usec = static_cast<std::uint64_t>(
+        std::chrono::duration_cast<std::chrono::microseconds>(exit_time_ - start_time_).count());
+    e.exit = exit_;
+    e.cpu = cpu_;
+    e.timed_out = timed_out_;
+    e.cancelled = cancelled_;
+    e.sigterm_sent = sigterm_sent_;
+    e.cgroup_killed = cgroup_killed_;
+    e.leftover_processes_killed = leftover_killed_;
+    summarise_counters(e);
+    e.output = OutputEvidence{out_.evidence(), err_.evidence(), spec_.output_cap_bytes};
+    e.errors = errors_;
+    return e;
+  }
+
+ public:
+  // A resident worker between jobs (contain.h Running::snapshot).
+  Evidence snapshot(const ResidentEvidence& resident) {
+    Evidence e;
+    std::vector<std::string> errors;
+    if (cgroup_) {
+      try {
+        e.counters = cgroup_->counters();
+      } catch (const common::Error& err) {
+        errors.push_back(err.what());
+      }
+    }
+    describe(e, false);
+    e.started_at = resident.started_at;
+    e.resident = resident;
+    summarise_counters(e);
+    e.errors = std::move(errors);
+    return e;
+  }
+  std::vector<std::string> reset_peaks() {
+    return cgroup_ ? cgroup_->reset_peaks() : std::vector<std::string>{};
+  }
+  std::optional<Counters> counters() {
+    if (!cgroup_ || exited_) return std::nullopt;
+    try {
+      return cgroup_->counters();
+    } catch (const common::Error&) {
+      return std::nullopt;
+    }
+  }
+
+ private:
+  // What every evidence of this process says: its name, cgroup, spawn, limits and namespaces.
+  void describe(Evidence& e, bool removed) const {
+    e.name = spec_.name;
+    e.mode = backend_ ? backend_->name() : "none";
+    e.orphan = false;
+    if (cgroup_) e.cgroup = CgroupEvidence{cgroup_->path(), cgroup_->hierarchies(), removed};
     SpawnEvidence spawn;
     spawn.method = spawned_.method;
     spawn.argv = spec_.argv;
@@ -417,20 +467,7 @@ class Job : public std::enable_shared_from_this<Job> {
     e.pid_namespace_private = spawned_.pid_namespace_private;
     e.mounts = spawned_.mounts;
     e.started_at = started_at_;
-    e.wall_usec = static_cast<std::uint64_t>(
-        std::chrono::duration_cast<std::chrono::microseconds>(exit_time_ - start_time_).count());
-    e.exit = exit_;
-    e.cpu = cpu_;
-    e.timed_out = timed_out_;
-    e.cancelled = cancelled_;
-    e.sigterm_sent = sigterm_sent_;
-    e.cgroup_killed = cgroup_killed_;
     e.kill_scope = cgroup_ ? "cgroup" : "process-group";
-    e.leftover_processes_killed = leftover_killed_;
-    summarise_counters(e);
-    e.output = OutputEvidence{out_.evidence(), err_.evidence(), spec_.output_cap_bytes};
-    e.errors = errors_;
-    return e;
   }
 
   asio::strand<asio::io_context::executor_type> strand_;
@@ -462,6 +499,9 @@ class RunningImpl : public Running {
   ~RunningImpl() override { job_->request_kill(); }  // a no-op once it finished
   void kill() override { job_->request_kill(); }
   pid_t pid() const override { return job_->pid(); }
+  Evidence snapshot(const ResidentEvidence& resident) override { return job_->snapshot(resident); }
+  std::vector<std::string> reset_peaks() override { return job_->reset_peaks(); }
+  std::optional<Counters> counters() override { return job_->counters(); }
 
  private:
   std::shared_ptr<Job> job_;
@@ -470,7 +510,8 @@ class RunningImpl : public Running {
 }  // namespace
 
 void summarise_counters(Evidence& e) {
-  const Counters* c = e.counters ? &*e.counters : nullptr;
+  const std::optional<Counters> job = e.job_counters();
+  const Counters* c = job ? &*job : nullptr;
   auto counter = [&](const char* file) -> const Counter* {
     if (!c) return nullptr;
     auto it = c->find(file);

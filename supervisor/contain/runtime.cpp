@@ -131,6 +131,11 @@ std::unique_ptr<EarlyChild> EarlyChild::start(const SpawnSpec& spec) {
   return detail::prespawn(spec, nullptr);
 }
 
+Evidence Running::snapshot(const ResidentEvidence& resident) {
+  throw common::Error("contain.unsupported",
+                      "resident worker " + resident.worker + ": this process has no snapshot");
+}
+
 Evidence Runtime::run(const SpawnSpec& spec) {
   asio::io_context io;
   std::optional<Evidence> result;

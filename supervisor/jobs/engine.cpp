@@ -81,11 +81,15 @@ void Engine::prepare_workspace(const Step& step, const Json& input, const fs::pa
       handed.push_back(ws / name);
     }
   }
-  if (worker_)
-    for (const auto& p : handed)
-      if (::chown(p.c_str(), worker_->uid, worker_->gid) != 0)
-        common::throw_errno("worker.workspace", "cannot hand " + p.string() + " to the worker user",
-                            errno);
+  hand_to_worker(handed);
+}
+
+void Engine::hand_to_worker(const std::vector<fs::path>& paths) const {
+  if (!worker_) return;
+  for (const auto& p : paths)
+    if (::chown(p.c_str(), worker_->uid, worker_->gid) != 0)
+      common::throw_errno("worker.workspace", "cannot hand " + p.string() + " to the worker user",
+                          errno);
 }
 
 contain::SpawnSpec Engine::worker_spec(const JobRun& run, const Step& step,
@@ -162,8 +166,9 @@ void Engine::start_step(JobRun& run, Step& step) {
       throw Error("worker.missing",
                   "worker executable " + step.worker.string() + " is missing or not executable");
     Json input = step.input();
-    contain::SpawnSpec spec = worker_spec(run, step, ws);
     run.model_fds.clear();
+    if (start_resident(run, step, job, input, ws)) return;
+    contain::SpawnSpec spec = worker_spec(run, step, ws);
     if (slurm_) {
       // Descriptors do not cross hosts: a worker on a node reads the model by path.
       if (!step.open_files.empty())

@@ -4,6 +4,8 @@
 // runs on the io_context's one thread; nothing here throws to its caller once a job is accepted.
 #pragma once
 
+#include <array>
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -14,6 +16,7 @@
 
 #include <sys/types.h>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/thread_pool.hpp>
@@ -45,9 +48,42 @@ struct JobRun {
   std::vector<common::UniqueFd> model_fds;  // the running step's model files, opened by assayd
   std::unique_ptr<boost::asio::steady_timer> progress_timer;  // a step with Step::progress
   std::optional<contain::Evidence> harvesting;  // the run whose parts are being recorded
+  int resident = -1;  // the resident worker running its step (resident.cpp), or -1
   // Re-queued by a restart: with the Slurm executor, steps that ended before it are collected
   // from their records and a step still in Slurm is re-attached, until one starts afresh.
   bool recovered = false;
+};
+
+// A resident oracle worker (Config::resident, resident.cpp): `assay-oracle serve`, contained
+// like every worker, loaded once, running one next-token job at a time when the job's
+// fingerprint equals the bytes it loaded.
+struct ResidentWorker {
+  enum class State { kLoading, kIdle, kBusy, kStopping };
+  explicit ResidentWorker(boost::asio::io_context& io) : control(io), timer(io) {}
+  int number = 0;
+  std::string id;   // "r-<number>-<start, Unix ms>"
+  std::string key;  // model_dir, executable and execution: what a job must match
+  std::string model_dir;
+  std::filesystem::path workspace;  // STATE/resident/<id>
+  std::uint64_t memory_limit = 0;
+  State state = State::kLoading;
+  std::shared_ptr<contain::Running> process;
+  boost::asio::posix::stream_descriptor control;  // our end of the SOCK_SEQPACKET pair
+  std::array<char, 4096> buffer{};
+  boost::asio::steady_timer timer;  // the running job's timeout, or the idle timeout
+  common::Json bytes_used;          // from loaded.json: fixed for its life
+  std::string loaded_at;
+  double load_seconds = 0;
+  std::uint64_t jobs = 0;
+  double last_used = 0;  // Unix seconds, for eviction
+  // The job it runs (or loads for): its id, step role, directory name, the job's start.
+  std::string job_id, role, job_dir;
+  contain::ResidentEvidence job;
+  std::chrono::steady_clock::time_point job_started;
+  std::chrono::milliseconds job_timeout{0};  // the step's: the evidence's limits.timeout
+  bool timed_out = false;
+  std::string stop_reason;  // why it was stopped (replaced, idle, evicted), for the log
+  common::Json pending;     // the input of the job it loads for, run once loaded
 };
 
 class Engine {
@@ -99,6 +135,32 @@ class Engine {
   void keep_step_record(const std::string& id, const std::string& role, const common::Json& output,
                         const contain::Evidence& evidence);
 
+  // resident.cpp: resident oracle workers (Config::resident)
+  // Runs `step` on a resident worker when it may (true: the step is under way there or failed
+  // the job); false: the caller starts a worker of its own.
+  bool start_resident(JobRun& run, Step& step, const Job& job, const common::Json& input,
+                      const std::filesystem::path& ws);
+  ResidentWorker* spawn_resident(JobRun& run, const Step& step, const Job& job,
+                                 const common::Json& input, const std::string& key);
+  void dispatch_resident(ResidentWorker& w, JobRun& run, const common::Json& input);
+  void read_resident(int number);
+  void resident_message(int number, const std::string& message);
+  void resident_loaded(ResidentWorker& w);
+  void resident_job_ended(ResidentWorker& w, bool done);
+  // `evidence` as the job's: its share of the worker's counters (w.job), its timeout and wall.
+  contain::Evidence resident_job_evidence(const ResidentWorker& w,
+                                          contain::Evidence evidence) const;
+  void resident_exited(int number, contain::Evidence evidence);
+  void stop_resident(ResidentWorker& w, const std::string& why);
+  void arm_resident_idle(ResidentWorker& w);
+  // Stops idle workers (least recently used first) until `bytes` more fit under
+  // resident.memory_bytes and a worker slot is free; false when the busy ones leave no room.
+  bool make_resident_room(std::uint64_t bytes, const std::string& keep_key);
+  // Memory an idle resident worker holding `model_dir` frees for a job on that model (it runs
+  // the job, or is replaced by its worker): its cgroup's current usage, else 0.
+  std::uint64_t resident_memory_for(const std::string& model_dir);
+  std::filesystem::path resident_root() const;
+
   // engine.cpp
   void next_step(JobRun& run);
   void start_step(JobRun& run, Step& step);
@@ -110,6 +172,9 @@ class Engine {
   RunFacts run_facts(const JobRun& run) const;
   contain::SpawnSpec worker_spec(const JobRun& run, const Step& step,
                                  const std::filesystem::path& ws) const;
+  // Gives files assayd made to the worker user (when workers run as one): chown, or
+  // Error("worker.workspace") naming the file.
+  void hand_to_worker(const std::vector<std::filesystem::path>& paths) const;
   void prepare_workspace(const Step& step, const common::Json& input,
                          const std::filesystem::path& ws) const;
   // Opens every regular file at the top of `model_dir` for the worker (fds 3, 4, ... in its
@@ -143,6 +208,8 @@ class Engine {
   std::vector<std::string> queue_;                       // FIFO of queued job ids
   std::map<std::string, std::unique_ptr<JobRun>> runs_;  // running jobs
   std::optional<std::string> waiting_;                   // the head job the preflight holds back
+  std::map<int, std::unique_ptr<ResidentWorker>> residents_;
+  int next_resident_ = 0;
   boost::asio::steady_timer retry_timer_;
   bool retry_armed_ = false;
   bool stopping_ = false;

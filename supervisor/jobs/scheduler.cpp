@@ -49,6 +49,9 @@ Engine::Engine(boost::asio::io_context& io, const Config& config, JobStore& stor
   for (const fs::path& p : {config.fingerprint_worker, config.oracle_worker, config.compare_worker})
     if (!p.empty()) executables.push_back({p, true});
   boost::asio::post(digest_pool_, [executables] { warm_digests(executables); });
+  // Resident workers' workspaces an earlier assayd left (their cgroups are cleanup_orphans').
+  std::error_code ec;
+  fs::remove_all(resident_root(), ec);
 }
 
 void Engine::recover() {
@@ -79,6 +82,7 @@ void Engine::recover() {
 void Engine::stop() {
   stopping_ = true;
   retry_timer_.cancel();
+  for (auto& [n, w] : residents_) stop_resident(*w, "assayd stops");
 }
 
 void Engine::enqueue(const std::string& id) {
@@ -104,6 +108,8 @@ bool Engine::cancel(Job& job) {
   }
   watchers_.publish(job);
   if (it->second->process) it->second->process->kill();
+  if (auto r = residents_.find(it->second->resident); r != residents_.end())
+    stop_resident(*r->second, "its job " + job.id + " was cancelled");
   return true;
 }
 
@@ -182,7 +188,27 @@ bool Engine::preflight(JobRun& run) {
              " but the supervisor's cgroup limit is " + fmt_bytes(ceiling));
     return false;
   }
+  // An idle resident worker that holds this job's model either runs its step or is replaced by
+  // the step's own worker: its memory is this job's to use.
+  if (run.pipeline->may_use_resident())
+    if (std::uint64_t held = resident_memory_for(job.model_dir)) {
+      available += held;
+      run.host_memory["resident_worker_bytes"] = held;
+    }
   if (required + reserve <= available) return true;
+  // Idle resident workers give their memory back to a job that needs it.
+  bool evicted = false;
+  for (auto& [n, w] : residents_)
+    if (w->state == ResidentWorker::State::kIdle) {
+      stop_resident(*w, "job " + job.id + " needs its memory");
+      evicted = true;
+    }
+  if (evicted) {
+    runs_.erase(run.id);
+    queue_.insert(queue_.begin(), job.id);
+    arm_retry();
+    return false;
+  }
   // Could fit once other work ends: the job stays first in line and is retried on a timer. Only
   // the start of a wait is an event; later retries change nothing on disk.
   std::string reason = "needs " + fmt_bytes(required) + " + reserve " + fmt_bytes(reserve) +

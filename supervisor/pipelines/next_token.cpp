@@ -40,6 +40,11 @@ class NextTokenPipeline final : public Pipeline {
     return prompt_check_applies(request_) ? std::max(need, kPromptCheckBytes) : need;
   }
   common::RequestLimits limits() const override { return request_.limits; }
+  bool may_use_resident() const override {
+    return config_.resident.count > 0 &&
+           request_.backend.value_or(config_.oracle_backend) != "transformers" &&
+           !request_.limits.memory_bytes;
+  }
 
   std::vector<Step> plan() override {
     std::string name = request_.model_identity ? (*request_.model_identity)["id"].get<std::string>()
@@ -60,6 +65,11 @@ class NextTokenPipeline final : public Pipeline {
     Step oracle =
         oracle_step("oracle", backend == "transformers" ? config_.hf_worker : config_.oracle_worker,
                     input, oracle_, oracle_evidence_);
+    // The libtorch oracle may run on a resident worker that holds exactly this job's bytes.
+    if (may_use_resident())
+      oracle.resident_bytes = [this](const Json& bytes_used) {
+        check_bytes_used(Json{{"bytes_used", bytes_used}}, fingerprint_, "resident oracle");
+      };
     Step second =
         oracle_step("oracle-transformers", config_.hf_worker, input, second_, second_evidence_);
     std::vector<Step> steps;

@@ -93,6 +93,11 @@ struct Step {
   // Polled with `progress`: a reason when the worker made no progress for too long (a batch
   // state that hangs), and the engine stops it; its harvest then decides what runs again.
   std::function<std::optional<std::string>()> stalled = nullptr;
+  // Set on a next-token oracle step that a resident worker may run (Config::resident, engine
+  // resident.cpp): called with the bytes_used of a worker that already holds the model; throws
+  // common::Error naming the first difference from this job's fingerprint, and the engine then
+  // replaces that worker instead of using it. Unset: the step always runs a worker of its own.
+  std::function<void(const common::Json& bytes_used)> resident_bytes = nullptr;
   // The worker's timeout is the configured (or requested) one times this (called after input();
   // unset: 1), e.g. per state of a batch.
   std::function<double()> timeout_factor = nullptr;
@@ -156,6 +161,9 @@ class Pipeline {
   // Parts (Part): how many this job has (0 for kinds without), and each the store holds, handed
   // back before plan() (those an earlier run recorded before a restart cut it off) and as each
   // is recorded.
+  // Whether a step of this job may run on a resident worker (Step::resident_bytes): the
+  // preflight then counts an idle resident worker holding its model as memory it may use.
+  virtual bool may_use_resident() const { return false; }
   virtual std::size_t part_count() const { return 0; }
   virtual void part_recorded(const PartRecord&) {}
 };

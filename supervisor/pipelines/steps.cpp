@@ -212,12 +212,34 @@ void check_bytes_used(const Json& output, const FingerprintRun& fingerprint,
                     " but the fingerprint worker hashed " + want.dump() +
                     ": the model directory changed during the job; no result is signed");
   };
+  // The fs-verity digest the fingerprint worker measured on a file it hashed, or null.
+  auto fingerprint_fsverity = [&](const Json& path) {
+    for (const Json& f : fingerprint.output.value("files", Json::array()))
+      if (f.is_object() && f.value("name", Json()) == path)
+        return f.value("fsverity_digest", Json());
+    return Json();
+  };
   const Json& got = used.value("weight_files", Json::array());
   const Json& want = id.value("weight_files", Json::array());
   for (std::size_t i = 0; i < std::max(got.size(), want.size()); ++i) {
     Json g = i < got.size() ? got[i] : Json(nullptr), w = i < want.size() ? want[i] : Json(nullptr);
-    if (g != w)
-      differ("weight file " + (w.is_object() ? w.value("path", std::string("?")) : g.dump()), g, w);
+    std::string what =
+        "weight file " + (w.is_object() ? w.value("path", std::string("?")) : g.dump());
+    if (g.is_object() && g.contains("bound_by")) {
+      // Mapped, not hashed: the oracle measured this fs-verity digest on its descriptor, and the
+      // fingerprint hashed a file with the same one, which the kernel keeps from changing; so
+      // the fingerprint's sha256 is of the bytes the oracle mapped.
+      Json verity = w.is_object() ? fingerprint_fsverity(w["path"]) : Json();
+      bool same = g.size() == 4 && g["bound_by"] == "fs-verity" && w.is_object() &&
+                  g.value("path", Json()) == w["path"] && g.value("bytes", Json()) == w["bytes"] &&
+                  verity.is_string() && g.value("fsverity_digest", Json()) == verity;
+      if (!same) {
+        if (w.is_object()) w["fsverity_digest"] = verity;
+        differ(what, g, w);
+      }
+      continue;
+    }
+    if (g != w) differ(what, g, w);
   }
   if (used.value("config_hash", Json()) != id.value("config_hash", Json()))
     differ("config_hash", used.value("config_hash", Json()), id.value("config_hash", Json()));

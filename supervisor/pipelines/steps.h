@@ -57,8 +57,11 @@ bool drop_fingerprint_cache(const std::filesystem::path& state_dir, const std::s
 
 // The oracle's report of the bytes it computed with (output "bytes_used") must equal what the
 // fingerprint worker hashed: every weight file (path, bytes, sha256), config_hash and
-// tokenizer_hash. Throws Error("job.bytes_mismatch") naming the first difference, so that no
-// result names one model and carries another's logits.
+// tokenizer_hash. A weight file the oracle mapped under fs-verity ({path, bytes, fsverity_digest,
+// "bound_by": "fs-verity"}) matches when the fingerprint read the same path and bytes with that
+// same fs-verity digest (its output "files"); the fingerprint's sha256 then stands for it. Throws
+// Error("job.bytes_mismatch") naming the first difference, so that no result names one model and
+// carries another's logits.
 void check_bytes_used(const common::Json& oracle_output, const FingerprintRun& fingerprint,
                       const std::string& role);
 

@@ -300,3 +300,78 @@ TEST_CASE("success is exit code 0, not timed out, not OOM-killed; the reason say
   Evidence bare = with([](Evidence& e) { e.exit.reset(); });
   CHECK(bare.failure_reason() == "left no exit status in its evidence");
 }
+
+TEST_CASE(
+    "a resident worker's job evidence is per job: cumulative counters minus their start, reset "
+    "counters as read, lifetime peaks null; it reads back and is schema-valid") {
+  Evidence e = full_evidence();
+  e.mode = "cgroup-v2";
+  e.exit.reset();
+  e.timed_out = e.sigterm_sent = e.cgroup_killed = false;
+  e.cpu = CpuEvidence{};
+  e.counters = Counters{
+      {"memory.events",
+       Counter{std::nullopt, {{{"low", 0}, {"high", 7}, {"max", 4}, {"oom", 1}, {"oom_kill", 0}}}}},
+      {"memory.peak", Counter{9u << 20, std::nullopt}},
+      {"memory.swap.current", Counter{0, std::nullopt}},
+      {"memory.swap.peak", Counter{65536, std::nullopt}},
+      {"pids.peak", Counter{40, std::nullopt}},
+      {"cpu.stat", Counter{std::nullopt, {{{"usage_usec", 5000}}}}}};
+  ResidentEvidence r;
+  r.worker = "r-3-1796238521782";
+  r.loaded_at = "2026-12-02T19:08:41.990Z";
+  r.started_at = "2026-12-02T19:08:42.767Z";
+  r.jobs_before = 4;
+  r.counters_at_start = Counters{
+      {"memory.events",
+       Counter{std::nullopt, {{{"low", 0}, {"high", 5}, {"max", 4}, {"oom", 1}, {"oom_kill", 0}}}}},
+      {"memory.peak", Counter{9u << 20, std::nullopt}},
+      {"cpu.stat", Counter{std::nullopt, {{{"usage_usec", 3000}}}}}};
+  e.resident = r;
+  // What summarise_counters does after a snapshot.
+  e.pids_peak.reset();
+  e.memory_peak_bytes.reset();
+  NormalisedEvidence n = e.normalised();
+  CHECK(n.memory_high_events == 2u);  // 7 at the end, 5 at the start
+  CHECK(n.memory_max_events == 0u);
+  CHECK(n.memory_oom_events == 0u);
+  CHECK_FALSE(n.memory_peak_bytes);  // memory.peak covers the worker's life
+  CHECK(n.memory_swap_bytes == 0u);  // no per-job swap.peak: the current value
+  CHECK_FALSE(n.exit_code);
+  CHECK(e.job_counters()->at("cpu.stat").keys->at("usage_usec") == 2000u);
+  CHECK(e.succeeded());
+  CHECK(e.memory_pressure() == std::vector<std::string>{"memory.events:high = 2"});
+
+  // cgroup v1: the peak and failcnt were reset as the job began, so they read per job.
+  Evidence v1 = full_evidence();
+  v1.exit.reset();
+  v1.timed_out = false;
+  (*v1.counters)["memory.failcnt"] = Counter{2, std::nullopt};
+  (*v1.counters)["memory.oom_control"] =
+      Counter{std::nullopt, {{{"oom_kill", 1}, {"under_oom", 0}}}};
+  ResidentEvidence r1 = r;
+  r1.counters_at_start = Counters{
+      {"memory.failcnt", Counter{0, std::nullopt}},
+      {"memory.oom_control", Counter{std::nullopt, {{{"oom_kill", 1}, {"under_oom", 0}}}}}};
+  r1.reset = {"memory.max_usage_in_bytes", "memory.failcnt"};
+  v1.resident = r1;
+  NormalisedEvidence n1 = v1.normalised();
+  CHECK(n1.memory_peak_bytes == 123456789u);
+  CHECK(n1.memory_max_events == 2u);
+  CHECK(n1.memory_oom_kill_events == 0u);  // the kill before this job is not this job's
+
+  for (const Evidence& doc : {e, v1}) {
+    Json j = doc.to_json();
+    CHECK(j["resident"]["worker"] == "r-3-1796238521782");
+    CHECK(Evidence::from_json(Json::parse(j.dump())) == doc);
+    assay::contain::test::TempDir dir;
+    assay::contain::test::check_schema(j, dir.path);
+  }
+  // The worker ended during the job: not a success, whatever its exit code.
+  e.exit = ExitStatus{0, std::nullopt, std::nullopt, false};
+  CHECK_FALSE(e.succeeded());
+  Json bad = e.to_json();
+  bad["resident"]["extra"] = 1;
+  CHECK_THROWS_WITH_AS(Evidence::from_json(bad), doctest::Contains("resident.extra"),
+                       assay::common::Error);
+}

@@ -1,5 +1,5 @@
 // The fingerprint cache: a digest is reused only when the file's (dev, inode, size, mtime,
-// ctime) equal its entry's exactly; anything else is read and hashed again.
+// ctime) and fs-verity digest equal its entry's exactly; anything else is read and hashed again.
 #include <doctest/doctest.h>
 
 #include <fcntl.h>
@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <optional>
 #include <set>
 
 #include "common/error.h"
@@ -165,6 +166,46 @@ TEST_CASE(
   CHECK_FALSE(file(second, "chat_template.jinja").from_cache);
 }
 
+TEST_CASE(
+    "a file's fs-verity digest is recorded beside its sha256, and a cached sha256 is reused only "
+    "beside the same fs-verity digest") {
+  // This host's kernel has no fs-verity: a stand-in answers for model-a (tests/vm/verity.sh runs
+  // the real thing). Enabling fs-verity moves neither mtime nor ctime, so only this tells.
+  TempDir dir;
+  make_model(dir.path(), kShards);
+  auto verity = [](std::optional<std::string> digest) {
+    return [digest](int, const std::string& shown) -> std::optional<std::string> {
+      return shown.ends_with("/model-a.safetensors") ? digest : std::nullopt;
+    };
+  };
+  const std::string d1 = "sha256:" + std::string(64, '1'), d2 = "sha512:" + std::string(128, '2');
+  Fingerprint plain = fingerprint_model(dir.path(), "m");
+  Options o;
+  o.measure_fsverity = verity(d1);
+  Fingerprint first = fingerprint_model(dir.path(), "m", o);
+  CHECK(file(first, "model-a.safetensors").state.fsverity_digest == d1);
+  CHECK_FALSE(file(first, "model-b.safetensors").state.fsverity_digest);
+  CHECK(to_json(file(first, "model-a.safetensors"))["fsverity_digest"] == d1);
+  CHECK_FALSE(to_json(file(first, "model-b.safetensors")).contains("fsverity_digest"));
+  // Not part of the identity: the same bytes, the same identity, with or without fs-verity.
+  CHECK(first.identity == plain.identity);
+  CHECK(to_json(first.identity).dump().find("fsverity") == std::string::npos);
+
+  auto reads = [&](const std::vector<CacheEntry>& cache, std::optional<std::string> now) {
+    std::set<std::string> read;
+    Options c = with_cache(cache, &read);
+    c.measure_fsverity = verity(now);
+    Fingerprint f = fingerprint_model(dir.path(), "m", c);
+    CHECK(f.identity == plain.identity);
+    return read.count("model-a.safetensors") == 1;
+  };
+  CHECK_FALSE(reads(entries_of(first), d1));      // the same digest: reused
+  CHECK(reads(entries_of(first), d2));            // another digest
+  CHECK(reads(entries_of(first), std::nullopt));  // (a copy) without fs-verity
+  CHECK(reads(entries_of(plain), d1));            // fs-verity enabled since the digest was computed
+  CHECK_FALSE(reads(entries_of(plain), std::nullopt));
+}
+
 TEST_CASE("cache entries are parsed strictly") {
   common::Json ok = common::Json::array({{{"name", "config.json"},
                                           {"dev", "1"},
@@ -195,6 +236,18 @@ TEST_CASE("cache entries are parsed strictly") {
   CHECK_THROWS_AS(parse_cache(bad, "in", "c"), common::Error);
   CHECK(parse_cache(ok, "in", "c")[0].mtime_ns == 1796142391146889191);
   CHECK(parse_cache(ok, "in", "c")[0].ctime_ns == -5);
+  CHECK_FALSE(parse_cache(ok, "in", "c")[0].fsverity_digest);
+  common::Json verity = ok;
+  verity[0]["fsverity_digest"] = "sha256:" + std::string(64, 'b');
+  CHECK(parse_cache(verity, "in", "c")[0].fsverity_digest == "sha256:" + std::string(64, 'b'));
+  for (std::string wrong : {"sha256:" + std::string(63, 'b'), "sha512:" + std::string(64, 'b'),
+                            "sha256:" + std::string(64, 'B'), std::string("md5:00")}) {
+    CAPTURE(wrong);
+    verity[0]["fsverity_digest"] = wrong;
+    CHECK_THROWS_WITH_AS(parse_cache(verity, "in", "c"),
+                         doctest::Contains(("cache[0].fsverity_digest \"" + wrong + "\"").c_str()),
+                         common::Error);
+  }
 }
 
 TEST_CASE("the worker reuses the input's cache and says so in output.json, both valid documents") {

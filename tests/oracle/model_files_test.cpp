@@ -1,17 +1,23 @@
-// ModelFiles: each file read once into this process's own memory, hashed on the way, by name
-// below the directory or only through the supervisor's descriptors.
+// ModelFiles: each file read once into this process's own memory, hashed on the way (or a weight
+// file with fs-verity mapped), by name below the directory or only through the supervisor's
+// descriptors.
 #include <doctest/doctest.h>
 
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "common/error.h"
+#include "common/fsverity.h"
 #include "common/identity.h"
 #include "tests/support/process.h"
 #include "worker/model_files.h"
@@ -147,4 +153,78 @@ TEST_CASE("through model_fds: only the given descriptors, pread, each checked") 
   ::close(config);
   ::close(dir);
   ::close(path_only);
+}
+
+TEST_CASE("a weight file without fs-verity is copied and hashed, as the kernel here says") {
+  TempDir d;
+  write(d / "model.safetensors", std::string(5000, 'w'));
+  write(d / "config.json", "{}");
+  int fd = ::open((d / "model.safetensors").c_str(), O_RDONLY | O_CLOEXEC);
+  REQUIRE(fd >= 3);
+  // ENODATA (no fs-verity on this file), ENOTTY or EOPNOTSUPP (none on this filesystem/kernel).
+  CHECK_FALSE(assay::common::measure_fsverity(fd, "model.safetensors").has_value());
+  ModelFiles files = ModelFiles::from_fds("/models/m", {{"model.safetensors", fd}});
+  auto images = files.read_large({"model.safetensors"}, 1);
+  CHECK_FALSE(images[0]->fsverity_digest().has_value());
+  CHECK(images[0]->sha256() == assay::common::sha256_id(std::string(5000, 'w')));
+  CHECK_FALSE(files.records().at("model.safetensors").fsverity_digest.has_value());
+  ::close(fd);
+}
+
+TEST_CASE(
+    "a weight file with fs-verity is mapped, not copied or hashed; bytes_used names its "
+    "fs-verity digest") {
+  // This host's kernel has no fs-verity: a stand-in answers for the kernel, for one file only.
+  // tests/vm/verity.sh runs the real thing.
+  TempDir d;
+  std::string before(3 << 20, 'a');
+  write(d / "a.safetensors", before);
+  write(d / "b.safetensors", "bbbb");
+  write(d / "config.json", "{}");
+  int a = ::open((d / "a.safetensors").c_str(), O_RDONLY | O_CLOEXEC);
+  int b = ::open((d / "b.safetensors").c_str(), O_RDONLY | O_CLOEXEC);
+  int config = ::open((d / "config.json").c_str(), O_RDONLY | O_CLOEXEC);
+  REQUIRE((a >= 3 && b >= 3 && config >= 3));
+  const std::string digest = "sha256:" + std::string(64, 'c');
+  std::vector<int> asked;
+  ModelFiles files = ModelFiles::from_fds(
+      "/models/m", {{"a.safetensors", a}, {"b.safetensors", b}, {"config.json", config}});
+  files.measure_verity_with([&](int fd, const std::string&) -> std::optional<std::string> {
+    asked.push_back(fd);
+    if (fd == a) return digest;
+    return std::nullopt;
+  });
+  files.read("config.json", 100);  // small files are always copied and hashed
+  auto images = files.read_large({"b.safetensors", "a.safetensors"}, 2);
+  std::sort(asked.begin(), asked.end());
+  CHECK(asked == std::vector<int>{std::min(a, b), std::max(a, b)});  // the given descriptors
+  CHECK(images[1]->fsverity_digest() == digest);
+  CHECK(text_of(images[1]) == before);
+  // A mapping, not a copy: a write shows through. fs-verity is what makes the kernel refuse it.
+  int w = ::open((d / "a.safetensors").c_str(), O_WRONLY | O_CLOEXEC);
+  REQUIRE(w >= 0);
+  REQUIRE(::pwrite(w, "z", 1, 0) == 1);
+  ::close(w);
+  CHECK(text_of(images[1])[0] == 'z');
+  CHECK(files.records().at("a.safetensors").fsverity_digest == digest);
+  Json used = assay::oracle::bytes_used(files, {"a.safetensors", "b.safetensors"});
+  CHECK(used["weight_files"] == Json::parse(R"([
+    {"path":"a.safetensors","bytes":3145728,"fsverity_digest":")" +
+                                            digest + R"(","bound_by":"fs-verity"},
+    {"path":"b.safetensors","bytes":4,"sha256":")" +
+                                            assay::common::sha256_id("bbbb") + R"("}])"));
+  CHECK(used["config_hash"] == assay::common::sha256_id("{}"));
+  for (int fd : {a, b, config}) ::close(fd);
+}
+
+TEST_CASE("a failed fs-verity measurement fails the read, naming the file") {
+  TempDir d;
+  write(d / "model.safetensors", "x");
+  ModelFiles files = ModelFiles::from_directory(d.path());
+  files.measure_verity_with([](int, const std::string& shown) -> std::optional<std::string> {
+    assay::common::throw_errno("fs.verity", "FS_IOC_MEASURE_VERITY on " + shown, EIO);
+  });
+  std::string e = error_of([&] { files.read_large({"model.safetensors"}, 1); });
+  CHECK(e.starts_with("fs.verity"));
+  CHECK(e.find((d / "model.safetensors").string()) != std::string::npos);
 }

@@ -1,0 +1,476 @@
+// Resident oracle workers (Config::resident): `assay-oracle serve` loads a model once and runs
+// next-token jobs on it one at a time, for as long as each job's fingerprint equals the bytes it
+// loaded. It is contained as every worker is (its own cgroup, namespaces, seccomp, worker user);
+// a job's evidence is its share of that worker's counters (contain::ResidentEvidence). Its
+// crash, OOM kill or a job's timeout ends the worker and fails only the job it was running.
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+
+#include <spdlog/spdlog.h>
+
+#include "common/error.h"
+#include "common/fs.h"
+#include "common/protocol.h"
+#include "common/text.h"
+#include "common/time.h"
+#include "supervisor/jobs/engine.h"
+#include "supervisor/pipelines/admission.h"
+#include "supervisor/pipelines/documents.h"
+#include "supervisor/pipelines/steps.h"
+
+namespace assay::supervisor {
+
+using common::Error;
+using common::Json;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr std::size_t kMaxLoadedBytes = 16u << 20;
+constexpr std::size_t kMaxErrorBytes = 64u << 10;
+// A resident worker's own timeout: it ends by its idle timeout long before; each job has the
+// step's timeout (a timer of the engine's).
+constexpr auto kResidentLifetime = std::chrono::hours(24 * 30);
+
+std::uint64_t unix_ms() {
+  return static_cast<std::uint64_t>(common::now_unix() * 1000);
+}
+
+// What a job must share with a worker to run on it.
+std::string resident_key(const std::string& model_dir, const fs::path& worker, const Json& input) {
+  return model_dir + "\n" + worker.string() + "\n" + common::canonical(input.at("execution"));
+}
+
+}  // namespace
+
+fs::path Engine::resident_root() const {
+  return config_.state_dir / "resident";
+}
+
+bool Engine::start_resident(JobRun& run, Step& step, const Job& job, const Json& input,
+                            const fs::path& ws) {
+  if (config_.resident.count == 0 || slurm_ || !step.resident_bytes) return false;
+  const std::string key = resident_key(step.model_dir, step.worker, input);
+  ResidentWorker* w = nullptr;
+  for (auto& [n, r] : residents_)
+    if (r->key == key && r->state != ResidentWorker::State::kStopping) w = r.get();
+  // Busy with another job (device_slots > 1) or loading for one: this job loads its own.
+  if (w && w->state != ResidentWorker::State::kIdle) return false;
+  // The memory limit this job's own worker would get (it grows with the prompt's length).
+  const std::uint64_t limit = worker_spec(run, step, ws).limits.memory_max.value_or(0);
+  std::string replaced, why;
+  if (w) {
+    try {
+      step.resident_bytes(w->bytes_used);
+    } catch (const Error& e) {
+      why = std::string("the job's fingerprint differs from what it loaded (") + e.what() + ")";
+    }
+    if (why.empty() && limit > w->memory_limit)
+      why = "the job needs memory.max " + std::to_string(limit) + ", above its " +
+            std::to_string(w->memory_limit);
+    if (!why.empty()) {
+      replaced = w->id;
+      stop_resident(*w, "replaced: " + why);
+      w = nullptr;
+    }
+  }
+  if (w) {
+    dispatch_resident(*w, run, input);
+    return true;
+  }
+  if (!make_resident_room(limit, key)) return false;
+  ResidentWorker* fresh = spawn_resident(run, step, job, input, key);
+  fresh->job_id = run.id;
+  fresh->role = step.role;
+  run.resident = fresh->number;
+  Job& j = *store_.find(run.id);
+  set_phase(j, step.role,
+            "loading the model into resident worker " + fresh->id +
+                (replaced.empty() ? std::string() : " (replacing " + replaced + ": " + why + ")"));
+  fresh->pending = input;  // runs once the worker has loaded
+  return true;
+}
+
+ResidentWorker* Engine::spawn_resident(JobRun& run, const Step& step, const Job& job,
+                                       const Json& input, const std::string& key) {
+  const int number = next_resident_++;
+  auto w = std::make_unique<ResidentWorker>(io_);
+  w->number = number;
+  w->id = "r-" + std::to_string(number) + "-" + std::to_string(unix_ms());
+  w->key = key;
+  w->model_dir = step.model_dir;
+  w->workspace = resident_root() / w->id;
+  w->last_used = common::now_unix();
+  if (::mkdir(resident_root().c_str(), 0700) != 0 && errno != EEXIST)
+    common::throw_errno("worker.workspace", "mkdir " + resident_root().string(), errno);
+  if (::mkdir(w->workspace.c_str(), 0700) != 0)
+    common::throw_errno("worker.workspace", "mkdir " + w->workspace.string(), errno);
+
+  int pair[2];
+  if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) != 0)
+    common::throw_errno("worker.spawn", "socketpair for resident worker " + w->id, errno);
+  common::UniqueFd ours(pair[0]), theirs(pair[1]);
+
+  contain::SpawnSpec spec = worker_spec(run, step, w->workspace);
+  spec.name = "resident-" + std::to_string(number) + "-" + w->id.substr(w->id.rfind('-') + 1);
+  spec.argv = {step.worker.string(), "serve", "--input", std::string(protocol::kInputFile),
+               "--workdir",          "."};
+  for (auto& kv : spec.env)
+    if (kv.rfind("HOME=", 0) == 0) kv = "HOME=" + w->workspace.string();
+  spec.stdout_path = w->workspace / protocol::kStdoutFile;
+  spec.stderr_path = w->workspace / protocol::kStderrFile;
+  spec.limits.timeout = kResidentLifetime;
+  w->memory_limit = spec.limits.memory_max.value_or(0);
+  // fd 3: the control socket; 4, 5, ...: the model's files, opened as this job's submitter.
+  spec.pass_fds.push_back(theirs.get());
+  OpenedModel m = open_model_as(step.model_dir, submitter_of(job));
+  Json listed = Json::array();
+  for (std::size_t i = 0; i < m.files.size(); ++i) {
+    listed.push_back(Json{{"name", m.names[i]}, {"fd", 4 + static_cast<int>(i)}});
+    spec.pass_fds.push_back(m.files[i].fd.get());
+  }
+  Json serve{{"schema", protocol::kOracleServeInput},
+             {"model_dir", input.at("model_dir")},
+             {"model_fds", std::move(listed)},
+             {"execution", input.at("execution")},
+             {"control_fd", 3}};
+  common::replace_file_fast(w->workspace / protocol::kInputFile, common::canonical(serve), 0600);
+  hand_to_worker({w->workspace, w->workspace / protocol::kInputFile});
+  w->process = runtime_.start(io_, spec, [this, number](contain::Evidence evidence) {
+    resident_exited(number, std::move(evidence));
+  });
+  w->control.assign(ours.release());
+  spdlog::info("resident worker {} started for {} (memory.max {})", w->id, step.model_dir,
+               w->memory_limit);
+  ResidentWorker* out = w.get();
+  residents_[number] = std::move(w);
+  read_resident(number);
+  return out;
+}
+
+void Engine::read_resident(int number) {
+  auto it = residents_.find(number);
+  if (it == residents_.end()) return;
+  ResidentWorker& w = *it->second;
+  w.control.async_read_some(boost::asio::buffer(w.buffer),
+                            [this, number](boost::system::error_code ec, std::size_t n) {
+                              auto it = residents_.find(number);
+                              // Closed or failed: the worker's exit (resident_exited) says why.
+                              if (ec || it == residents_.end()) return;
+                              std::string message(it->second->buffer.data(), n);
+                              resident_message(number, message);
+                              if (residents_.count(number)) read_resident(number);
+                            });
+}
+
+void Engine::resident_message(int number, const std::string& message) {
+  ResidentWorker& w = *residents_.at(number);
+  using State = ResidentWorker::State;
+  if (w.state == State::kStopping) return;
+  if (message == "loaded" && w.state == State::kLoading) return resident_loaded(w);
+  const bool done = message == "done " + w.job_dir, failed = message == "failed " + w.job_dir;
+  if (w.state == State::kBusy && (done || failed)) return resident_job_ended(w, done);
+  stop_resident(w, "unexpected control message \"" + common::printable(message, 80) + "\"");
+}
+
+void Engine::resident_loaded(ResidentWorker& w) {
+  w.loaded_at = common::now_rfc3339();
+  try {
+    Json loaded =
+        common::parse_strict(common::read_file(w.workspace / "loaded.json", kMaxLoadedBytes),
+                             {.max_bytes = kMaxLoadedBytes, .exact_integers = false});
+    if (loaded.value("schema", Json()) != protocol::kOracleServeLoaded ||
+        !loaded.value("bytes_used", Json()).is_object())
+      throw Error("worker.oracle_output", "loaded.json is not " +
+                                              std::string(protocol::kOracleServeLoaded) +
+                                              " with a bytes_used object");
+    w.bytes_used = loaded["bytes_used"];
+    w.load_seconds = loaded.value("load_seconds", 0.0);
+  } catch (const Error& e) {
+    stop_resident(w, std::string("unusable loaded.json: ") + e.what());
+    return;
+  }
+  w.state = ResidentWorker::State::kIdle;
+  spdlog::info("resident worker {} loaded {} in {:.2f} s", w.id, w.model_dir, w.load_seconds);
+  auto it = runs_.find(w.job_id);
+  if (it == runs_.end() || it->second->resident != w.number || it->second->cancel_requested) {
+    // The job it loaded for is gone (cancelled): it waits for the next one.
+    if (it != runs_.end() && it->second->resident == w.number) {
+      it->second->resident = -1;
+      finish(w.job_id, JobState::kCancelled, "cancelled while the resident worker loaded");
+    }
+    w.job_id.clear();
+    return arm_resident_idle(w);
+  }
+  JobRun& run = *it->second;
+  Step& step = run.steps[run.next_step - 1];
+  try {
+    step.resident_bytes(w.bytes_used);
+  } catch (const Error& e) {
+    // The model changed between the fingerprint and the load: as a worker of its own would.
+    const std::string id = w.job_id;
+    run.resident = -1;
+    stop_resident(w, std::string("loaded other bytes than the job's fingerprint: ") + e.what());
+    return fail(id, e.code(), e.what());
+  }
+  Json input = std::move(w.pending);
+  w.pending = nullptr;
+  dispatch_resident(w, run, input);
+}
+
+void Engine::dispatch_resident(ResidentWorker& w, JobRun& run, const Json& input) {
+  Step& step = run.steps[run.next_step - 1];
+  const std::string id = run.id, role = step.role;
+  w.timer.cancel();
+  w.job_id = id;
+  w.role = role;
+  w.job_dir = id + "-" + role;
+  w.timed_out = false;
+  run.resident = w.number;
+  const fs::path dir = w.workspace / w.job_dir;
+  try {
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+    if (::mkdir(dir.c_str(), 0700) != 0)
+      common::throw_errno("worker.workspace", "mkdir " + dir.string(), errno);
+    Json job_input = input;
+    job_input.erase("model_fds");
+    common::replace_file_fast(dir / protocol::kInputFile, common::canonical(job_input), 0600);
+    hand_to_worker({dir, dir / protocol::kInputFile});
+  } catch (const Error& e) {
+    run.resident = -1;
+    w.job_id.clear();
+    arm_resident_idle(w);
+    return fail(id, e.code(),
+                "cannot start the " + role + " job on resident worker " + w.id + ": " + e.what());
+  }
+  contain::ResidentEvidence job;
+  job.worker = w.id;
+  job.loaded_at = w.loaded_at;
+  job.jobs_before = w.jobs;
+  try {
+    job.reset = w.process->reset_peaks();
+  } catch (const Error& e) {
+    spdlog::warn("resident worker {}: cannot reset its peaks: {}", w.id, e.what());
+  }
+  job.counters_at_start = w.process->counters();
+  job.started_at = common::now_rfc3339();
+  w.job = std::move(job);
+  w.job_started = std::chrono::steady_clock::now();
+  w.state = ResidentWorker::State::kBusy;
+  const std::string message = "run " + w.job_dir;
+  if (::send(w.control.native_handle(), message.data(), message.size(),
+             MSG_NOSIGNAL | MSG_DONTWAIT) != static_cast<ssize_t>(message.size())) {
+    // The worker is gone or wedged: its exit fails the job (resident_exited).
+    stop_resident(w, std::string("cannot send it the job: ") + std::strerror(errno));
+    return;
+  }
+  contain::SpawnSpec spec = worker_spec(run, step, workspace(id, role));
+  const int number = w.number;
+  w.job_timeout = spec.limits.timeout;
+  w.timer.expires_after(spec.limits.timeout);
+  w.timer.async_wait([this, number](boost::system::error_code ec) {
+    auto it = residents_.find(number);
+    if (ec || it == residents_.end() || it->second->state != ResidentWorker::State::kBusy) return;
+    it->second->timed_out = true;
+    stop_resident(*it->second, "the job's timeout passed");
+  });
+  set_phase(*store_.find(id), role,
+            "running " + role + " on resident worker " + w.id + " (job " +
+                std::to_string(w.jobs + 1) + " since it loaded the model at " + w.loaded_at + ")");
+}
+
+namespace {
+
+// What the engine reads of a job a resident worker ran, and the most it reads of each.
+const std::vector<std::pair<std::string, std::size_t>> kJobFiles = {
+    {std::string(protocol::kInputFile), 64u << 20},
+    {std::string(protocol::kOutputFile), 64u << 20},
+    {"logits.safetensors", 256u << 20},
+    {"error.json", kMaxErrorBytes}};
+
+// Copies the job's files from directory `name` of the worker's workspace into a fresh `ws`. The
+// worker owns that directory (not the workspace's place in the state directory), so it could
+// have made the directory or a file in it a link, a FIFO or a huge file: each is opened from a
+// descriptor of the workspace without following a link, regular files only, each at most its
+// limit. A copy, not a rename: the worker outlives the job and could still write a file it made
+// (an open descriptor, a hard link) after assayd hashed it; the copies are out of its reach. A
+// file it did not write is left out (the step then says what is missing). Throws common::Error
+// naming what it refused.
+void copy_job_files(const fs::path& workspace, const std::string& name, const fs::path& ws) {
+  const std::string shown = (workspace / name).string();
+  common::UniqueFd base(::open(workspace.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!base) common::throw_errno("worker.workspace", "open " + workspace.string(), errno);
+  common::UniqueFd dir(
+      ::openat(base.get(), name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!dir) common::throw_errno("worker.workspace", "open the job directory " + shown, errno);
+  std::error_code ec;
+  fs::remove_all(ws, ec);
+  if (::mkdir(ws.c_str(), 0700) != 0)
+    common::throw_errno("worker.workspace", "mkdir " + ws.string(), errno);
+  for (const auto& [file, limit] : kJobFiles) {
+    Opened f;
+    f.path = shown + "/" + file;
+    f.fd = common::UniqueFd(
+        ::openat(dir.get(), file.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+    if (!f.fd && errno == ENOENT) continue;
+    if (!f.fd) common::throw_errno("worker.workspace", "open " + f.path, errno);
+    if (::fstat(f.fd.get(), &f.st) != 0)
+      common::throw_errno("worker.workspace", "stat " + f.path, errno);
+    if (!S_ISREG(f.st.st_mode)) throw Error("worker.workspace", f.path + " is not a regular file");
+    common::write_unsynced(ws / file, read_opened(f, limit, "worker.workspace"), 0600);
+  }
+  fs::remove_all(workspace / name, ec);
+}
+
+}  // namespace
+
+contain::Evidence Engine::resident_job_evidence(const ResidentWorker& w,
+                                                contain::Evidence evidence) const {
+  evidence.resident = w.job;
+  if (evidence.limits) evidence.limits->timeout = w.job_timeout;
+  evidence.timed_out = evidence.timed_out || w.timed_out;
+  evidence.wall_usec =
+      static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
+                                     std::chrono::steady_clock::now() - w.job_started)
+                                     .count());
+  return evidence;
+}
+
+void Engine::resident_job_ended(ResidentWorker& w, bool done) {
+  w.timer.cancel();
+  contain::Evidence evidence = resident_job_evidence(w, w.process->snapshot(w.job));
+  const std::string id = w.job_id, role = w.role, name = w.job_dir;
+  w.jobs += 1;
+  w.state = ResidentWorker::State::kIdle;
+  w.last_used = common::now_unix();
+  w.job_id.clear();
+  arm_resident_idle(w);
+  auto it = runs_.find(id);
+  if (it == runs_.end()) return;
+  it->second->resident = -1;
+  fs::path ws = workspace(id, role);
+  try {
+    copy_job_files(w.workspace, name, ws);
+  } catch (const Error& e) {
+    stop_resident(w, std::string("its job directory is unusable: ") + e.what());
+    return fail(
+        id, "worker." + role + "_output",
+        role + " (resident worker " + w.id + ") left an unusable job directory: " + e.what());
+  }
+  if (done) return step_done(id, role, std::move(evidence));
+  try {
+    common::replace_file_fast(ws / "evidence.json", common::canonical(evidence.to_json()), 0600);
+  } catch (const Error& e) {
+    spdlog::error("cannot keep evidence of {} {}: {}", id, role, e.what());
+  }
+  std::string code = "oracle.internal", what = "its error.json is missing or unreadable";
+  try {
+    Json error = common::parse_strict(common::read_file(ws / "error.json", kMaxErrorBytes));
+    if (error.value("code", Json()).is_string()) code = error["code"];
+    if (error.value("message", Json()).is_string()) what = error["message"];
+  } catch (const Error&) {
+  }
+  if (it->second->cancel_requested)
+    return finish(id, JobState::kCancelled, "cancelled while the " + role + " worker ran");
+  fail(id, "worker." + role + "_failed",
+       role + " (resident worker " + w.id + ") failed: [" + common::printable(code, 100) + "] " +
+           what);
+}
+
+void Engine::resident_exited(int number, contain::Evidence evidence) {
+  auto node = residents_.extract(number);
+  if (node.empty()) return;
+  std::unique_ptr<ResidentWorker> w = std::move(node.mapped());
+  spdlog::info("resident worker {} ended ({}){}", w->id,
+               evidence.failure_reason().empty() ? "exited" : evidence.failure_reason(),
+               w->stop_reason.empty() ? "" : ": " + w->stop_reason);
+  auto it = runs_.find(w->job_id);
+  if (!w->job_id.empty() && it != runs_.end() && it->second->resident == number) {
+    // It ended with a job: while loading for it (its whole life was that job's), or running it
+    // (the job's evidence is its share of the worker's counters). The job fails, with the
+    // worker's stderr; nothing of its job directory is taken.
+    it->second->resident = -1;
+    if (!w->job_dir.empty()) evidence = resident_job_evidence(*w, std::move(evidence));
+    const std::string id = w->job_id, role = w->role;
+    fs::path ws = workspace(id, role);
+    std::error_code ec;
+    fs::remove_all(ws, ec);
+    fs::create_directories(ws, ec);
+    try {
+      common::replace_file_fast(ws / protocol::kStderrFile,
+                                tail_file(w->workspace / protocol::kStderrFile, 64u << 10), 0600);
+    } catch (const Error&) {
+    }
+    step_done(id, role, std::move(evidence));
+  }
+  std::error_code ec;
+  fs::remove_all(w->workspace, ec);
+  // Another job may be waiting for the memory or the slot it held.
+  boost::asio::post(io_, [this] { schedule(); });
+}
+
+void Engine::stop_resident(ResidentWorker& w, const std::string& why) {
+  if (w.state == ResidentWorker::State::kStopping) return;
+  if (w.state != ResidentWorker::State::kBusy) w.job_dir.clear();
+  spdlog::info("stopping resident worker {}: {}", w.id, why);
+  w.stop_reason = why;
+  w.state = ResidentWorker::State::kStopping;
+  w.timer.cancel();
+  boost::system::error_code ignored;
+  w.control.close(ignored);  // the worker exits at the end of the socket; the kill makes sure
+  w.process->kill();
+}
+
+void Engine::arm_resident_idle(ResidentWorker& w) {
+  const int number = w.number;
+  w.timer.expires_after(
+      std::chrono::milliseconds(static_cast<long long>(config_.resident.idle_seconds * 1000)));
+  w.timer.async_wait([this, number](boost::system::error_code ec) {
+    auto it = residents_.find(number);
+    if (ec || it == residents_.end() || it->second->state != ResidentWorker::State::kIdle) return;
+    stop_resident(*it->second, "idle for " + std::to_string(config_.resident.idle_seconds) + " s");
+  });
+}
+
+bool Engine::make_resident_room(std::uint64_t bytes, const std::string& keep_key) {
+  using State = ResidentWorker::State;
+  if (config_.resident.memory_bytes && bytes > *config_.resident.memory_bytes) return false;
+  for (;;) {
+    std::uint64_t held = 0;
+    unsigned live = 0;
+    ResidentWorker* oldest = nullptr;
+    for (auto& [n, r] : residents_) {
+      if (r->state == State::kStopping) continue;
+      ++live;
+      held += r->memory_limit;
+      if (r->state == State::kIdle && r->key != keep_key &&
+          (!oldest || r->last_used < oldest->last_used))
+        oldest = r.get();
+    }
+    const bool fits =
+        !config_.resident.memory_bytes || held + bytes <= *config_.resident.memory_bytes;
+    if (live < config_.resident.count && fits) return true;
+    if (!oldest) return false;
+    stop_resident(*oldest, "evicted to make room for another model's worker");
+  }
+}
+
+std::uint64_t Engine::resident_memory_for(const std::string& model_dir) {
+  for (auto& [n, r] : residents_) {
+    if (r->model_dir != model_dir || r->state != ResidentWorker::State::kIdle) continue;
+    auto counters = r->process->counters();
+    if (!counters) return 0;
+    for (const char* file : {"memory.usage_in_bytes", "memory.peak"}) {
+      auto it = counters->find(file);
+      if (it != counters->end() && it->second.value) return *it->second.value;
+    }
+  }
+  return 0;
+}
+
+}  // namespace assay::supervisor

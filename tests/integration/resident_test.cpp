@@ -1,0 +1,304 @@
+// Resident oracle workers (assayd's resident_models): a second job on an unchanged model runs
+// on the worker that already holds it, a changed shard makes the next job load a new one, a
+// job the worker refuses fails alone, and a worker that died or idled out is replaced.
+#include <csignal>
+#include <fstream>
+
+#include "tests/integration/harness.h"
+
+namespace assay::test {
+namespace {
+
+struct Resident {
+  TempDir tmp;
+  fs::path model;
+  std::unique_ptr<Daemon> d;
+  explicit Resident(double idle_seconds = 120, const std::string& oracle = kOracle) {
+    model = fixture_model(tmp.path / "llama-tiny");
+    spit(tmp.path / "assayd.json",
+         Json{{"resident_models", {{"count", 1}, {"idle_seconds", idle_seconds}}}}.dump());
+    d = std::make_unique<Daemon>(
+        tmp.path / "state", tmp.path / "assayd.sock",
+        std::vector<std::string>{"--containment", containment(), "--fingerprint-worker",
+                                 kFingerprint, "--oracle-worker", oracle, "--config",
+                                 (tmp.path / "assayd.json").string()});
+  }
+  // Submits `request` and waits for its end; the job document.
+  Json run(const Json& request) {
+    auto sub = request_json(*d, request);
+    REQUIRE_MESSAGE(sub.status == 201, sub.body);
+    return wait_job(d->socket(), sub.json()["id"], terminal, 300);
+  }
+  Json result(const Json& job) {
+    auto r = request_get(*d, "/v1/jobs/" + job["id"].get<std::string>() + "/result");
+    REQUIRE_MESSAGE(r.status == 200, r.body);
+    return r.json();
+  }
+};
+
+Json numbered(const fs::path& model, int n) {
+  Json r = next_token_request("resident-" + std::to_string(n), model);
+  return r;
+}
+
+// The pids of running `assay-oracle serve` processes.
+std::vector<pid_t> serving_pids() {
+  std::vector<pid_t> out;
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::string cmd = slurp(e.path() / "cmdline");
+    std::replace(cmd.begin(), cmd.end(), '\0', ' ');
+    if (cmd.find("assay-oracle serve ") != std::string::npos) out.push_back(std::stoi(name));
+  }
+  return out;
+}
+
+bool gone_within(const std::vector<pid_t>& pids, double seconds) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (std::chrono::steady_clock::now() < deadline) {
+    bool any = false;
+    for (pid_t p : pids) any = any || ::kill(p, 0) == 0;
+    if (!any) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return false;
+}
+
+// A hostile resident worker: `assay-oracle serve` itself behind a proxy on its control socket
+// that, as each job is done, either replaces the job's directory with a link to it ("link") or
+// keeps the job's logits file open and writes into it a second later ("late-write").
+fs::path hostile_proxy(const fs::path& dir, const std::string& mode) {
+  fs::path p = dir / ("proxy-" + mode);
+  spit(p, "#!" + std::string(ASSAY_PYTHON3) + R"(
+import json, os, select, socket, subprocess, sys, threading, time
+mode, real = ")" +
+              mode + R"(", ")" + kOracle + R"("
+outer = socket.socket(fileno=3)
+inner, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+fds = [m["fd"] for m in json.load(open("input.json"))["model_fds"]]
+child = subprocess.Popen([real] + sys.argv[1:], pass_fds=[3] + fds,
+                         preexec_fn=lambda: os.dup2(child_end.fileno(), 3))
+child_end.close()
+held = []
+def late(f):
+    time.sleep(1.0)
+    f.seek(200); f.write(bytes([255]) * 64); f.flush()
+while True:
+    ready, _, _ = select.select([outer, inner], [], [])
+    if outer in ready:
+        m = outer.recv(4096)
+        if not m: break
+        inner.send(m)
+    if inner in ready:
+        m = inner.recv(4096)
+        if not m: break
+        if m.startswith(b"done "):
+            name = m[5:].decode()
+            if mode == "link":
+                os.rename(name, name + ".real")
+                os.symlink(os.path.abspath(name + ".real"), name)
+            else:
+                f = open(os.path.join(name, "logits.safetensors"), "r+b")
+                held.append(f)
+                threading.Thread(target=late, args=(f,)).start()
+        outer.send(m)
+child.kill()
+)");
+  ::chmod(p.c_str(), 0755);
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "resident: a worker that makes its job directory a link fails that job and is replaced; one "
+    "that writes its logits file after the job cannot change the signed artifact") {
+  if (!have(kFingerprint) || !have(kOracle)) {
+    MESSAGE("skipped: assay-fingerprint or assay-oracle was not built");
+    return;
+  }
+  {
+    TempDir proxies;
+    Resident r(120, hostile_proxy(proxies.path, "link"));
+    REQUIRE_MESSAGE(r.d->start(), r.d->log());
+    Json linked = r.run(numbered(r.model, 1));
+    CHECK(linked["state"] == "failed");
+    CHECK_MESSAGE(linked["error"]["code"] == "worker.oracle_output", linked.dump(2));
+    CHECK_MESSAGE(linked["error"]["message"].get<std::string>().find("unusable job directory") !=
+                      std::string::npos,
+                  linked.dump(2));
+    // The worker that did it is stopped; the next job loads another (which does it again).
+    Json next = r.run(numbered(r.model, 2));
+    CHECK(next["state"] == "failed");
+    CHECK_MESSAGE(r.d->log().find("its job directory is unusable") != std::string::npos,
+                  r.d->log());
+  }
+  TempDir proxies;
+  Resident r(120, hostile_proxy(proxies.path, "late-write"));
+  REQUIRE_MESSAGE(r.d->start(), r.d->log());
+  Json job = r.run(numbered(r.model, 1));
+  REQUIRE_MESSAGE(job["state"] == "succeeded", job.dump(2) << r.d->log());
+  std::this_thread::sleep_for(std::chrono::seconds(2));  // the proxy has written by now
+  Json result = r.result(job);
+  auto artifact = request_get(*r.d, "/v1/jobs/" + job["id"].get<std::string>() + "/artifact");
+  REQUIRE(artifact.status == 200);
+  CHECK(common::sha256_id(artifact.body) == result["reference_artifact"]["sha256"]);
+}
+
+TEST_CASE(
+    "resident: a second job runs on the worker that holds the model, with the same bytes and "
+    "logits; a changed shard makes the next job load a new worker") {
+  if (!have(kFingerprint) || !have(kOracle)) {
+    MESSAGE("skipped: assay-fingerprint or assay-oracle was not built");
+    return;
+  }
+  Resident r;
+  REQUIRE_MESSAGE(r.d->start(), r.d->log());
+  Json first = r.run(numbered(r.model, 1));
+  REQUIRE_MESSAGE(first["state"] == "succeeded", first.dump(2) << r.d->log());
+  Json a = r.result(first);
+  const Json& ra = a["oracle"]["process"]["resident"];
+  REQUIRE_MESSAGE(ra.is_object(), a["oracle"]["process"].dump(2));
+  CHECK(ra["jobs_before"] == 0);
+  CHECK(a["oracle"]["process"]["exit"].is_null());
+  CHECK(a["oracle"]["resident"]["jobs_before"] == 0);
+
+  Json second = r.run(numbered(r.model, 2));
+  REQUIRE_MESSAGE(second["state"] == "succeeded", second.dump(2) << r.d->log());
+  Json b = r.result(second);
+  const Json& rb = b["oracle"]["process"]["resident"];
+  CHECK(rb["worker"] == ra["worker"]);
+  CHECK(rb["loaded_at"] == ra["loaded_at"]);
+  CHECK(rb["jobs_before"] == 1);
+  // Nothing loaded for this job; the bytes it computed with are the fingerprint's.
+  CHECK(b["oracle"]["load_seconds"] == 0.0);
+  CHECK(b["oracle"]["bytes_used"] == a["oracle"]["bytes_used"]);
+  CHECK(b["oracle"]["bytes_used"]["weight_files"] == b["model_identity"]["weight_files"]);
+  CHECK(b["oracle"]["logits_sha256"] == a["oracle"]["logits_sha256"]);
+  // Per-job counters: the job's own wall time, and its share of the worker's CPU.
+  const Json& pb = b["oracle"]["process"];
+  CHECK(pb["normalised"]["exit_code"].is_null());
+  CHECK(pb["wall_usec"].get<std::uint64_t>() < 60'000'000);
+  for (const auto& [schema, doc] : std::vector<std::pair<std::string, Json>>{
+           {"next-token-oracle-result", b}, {"process-containment", pb}}) {
+    spit(r.tmp.path / (schema + ".json"), doc.dump());
+    std::string v = validate_schemas({{schema, r.tmp.path / (schema + ".json")}});
+    CHECK_MESSAGE(v.rfind("0:", 0) == 0, schema << ": " << v);
+  }
+  if (have(kClient)) {
+    fs::path dir = r.d->state() / "jobs" / second["id"].get<std::string>();
+    spit(r.tmp.path / "result.json",
+         request_get(*r.d, "/v1/jobs/" + second["id"].get<std::string>() + "/result").body);
+    spit(r.tmp.path / "result.dsse.json",
+         request_get(*r.d, "/v1/jobs/" + second["id"].get<std::string>() + "/attestation").body);
+    std::string v = run_capture(kClient + " verify " + (r.tmp.path / "result.json").string() +
+                                " --pubkey " + (r.d->state() / "keys" / "host.pub").string() +
+                                " --artifact " + (dir / "logits.safetensors").string());
+    CHECK_MESSAGE(v.rfind("0:", 0) == 0, v);
+  }
+
+  // One weight byte changes in place (same inode, new ctime): the fingerprint sees it, and the
+  // worker that holds the old bytes is replaced before the job runs.
+  fs::path shard = r.model / "model.safetensors";
+  {
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    auto size = fs::file_size(shard);
+    f.seekg(static_cast<std::streamoff>(size - 2));
+    char c = 0;
+    f.read(&c, 1);
+    c ^= 1;
+    f.seekp(static_cast<std::streamoff>(size - 2));
+    f.write(&c, 1);
+  }
+  Json third = r.run(numbered(r.model, 3));
+  REQUIRE_MESSAGE(third["state"] == "succeeded", third.dump(2) << r.d->log());
+  Json c = r.result(third);
+  const Json& rc = c["oracle"]["process"]["resident"];
+  CHECK(rc["worker"] != ra["worker"]);
+  CHECK(rc["jobs_before"] == 0);
+  CHECK(c["oracle"]["bytes_used"]["weight_files"] == c["model_identity"]["weight_files"]);
+  CHECK(c["model_identity"]["content_sha256"] != a["model_identity"]["content_sha256"]);
+  auto events = request_get(*r.d, "/v1/jobs/" + third["id"].get<std::string>() + "/events");
+  CHECK_MESSAGE(
+      events.body.find("replacing " + ra["worker"].get<std::string>()) != std::string::npos,
+      events.body);
+  CHECK(serving_pids().size() == 1);
+  r.d->stop();
+  CHECK_MESSAGE(gone_within(serving_pids(), 10), "a resident worker outlived assayd");
+}
+
+TEST_CASE(
+    "resident: a job the worker refuses fails alone, and a worker that was killed or idled out "
+    "is replaced by the next job") {
+  if (!have(kFingerprint) || !have(kOracle)) {
+    MESSAGE("skipped: assay-fingerprint or assay-oracle was not built");
+    return;
+  }
+  Resident r(/*idle_seconds=*/3);
+  REQUIRE_MESSAGE(r.d->start(), r.d->log());
+  Json first = r.run(numbered(r.model, 1));
+  REQUIRE_MESSAGE(first["state"] == "succeeded", first.dump(2) << r.d->log());
+  const std::string w1 = r.result(first)["oracle"]["process"]["resident"]["worker"];
+
+  // A candidate whose text is not its token's: the worker says so, the job fails with its
+  // reason, and the worker serves the next job.
+  Json bad = numbered(r.model, 2);
+  bad["candidates"][0]["text"] = "not-A";
+  Json refused = r.run(bad);
+  CHECK(refused["state"] == "failed");
+  CHECK_MESSAGE(refused["error"]["message"].get<std::string>().find(
+                    "request.candidate_text_mismatch") != std::string::npos,
+                refused.dump(2));
+  Json third = r.run(numbered(r.model, 3));
+  REQUIRE_MESSAGE(third["state"] == "succeeded", third.dump(2) << r.d->log());
+  const Json r3 = r.result(third)["oracle"]["process"]["resident"];
+  CHECK(r3["worker"] == w1);
+  CHECK(r3["jobs_before"] == 2);
+
+  // Killed between jobs (as an OOM kill or a crash would): the next job loads a new worker.
+  auto pids = serving_pids();
+  REQUIRE(pids.size() == 1);
+  ::kill(pids[0], SIGKILL);
+  REQUIRE(gone_within(pids, 10));
+  Json fourth = r.run(numbered(r.model, 4));
+  REQUIRE_MESSAGE(fourth["state"] == "succeeded", fourth.dump(2) << r.d->log());
+  const std::string w4 = r.result(fourth)["oracle"]["process"]["resident"]["worker"];
+  CHECK(w4 != w1);
+
+  // Idle for longer than idle_seconds: stopped, and its cgroup and workspace are gone.
+  pids = serving_pids();
+  REQUIRE(pids.size() == 1);
+  CHECK_MESSAGE(gone_within(pids, 15), "the idle resident worker was not stopped");
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  CHECK(fs::is_empty(r.d->state() / "resident"));
+  Json fifth = r.run(numbered(r.model, 5));
+  REQUIRE_MESSAGE(fifth["state"] == "succeeded", fifth.dump(2) << r.d->log());
+  CHECK(r.result(fifth)["oracle"]["process"]["resident"]["worker"] != w4);
+  CHECK(r.d->stop() == 0);
+}
+
+}  // namespace assay::test
+
+namespace assay::test {
+
+TEST_CASE("resident: a bad resident_models setting is refused at start, naming the value") {
+  TempDir tmp;
+  for (const auto& [config, message] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"resident_models": {"count": 65}})",
+            "config.resident_models.count must be in 0..64, got 65"},
+           {R"({"resident_models": {"count": 1, "idle_seconds": 0}})",
+            "config.resident_models.idle_seconds must be a number in [1, 604800], got 0"},
+           {R"({"resident_models": {"count": 1, "memory_bytes": 1024}})",
+            "config.resident_models.memory_bytes must be at least 64 MiB, got 1024"},
+           {R"({"resident_models": {"workers": 1}})", "workers"},
+           {R"({"resident_models": 1})", "config.resident_models must be an object"}}) {
+    spit(tmp.path / "assayd.json", config);
+    Daemon d(tmp.path / "state", tmp.path / "assayd.sock",
+             {"--containment", "none", "--config", (tmp.path / "assayd.json").string()});
+    CHECK_FALSE(d.start());
+    CHECK_MESSAGE(d.log().find(message) != std::string::npos, d.log());
+  }
+}
+
+}  // namespace assay::test

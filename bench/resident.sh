@@ -25,7 +25,7 @@ for b in "$build/supervisor/assayd" "$build/fingerprint/assay-fingerprint" "$bui
   [ -x "$b" ] || { echo "missing $b" >&2; exit 2; }
 done
 work=$(mktemp -d /var/tmp/assay-resident-bench.XXXXXX)
-trap 'pkill -f "serve --socket $work" 2>/dev/null; rm -rf "$work"' EXIT
+trap 'pkill -f "serve --socket $work" 2>/dev/null || true; rm -rf "$work"' EXIT
 chmod 755 "$work"
 "$py" "$root/tests/fixtures/make_fixture.py" --arch llama --size small --out "$work/small" >/dev/null
 cases=(--case "small:$work/small:42")
@@ -80,6 +80,7 @@ for r in rows:
         r["case"], r["hf_import"], r["hf_load"], r["hf_forward"], r["cold_oneshot_oracle_load"],
         r["cold_oneshot_oracle_forward"], ", ".join("%.3f" % w for w in r["repeat_resident_all"]),
         r["repeat_server_seconds"]))
+md += ["", "A cold job's oracle load is its private copy of the weights into fresh memory, which on a VM that hands freed memory back to its host (free page reporting) costs most after the machine was idle: `bench/private_copy.sh` times that copy alone, three ways.", ""]
 md += ["", "Goals (issue 27): cold job at most 1.0x the eager reference; repeat job at most 1.2x the forward alone; N repeat single jobs at most 1.2x an N-state batch.", ""]
 open(out, "w").write("\n".join(md))
 print("\n".join(md))

@@ -1,6 +1,8 @@
 // assayd serve: the supervisor daemon.
+#include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <functional>
 #include <iostream>
 
 #include <spdlog/spdlog.h>
@@ -94,6 +96,20 @@ int serve_main(int argc, char** argv) {
     service.start();
     server.start();
 
+    // Resident workers were told to exit: they are reaped, and their cgroups and workspaces
+    // removed, within this long, rather than left for the next start to find as orphans.
+    boost::asio::steady_timer reaping(io);
+    auto patience = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    std::function<void()> stop_when_reaped = [&] {
+      if (service.residents() == 0 || std::chrono::steady_clock::now() >= patience) {
+        if (service.residents() != 0)
+          spdlog::warn("{} resident worker(s) not reaped within 5 s", service.residents());
+        io.stop();
+        return;
+      }
+      reaping.expires_after(std::chrono::milliseconds(20));
+      reaping.async_wait([&](boost::system::error_code) { stop_when_reaped(); });
+    };
     boost::asio::signal_set signals(io, SIGTERM, SIGINT);
     signals.async_wait([&](boost::system::error_code ec, int sig) {
       if (ec) return;
@@ -101,7 +117,8 @@ int serve_main(int argc, char** argv) {
       sd_notify(0, "STOPPING=1\nSTATUS=stopping");
       server.stop();
       service.stop();
-      io.stop();
+      patience = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+      stop_when_reaped();
     });
     std::signal(SIGPIPE, SIG_IGN);
 

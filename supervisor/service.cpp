@@ -106,6 +106,10 @@ void Service::stop() {
   engine_->stop();
 }
 
+std::size_t Service::residents() const {
+  return engine_->residents();
+}
+
 Submitted Service::submit(const Json& document, const std::map<std::string, std::string>& options,
                           const Peer& peer) {
   bool retry = false;

@@ -39,7 +39,10 @@ class Service {
   Service(boost::asio::io_context& io, Config config);
   ~Service();
   void start();  // recovers the queue and starts scheduling
-  void stop();   // starts no new work
+  void stop();   // starts no new work; resident workers are told to exit
+  // Resident oracle workers not yet reaped: after stop(), the caller runs the io_context until
+  // this is 0 (their cgroups and workspaces removed) or its patience ends.
+  std::size_t residents() const;
 
   // `options`: model_dir (next-token jobs without one), retry ("1": run a failed or cancelled
   // identical job again instead of answering with it).

@@ -95,7 +95,10 @@ class Engine {
 
   // Re-queues jobs cut off by a restart and starts scheduling.
   void recover();
+  // Starts no new work and tells every resident worker to exit.
   void stop();
+  // Resident workers not yet reaped (after stop(): those still exiting).
+  std::size_t residents() const { return residents_.size(); }
   // Queues an accepted job.
   void enqueue(const std::string& id);
   // Cancels a queued job at once, a running one by killing its worker (its step then ends the

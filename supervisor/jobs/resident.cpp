@@ -390,7 +390,9 @@ void Engine::resident_exited(int number, contain::Evidence evidence) {
                evidence.failure_reason().empty() ? "exited" : evidence.failure_reason(),
                w->stop_reason.empty() ? "" : ": " + w->stop_reason);
   auto it = runs_.find(w->job_id);
-  if (!w->job_id.empty() && it != runs_.end() && it->second->resident == number) {
+  // assayd stops: a job the worker was running stays running in the store, and the next start
+  // queues it again, as it does any job a stop cut off.
+  if (!stopping_ && !w->job_id.empty() && it != runs_.end() && it->second->resident == number) {
     // It ended with a job: while loading for it (its whole life was that job's), or running it
     // (the job's evidence is its share of the worker's counters). The job fails, with the
     // worker's stderr; nothing of its job directory is taken.

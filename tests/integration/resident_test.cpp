@@ -49,7 +49,9 @@ std::vector<pid_t> serving_pids() {
     if (name.find_first_not_of("0123456789") != std::string::npos) continue;
     std::string cmd = slurp(e.path() / "cmdline");
     std::replace(cmd.begin(), cmd.end(), '\0', ' ');
-    if (cmd.find("assay-oracle serve ") != std::string::npos) out.push_back(std::stoi(name));
+    if (cmd.find("assay-oracle serve ") != std::string::npos ||
+        cmd.find("/proxy-slow serve ") != std::string::npos)
+      out.push_back(std::stoi(name));
   }
   return out;
 }
@@ -67,7 +69,8 @@ bool gone_within(const std::vector<pid_t>& pids, double seconds) {
 
 // A hostile resident worker: `assay-oracle serve` itself behind a proxy on its control socket
 // that, as each job is done, either replaces the job's directory with a link to it ("link") or
-// keeps the job's logits file open and writes into it a second later ("late-write").
+// keeps the job's logits file open and writes into it a second later ("late-write"); or that
+// holds each job 3 s before the worker sees it, with a file "holding" in its workspace ("slow").
 fs::path hostile_proxy(const fs::path& dir, const std::string& mode) {
   fs::path p = dir / ("proxy-" + mode);
   spit(p, "#!" + std::string(ASSAY_PYTHON3) + R"(
@@ -89,6 +92,9 @@ while True:
     if outer in ready:
         m = outer.recv(4096)
         if not m: break
+        if mode == "slow" and m.startswith(b"run "):
+            open("holding", "w").close()
+            time.sleep(3.0)
         inner.send(m)
     if inner in ready:
         m = inner.recv(4096)
@@ -226,6 +232,11 @@ TEST_CASE(
   CHECK(serving_pids().size() == 1);
   r.d->stop();
   CHECK_MESSAGE(gone_within(serving_pids(), 10), "a resident worker outlived assayd");
+  // Reaped before assayd exited: nothing left for the next start to clean up as an orphan.
+  CHECK(fs::is_empty(r.d->state() / "resident"));
+  REQUIRE_MESSAGE(r.d->start(), r.d->log());
+  CHECK_MESSAGE(r.d->log().find("orphan") == std::string::npos, r.d->log());
+  CHECK(r.d->stop() == 0);
 }
 
 TEST_CASE(
@@ -299,6 +310,52 @@ TEST_CASE("resident: a bad resident_models setting is refused at start, naming t
     CHECK_FALSE(d.start());
     CHECK_MESSAGE(d.log().find(message) != std::string::npos, d.log());
   }
+}
+
+}  // namespace assay::test
+
+namespace assay::test {
+
+TEST_CASE(
+    "resident: assayd stopped while a resident worker runs a job reaps the worker and leaves the "
+    "job running, and the next start runs it to success") {
+  if (!have(kFingerprint) || !have(kOracle)) {
+    MESSAGE("skipped: assay-fingerprint or assay-oracle was not built");
+    return;
+  }
+  TempDir scripts;
+  Resident r(/*idle_seconds=*/120, hostile_proxy(scripts.path, "slow").string());
+  REQUIRE_MESSAGE(r.d->start(), r.d->log());
+  auto sub = request_json(*r.d, numbered(r.model, 1));
+  REQUIRE_MESSAGE(sub.status == 201, sub.body);
+  const std::string id = sub.json()["id"];
+  // The worker holds the job (the proxy keeps it 3 s before the worker runs it).
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  auto holding = [&] {
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(r.d->state() / "resident", ec))
+      if (fs::exists(e.path() / "holding")) return true;
+    return false;
+  };
+  while (!holding()) {
+    REQUIRE_MESSAGE(std::chrono::steady_clock::now() < deadline, r.d->log());
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  auto pids = serving_pids();
+  REQUIRE(!pids.empty());
+  CHECK(r.d->stop_within(15) == 0);
+  CHECK_MESSAGE(gone_within(pids, 5), "a resident worker outlived assayd");
+  CHECK(fs::is_empty(r.d->state() / "resident"));
+  const std::string first_log = r.d->log();
+
+  REQUIRE_MESSAGE(r.d->start(), r.d->log());
+  Json job = wait_job(r.d->socket(), id, terminal, 300);
+  CHECK_MESSAGE(job["state"] == "succeeded", job.dump(2) << r.d->log());
+  auto events = request_get(*r.d, "/v1/jobs/" + id + "/events");
+  CHECK_MESSAGE(events.body.find("re-queued: assayd restarted") != std::string::npos,
+                events.body << first_log);
+  CHECK_MESSAGE(r.d->log().find("orphan") == std::string::npos, r.d->log());
+  CHECK(r.d->stop() == 0);
 }
 
 }  // namespace assay::test

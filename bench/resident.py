@@ -12,7 +12,8 @@ Per case, in one run on this machine:
   - assayd with resident_models {count 1}, a fresh state directory: the cold job (it starts
     and loads the resident worker), then --repeats repeat jobs (each on the resident worker);
     "the forward alone" is the forward_seconds those jobs' oracle reports (median);
-  - --many repeat single jobs (submitted at once) against one batch job of the same states.
+  - --many repeat single jobs (submitted at once) against one batch job of the same states,
+    both on the resident worker.
 Each job's wall is from its POST to the first GET that shows it ended (polled every 5 ms).
 """
 import argparse, json, os, random, statistics, subprocess, sys, tempfile, time
@@ -130,6 +131,7 @@ def measure(args, name, model, t):
     assert summary["counts"]["succeeded"] == n, summary["counts"]
     batch0 = call(res.sock, "GET", "/v1/jobs/%s/result" % summary["states"][0]["job_id"])[1]
     row["logits_equal"] = batch0["oracle"]["logits_sha256"] == single0
+    row["batch_on_resident"] = batch0["oracle"]["process"].get("resident", {}).get("worker") == worker
     row["many"] = n
     res.stop()
     return row

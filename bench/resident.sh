@@ -68,12 +68,12 @@ for r in rows:
         r["case"], r["T"], r["hf_wall"], r["forward_alone"], r["cold_oneshot"], r["cold_resident"],
         r["cold_resident"] / r["hf_wall"], r["repeat_oneshot"], r["repeat_resident"],
         r["repeat_resident"] / r["forward_alone"], r["repeat_resident"] / r["hf_wall"]))
-md += ["", "| case | N | N repeat single jobs, resident (s) | one N-state batch (s) | **singles / batch** | logits equal (state 0) |",
-       "|---|---|---|---|---|---|"]
+md += ["", "| case | N | N repeat single jobs, resident (s) | one N-state batch (s) | **singles / batch** | batch on the same resident worker | logits equal (state 0) |",
+       "|---|---|---|---|---|---|---|"]
 for r in rows:
-    md.append("| %s | %d | %.2f | %.2f | **%.2fx** | %s |" % (
+    md.append("| %s | %d | %.2f | %.2f | **%.2fx** | %s | %s |" % (
         r["case"], r["many"], r["many_singles"], r["many_batch"], r["many_singles"] / r["many_batch"],
-        "yes" if r["logits_equal"] else "NO"))
+        "yes" if r.get("batch_on_resident") else "no", "yes" if r["logits_equal"] else "NO"))
 md += ["", "Details per case (seconds): transformers' import / load / forward; the cold one-shot oracle's load and forward; each repeat job on the resident worker; the server's duration_seconds of a repeat job (job start to sealed result).", ""]
 for r in rows:
     md.append("- %s: eager %.2f / %.2f / %.3f; one-shot oracle load %.2f, forward %.3f; repeats %s; server %.3f." % (

@@ -42,12 +42,20 @@ int run_next_token_batch(const std::string& input_path, const std::string& workd
   double load_seconds = seconds_since(t0);
   // What the whole process computed with, before any state is written: a state file is whole on
   // its own, whatever happens to the process after it.
-  Json process{{"bytes_used", bytes_used(files, loaded.weight_files)},
-               {"load_seconds", load_seconds}};
+  run_batch_states(
+      in, workdir, options, loaded, tokenizer,
+      Json{{"bytes_used", bytes_used(files, loaded.weight_files)}, {"load_seconds", load_seconds}},
+      Json::object(), kStart);
+  return 0;
+}
+
+void run_batch_states(const OracleBatchInput& in, const std::filesystem::path& dir,
+                      const ExecOptions& options, const LoadedModel& loaded,
+                      const Tokenizer& tokenizer, Json process, const Json& extra,
+                      Clock::time_point started) {
   add_execution_report(process, options, in.execution.threads,
                        loaded.model->attention_implementation(),
                        loaded.model->linear_attention_implementation());
-  const std::filesystem::path dir(workdir);
   std::size_t succeeded = 0, failed = 0;
   for (const BatchState& state : in.states) {
     Json out;
@@ -69,9 +77,10 @@ int run_next_token_batch(const std::string& input_path, const std::string& workd
       continue;
     }
     out.update(process);
+    out.update(extra);
     out["batch_index"] = state.index;
     out["peak_rss_bytes"] = peak_rss_bytes();
-    out["duration_seconds"] = seconds_since(kStart);
+    out["duration_seconds"] = seconds_since(started);
     common::atomic_write_file(dir / batch_state_file(state.index, ".json"), out.dump(2) + "\n");
     ++succeeded;
   }
@@ -80,12 +89,11 @@ int run_next_token_batch(const std::string& input_path, const std::string& workd
            {"succeeded", succeeded},
            {"failed", failed},
            {"peak_rss_bytes", peak_rss_bytes()},
-           {"duration_seconds", seconds_since(kStart)},
+           {"duration_seconds", seconds_since(started)},
            // What the supervisor hashes into every state's "implementation": named here too so
            // that it can hash them off its loop before it records the states.
            {"loaded_libraries", process["loaded_libraries"]}};
   common::atomic_write_file(dir / protocol::kOutputFile, out.dump(2) + "\n");
-  return 0;
 }
 
 }  // namespace assay::oracle

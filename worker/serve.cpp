@@ -12,6 +12,7 @@
 #include "common/fs.h"
 #include "common/protocol.h"
 #include "common/time.h"
+#include "worker/batch.h"
 #include "worker/loader.h"
 #include "worker/model_files.h"
 #include "worker/run.h"
@@ -68,23 +69,41 @@ struct Resident {
   std::uint64_t jobs = 0;
 };
 
-// One job in `dir`: as run_next_token does, on the loaded model.
-void run_job(Resident& r, const fs::path& dir) {
-  auto t0 = Clock::now();
-  Json doc = common::parse_strict(common::read_file(dir / protocol::kInputFile, 64u << 20));
-  OracleInput in = parse_oracle_input(doc);
-  if (in.model_fds)
-    throw Error("input.invalid", "a resident worker's job input names no model_fds");
-  if (in.model_dir != r.model_dir)
-    throw Error("input.invalid", "job model_dir \"" + in.model_dir.string() +
+// A job runs on this worker only with the worker's model and execution, and no descriptors.
+void check_job_fits(const Resident& r, const fs::path& model_dir, bool names_fds,
+                    const Execution& execution) {
+  if (names_fds) throw Error("input.invalid", "a resident worker's job input names no model_fds");
+  if (model_dir != r.model_dir)
+    throw Error("input.invalid", "job model_dir \"" + model_dir.string() +
                                      "\" is not the resident worker's \"" + r.model_dir.string() +
                                      "\"");
-  if (in.execution.device != r.execution.device || in.execution.dtype != r.execution.dtype ||
-      in.execution.threads != r.execution.threads)
-    throw Error("input.invalid", "job execution (" + in.execution.device + ", " +
-                                     in.execution.dtype + ", " +
-                                     std::to_string(in.execution.threads) +
+  if (execution.device != r.execution.device || execution.dtype != r.execution.dtype ||
+      execution.threads != r.execution.threads)
+    throw Error("input.invalid", "job execution (" + execution.device + ", " + execution.dtype +
+                                     ", " + std::to_string(execution.threads) +
                                      " threads) is not the resident worker's");
+}
+
+Json resident_fields(const Resident& r) {
+  return Json{
+      {"loaded_at", r.loaded_at}, {"load_seconds", r.load_seconds}, {"jobs_before", r.jobs}};
+}
+
+// One job in `dir`: a next-token job as run_next_token does it, or a batch as
+// run_next_token_batch does it, on the loaded model.
+void run_job(Resident& r, const fs::path& dir) {
+  auto t0 = Clock::now();
+  Json doc = common::parse_strict(common::read_file(dir / protocol::kInputFile, 256u << 20));
+  if (doc.is_object() && doc.value("schema", Json()) == protocol::kOracleBatchInput) {
+    OracleBatchInput in = parse_oracle_batch_input(doc);
+    check_job_fits(r, in.model_dir, in.model_fds.has_value(), in.execution);
+    run_batch_states(in, dir, r.options, r.loaded, *r.tokenizer,
+                     Json{{"bytes_used", r.bytes_used}, {"load_seconds", 0.0}},
+                     Json{{"resident", resident_fields(r)}}, t0);
+    return;
+  }
+  OracleInput in = parse_oracle_input(doc);
+  check_job_fits(r, in.model_dir, in.model_fds.has_value(), in.execution);
   check_candidates(in.candidates, *r.tokenizer, r.loaded.model->vocab_size());
   check_prefix_texts(in.continuation_prefix, *r.tokenizer);
   Forward f = run_forward(in.model_dir, in.input_token_ids, r.options, r.loaded);
@@ -96,8 +115,7 @@ void run_job(Resident& r, const fs::path& dir) {
   out["forward_seconds"] = f.forward_seconds;
   out["peak_rss_bytes"] = peak_rss_bytes();
   out["duration_seconds"] = seconds_since(t0);
-  out["resident"] =
-      Json{{"loaded_at", r.loaded_at}, {"load_seconds", r.load_seconds}, {"jobs_before", r.jobs}};
+  out["resident"] = resident_fields(r);
   common::atomic_write_file(dir / protocol::kOutputFile, out.dump(2) + "\n");
 }
 

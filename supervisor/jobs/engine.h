@@ -57,6 +57,9 @@ struct JobRun {
 // A resident oracle worker (Config::resident, resident.cpp): `assay-oracle serve`, contained
 // like every worker, loaded once, running one next-token job at a time when the job's
 // fingerprint equals the bytes it loaded.
+// How often a running step's progress (Step::progress) is read.
+inline constexpr auto kProgressPoll = std::chrono::milliseconds(250);
+
 struct ResidentWorker {
   enum class State { kLoading, kIdle, kBusy, kStopping };
   explicit ResidentWorker(boost::asio::io_context& io) : control(io), timer(io) {}
@@ -84,6 +87,11 @@ struct ResidentWorker {
   bool timed_out = false;
   std::string stop_reason;  // why it was stopped (replaced, idle, evicted), for the log
   common::Json pending;     // the input of the job it loads for, run once loaded
+  // What the engine copies out of the job's directory, and the most of each (resident.cpp);
+  // for a batch, its state files, `progressed` of which (states end in order) already copied
+  // while it ran.
+  std::vector<std::pair<std::string, std::size_t>> job_files;
+  std::size_t progressed = 0;
 };
 
 class Engine {
@@ -124,6 +132,7 @@ class Engine {
   void harvest_step(const std::string& id);
   void record_part(JobRun& run, Part& part);
   void poll_progress(const std::string& id, const std::string& role);
+  void poll_resident_progress(const std::string& id, const std::string& role);
 
   // slurm_steps.cpp: steps as Slurm jobs (Config::executor "slurm")
   // Where a step's workspace is: STATE/jobs/ID/ROLE, or with Slurm SHARED/jobs/ID/ROLE (which

@@ -19,12 +19,6 @@ using common::Error;
 using common::Json;
 namespace fs = std::filesystem;
 
-namespace {
-
-constexpr auto kProgressPoll = std::chrono::milliseconds(250);
-
-}  // namespace
-
 void Engine::restore_parts(JobRun& run) {
   for (std::size_t i = 0; i < run.pipeline->part_count(); ++i) {
     std::string id = part_job_id(run.id, i);

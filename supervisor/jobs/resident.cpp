@@ -47,6 +47,76 @@ std::string resident_key(const std::string& model_dir, const fs::path& worker, c
 
 }  // namespace
 
+namespace {
+
+// What the engine reads of a job a resident worker runs, and the most it reads of each: a
+// next-token job's files, and a batch's state files (one of each per state of its input).
+std::vector<std::pair<std::string, std::size_t>> job_files(const Json& input) {
+  std::vector<std::pair<std::string, std::size_t>> files = {
+      {std::string(protocol::kInputFile), 256u << 20},
+      {std::string(protocol::kOutputFile), 64u << 20},
+      {"logits.safetensors", 256u << 20},
+      {"error.json", kMaxErrorBytes}};
+  if (input.value("schema", Json()) == protocol::kOracleBatchInput)
+    for (const Json& state : input.at("states")) {
+      const std::string index = std::to_string(state.at("index").get<std::uint64_t>());
+      files.emplace_back("state-" + index + ".json", 64u << 20);
+      files.emplace_back("state-" + index + ".safetensors", 256u << 20);
+    }
+  return files;
+}
+
+// Opens `file` below `dir` (a descriptor of a directory the worker owns) without following a
+// link and without blocking on a FIFO; nullopt when it does not exist, an error when it is not
+// a regular file.
+std::optional<Opened> open_worker_file(int dir, const std::string& shown, const std::string& file) {
+  Opened f;
+  f.path = shown + "/" + file;
+  f.fd =
+      common::UniqueFd(::openat(dir, file.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+  if (!f.fd && errno == ENOENT) return std::nullopt;
+  if (!f.fd) common::throw_errno("worker.workspace", "open " + f.path, errno);
+  if (::fstat(f.fd.get(), &f.st) != 0)
+    common::throw_errno("worker.workspace", "stat " + f.path, errno);
+  if (!S_ISREG(f.st.st_mode)) throw Error("worker.workspace", f.path + " is not a regular file");
+  return f;
+}
+
+common::UniqueFd open_job_dir(const fs::path& workspace, const std::string& name) {
+  common::UniqueFd base(::open(workspace.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!base) common::throw_errno("worker.workspace", "open " + workspace.string(), errno);
+  common::UniqueFd dir(
+      ::openat(base.get(), name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!dir)
+    common::throw_errno("worker.workspace", "open the job directory " + (workspace / name).string(),
+                        errno);
+  return dir;
+}
+
+// Copies the job's files from directory `name` of the worker's workspace into a fresh `ws`. The
+// worker owns that directory (not the workspace's place in the state directory), so it could
+// have made the directory or a file in it a link, a FIFO or a huge file: each is opened from a
+// descriptor of the workspace without following a link, regular files only, each at most its
+// limit. A copy, not a rename: the worker outlives the job and could still write a file it made
+// (an open descriptor, a hard link) after assayd hashed it; the copies are out of its reach. A
+// file it did not write is left out (the step then says what is missing). Throws common::Error
+// naming what it refused.
+void copy_job_files(const fs::path& workspace, const std::string& name, const fs::path& ws,
+                    const std::vector<std::pair<std::string, std::size_t>>& files) {
+  const std::string shown = (workspace / name).string();
+  common::UniqueFd dir = open_job_dir(workspace, name);
+  std::error_code ec;
+  fs::remove_all(ws, ec);
+  if (::mkdir(ws.c_str(), 0700) != 0)
+    common::throw_errno("worker.workspace", "mkdir " + ws.string(), errno);
+  for (const auto& [file, limit] : files)
+    if (auto f = open_worker_file(dir.get(), shown, file))
+      common::write_unsynced(ws / file, read_opened(*f, limit, "worker.workspace"), 0600);
+  fs::remove_all(workspace / name, ec);
+}
+
+}  // namespace
+
 fs::path Engine::resident_root() const {
   return config_.state_dir / "resident";
 }
@@ -230,6 +300,8 @@ void Engine::dispatch_resident(ResidentWorker& w, JobRun& run, const Json& input
   w.role = role;
   w.job_dir = id + "-" + role;
   w.timed_out = false;
+  w.job_files = job_files(input);
+  w.progressed = 0;
   run.resident = w.number;
   const fs::path dir = w.workspace / w.job_dir;
   try {
@@ -282,52 +354,59 @@ void Engine::dispatch_resident(ResidentWorker& w, JobRun& run, const Json& input
   set_phase(*store_.find(id), role,
             "running " + role + " on resident worker " + w.id + " (job " +
                 std::to_string(w.jobs + 1) + " since it loaded the model at " + w.loaded_at + ")");
-}
-
-namespace {
-
-// What the engine reads of a job a resident worker ran, and the most it reads of each.
-const std::vector<std::pair<std::string, std::size_t>> kJobFiles = {
-    {std::string(protocol::kInputFile), 64u << 20},
-    {std::string(protocol::kOutputFile), 64u << 20},
-    {"logits.safetensors", 256u << 20},
-    {"error.json", kMaxErrorBytes}};
-
-// Copies the job's files from directory `name` of the worker's workspace into a fresh `ws`. The
-// worker owns that directory (not the workspace's place in the state directory), so it could
-// have made the directory or a file in it a link, a FIFO or a huge file: each is opened from a
-// descriptor of the workspace without following a link, regular files only, each at most its
-// limit. A copy, not a rename: the worker outlives the job and could still write a file it made
-// (an open descriptor, a hard link) after assayd hashed it; the copies are out of its reach. A
-// file it did not write is left out (the step then says what is missing). Throws common::Error
-// naming what it refused.
-void copy_job_files(const fs::path& workspace, const std::string& name, const fs::path& ws) {
-  const std::string shown = (workspace / name).string();
-  common::UniqueFd base(::open(workspace.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (!base) common::throw_errno("worker.workspace", "open " + workspace.string(), errno);
-  common::UniqueFd dir(
-      ::openat(base.get(), name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-  if (!dir) common::throw_errno("worker.workspace", "open the job directory " + shown, errno);
-  std::error_code ec;
-  fs::remove_all(ws, ec);
-  if (::mkdir(ws.c_str(), 0700) != 0)
-    common::throw_errno("worker.workspace", "mkdir " + ws.string(), errno);
-  for (const auto& [file, limit] : kJobFiles) {
-    Opened f;
-    f.path = shown + "/" + file;
-    f.fd = common::UniqueFd(
-        ::openat(dir.get(), file.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
-    if (!f.fd && errno == ENOENT) continue;
-    if (!f.fd) common::throw_errno("worker.workspace", "open " + f.path, errno);
-    if (::fstat(f.fd.get(), &f.st) != 0)
-      common::throw_errno("worker.workspace", "stat " + f.path, errno);
-    if (!S_ISREG(f.st.st_mode)) throw Error("worker.workspace", f.path + " is not a regular file");
-    common::write_unsynced(ws / file, read_opened(f, limit, "worker.workspace"), 0600);
+  if (step.progress) {
+    run.progress_timer = std::make_unique<boost::asio::steady_timer>(io_);
+    poll_resident_progress(id, role);
   }
-  fs::remove_all(workspace / name, ec);
 }
 
-}  // namespace
+// A batch on a resident worker: the state files that ended since the last poll are copied
+// (as at the job's end: no link followed, regular files only, bounded) into the step's
+// workspace, where the step's progress reads them; a stalled batch stops the worker.
+void Engine::poll_resident_progress(const std::string& id, const std::string& role) {
+  auto it = runs_.find(id);
+  if (it == runs_.end() || !it->second->progress_timer) return;
+  JobRun& run = *it->second;
+  auto r = residents_.find(run.resident);
+  if (r == residents_.end() || r->second->state != ResidentWorker::State::kBusy) return;
+  ResidentWorker& w = *r->second;
+  Step& step = run.steps[run.next_step - 1];
+  try {
+    const fs::path ws = workspace(id, role);
+    std::error_code ec;
+    fs::create_directories(ws, ec);  // the job's end replaces it with the complete copy
+    common::UniqueFd dir = open_job_dir(w.workspace, w.job_dir);
+    const std::string shown = (w.workspace / w.job_dir).string();
+    // The fixed files come first, then each state's .json and .safetensors: a state's .json is
+    // written after its logits, so the two are copied together once the .json is there.
+    constexpr std::size_t kFixed = 4;
+    while (kFixed + 2 * w.progressed + 1 < w.job_files.size()) {
+      const auto& json = w.job_files[kFixed + 2 * w.progressed];
+      const auto& logits = w.job_files[kFixed + 2 * w.progressed + 1];
+      auto state = open_worker_file(dir.get(), shown, json.first);
+      if (!state) break;
+      if (auto f = open_worker_file(dir.get(), shown, logits.first))
+        common::write_unsynced(ws / logits.first,
+                               read_opened(*f, logits.second, "worker.workspace"), 0600);
+      common::write_unsynced(ws / json.first, read_opened(*state, json.second, "worker.workspace"),
+                             0600);
+      ++w.progressed;
+    }
+    for (const std::string& message : step.progress(ws)) set_phase(*store_.find(id), role, message);
+    if (step.stalled)
+      if (auto why = step.stalled()) {
+        set_phase(*store_.find(id), role, *why + ": stopping the worker");
+        stop_resident(w, *why);
+        return;  // its end comes through resident_exited
+      }
+  } catch (const std::exception& e) {
+    spdlog::warn("progress of {} {}: {}", id, role, e.what());
+  }
+  run.progress_timer->expires_after(kProgressPoll);
+  run.progress_timer->async_wait([this, id, role](const boost::system::error_code& ec) {
+    if (!ec) poll_resident_progress(id, role);
+  });
+}
 
 contain::Evidence Engine::resident_job_evidence(const ResidentWorker& w,
                                                 contain::Evidence evidence) const {
@@ -355,7 +434,7 @@ void Engine::resident_job_ended(ResidentWorker& w, bool done) {
   it->second->resident = -1;
   fs::path ws = workspace(id, role);
   try {
-    copy_job_files(w.workspace, name, ws);
+    copy_job_files(w.workspace, name, ws, w.job_files);
   } catch (const Error& e) {
     stop_resident(w, std::string("its job directory is unusable: ") + e.what());
     return fail(
@@ -395,14 +474,24 @@ void Engine::resident_exited(int number, contain::Evidence evidence) {
   if (!stopping_ && !w->job_id.empty() && it != runs_.end() && it->second->resident == number) {
     // It ended with a job: while loading for it (its whole life was that job's), or running it
     // (the job's evidence is its share of the worker's counters). The job fails, with the
-    // worker's stderr; nothing of its job directory is taken.
+    // worker's stderr and what it finished (a batch's ended states, each checked as ever).
     it->second->resident = -1;
     if (!w->job_dir.empty()) evidence = resident_job_evidence(*w, std::move(evidence));
     const std::string id = w->job_id, role = w->role;
     fs::path ws = workspace(id, role);
     std::error_code ec;
-    fs::remove_all(ws, ec);
-    fs::create_directories(ws, ec);
+    // What it finished before it ended (a batch's states) is kept, copied as at a job's end.
+    bool copied = false;
+    if (!w->job_dir.empty()) try {
+        copy_job_files(w->workspace, w->job_dir, ws, w->job_files);
+        copied = true;
+      } catch (const Error& e) {
+        spdlog::warn("resident worker {}: its job directory is unusable: {}", w->id, e.what());
+      }
+    if (!copied) {
+      fs::remove_all(ws, ec);
+      fs::create_directories(ws, ec);
+    }
     try {
       common::replace_file_fast(ws / protocol::kStderrFile,
                                 tail_file(w->workspace / protocol::kStderrFile, 64u << 10), 0600);

@@ -59,6 +59,9 @@ class BatchPipeline final : public Pipeline {
     return estimate_required_bytes(model_dir_, longest);
   }
   common::RequestLimits limits() const override { return request_.limits; }
+  bool may_use_resident() const override {
+    return config_.resident.count > 0 && !request_.limits.memory_bytes;
+  }
   std::size_t part_count() const override { return request_.states.size(); }
   void part_recorded(const PartRecord& record) override {
     records_[record.index] = record;
@@ -95,6 +98,11 @@ class BatchPipeline final : public Pipeline {
                           const contain::Evidence& evidence,
                           Step::Then& then) { return harvest(facts, ws, evidence, then); };
     step.progress = [this](const fs::path& ws) { return progress(ws); };
+    // A resident worker that holds exactly this batch's bytes may run it (as a single job).
+    if (may_use_resident())
+      step.resident_bytes = [this](const Json& bytes_used) {
+        check_bytes_used(Json{{"bytes_used", bytes_used}}, fingerprint_, "resident oracle");
+      };
     step.stalled = [this]() -> std::optional<std::string> {
       // Each state (the first with the model's load) gets the worker timeout of a single job.
       double limit = request_.limits.timeout_seconds.value_or(config_.worker_timeout_seconds);

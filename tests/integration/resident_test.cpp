@@ -3,6 +3,7 @@
 // job the worker refuses fails alone, and a worker that died or idled out is replaced.
 #include <csignal>
 #include <fstream>
+#include <set>
 
 #include "tests/integration/harness.h"
 
@@ -355,6 +356,133 @@ TEST_CASE(
   CHECK_MESSAGE(events.body.find("re-queued: assayd restarted") != std::string::npos,
                 events.body << first_log);
   CHECK_MESSAGE(r.d->log().find("orphan") == std::string::npos, r.d->log());
+  CHECK(r.d->stop() == 0);
+}
+
+}  // namespace assay::test
+
+namespace assay::test {
+
+TEST_CASE(
+    "resident: a batch loads a resident worker and reports its progress; a single job after it "
+    "runs on that worker with the logits of the batch's state") {
+  if (!have(kFingerprint) || !have(kOracle)) {
+    MESSAGE("skipped: assay-fingerprint or assay-oracle was not built");
+    return;
+  }
+  Resident r;
+  REQUIRE_MESSAGE(r.d->start(), r.d->log());
+  // States long enough (~0.2 s each) for progress to be read while the batch runs; the batch's
+  // worker gets the memory of its longest state, which the single job after it fits in.
+  Json same = numbered(r.model, 10), bad = numbered(r.model, 12);
+  bad["candidates"][0]["text"] = "not-A";
+  Json states = Json::array();
+  for (Json* s : {&same, &bad}) {
+    s->erase("model_dir");
+    states.push_back(*s);
+  }
+  for (int i = 0; i < 5; ++i) {
+    Json long_state = numbered(r.model, 20 + i);
+    long_state.erase("model_dir");
+    std::vector<std::int64_t> seq;
+    for (int t = 0; t < 2000; ++t) seq.push_back(32 + (t * 7 + i) % 90);
+    long_state["input_token_ids"] = seq;
+    states.push_back(long_state);
+  }
+  Json batch{
+      {"schema", "assay.next-token-batch-request.v1"}, {"id", "on-resident"}, {"states", states}};
+  auto sub = request(r.d->socket(), "POST", "/v1/jobs?model_dir=" + r.model.string(), batch.dump());
+  REQUIRE_MESSAGE(sub.status == 201, sub.body);
+  const std::string id = sub.json()["id"];
+  Json job = wait_job(r.d->socket(), id, terminal, 300);
+  REQUIRE_MESSAGE(job["state"] == "succeeded", job.dump(2) << r.d->log());
+  Json summary = r.result(job);
+  CHECK(summary["counts"]["succeeded"] == 6);
+  CHECK(summary["counts"]["failed"] == 1);
+  CHECK(summary["oracle_runs"].size() == 1);
+  CHECK(summary["states"][1]["error"]["code"] == "request.candidate_text_mismatch");
+  auto events = request_get(*r.d, "/v1/jobs/" + id + "/events").body;
+  CHECK_MESSAGE(events.find("on resident worker") != std::string::npos, events);
+  // Progress copied from the worker's directory while it ran: "oracle: state 3 argmax 80 (4/7
+  // states done)" (not every state: a poll may see several at once).
+  CHECK_MESSAGE(events.find("states done)") != std::string::npos, events << r.d->log());
+  const std::string part = summary["states"][0]["job_id"];
+  Json state0 = r.result(request_get(*r.d, "/v1/jobs/" + part).json());
+  const Json& rs = state0["oracle"]["process"]["resident"];
+  const std::string w1 = rs["worker"];
+  CHECK(rs["jobs_before"] == 0);
+  CHECK(state0["oracle"]["bytes_used"]["weight_files"] == state0["model_identity"]["weight_files"]);
+  std::string checked =
+      validate_schemas({{"next-token-oracle-result", r.d->state() / "jobs" / part / "result.json"},
+                        {"next-token-batch-result", r.d->state() / "jobs" / id / "result.json"}});
+  CHECK_MESSAGE(checked.rfind("0:", 0) == 0, checked);
+
+  // The single job with state 0's ids: the same worker, the same logits.
+  Json single = r.run(numbered(r.model, 1));
+  REQUIRE_MESSAGE(single["state"] == "succeeded", single.dump(2) << r.d->log());
+  Json result = r.result(single);
+  CHECK(result["oracle"]["process"]["resident"]["worker"] == w1);
+  CHECK(result["oracle"]["process"]["resident"]["jobs_before"] == 1);
+  CHECK(result["oracle"]["logits_sha256"] == state0["oracle"]["logits_sha256"]);
+  CHECK(serving_pids().size() == 1);
+  CHECK(r.d->stop() == 0);
+}
+
+TEST_CASE(
+    "resident: a resident worker killed part-way through a batch keeps the states it ended; the "
+    "rest run on a new worker") {
+  if (!have(kFingerprint) || !have(kOracle)) {
+    MESSAGE("skipped: assay-fingerprint or assay-oracle was not built");
+    return;
+  }
+  Resident r;
+  REQUIRE_MESSAGE(r.d->start(), r.d->log());
+  constexpr int kStates = 8;
+  Json states = Json::array();
+  for (int i = 0; i < kStates; ++i) {
+    Json state = numbered(r.model, 30 + i);
+    state.erase("model_dir");
+    std::vector<std::int64_t> seq;
+    for (int t = 0; t < 2000; ++t) seq.push_back(32 + (t * 7 + i) % 90);
+    state["input_token_ids"] = seq;
+    states.push_back(state);
+  }
+  Json batch{{"schema", "assay.next-token-batch-request.v1"}, {"id", "killed"}, {"states", states}};
+  auto sub = request(r.d->socket(), "POST", "/v1/jobs?model_dir=" + r.model.string(), batch.dump());
+  REQUIRE_MESSAGE(sub.status == 201, sub.body);
+  const std::string id = sub.json()["id"];
+  // The worker's own directory for the job holds state-1.json: kill it there.
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  auto ended_two = [&] {
+    std::error_code ec;
+    for (const auto& w : fs::directory_iterator(r.d->state() / "resident", ec))
+      if (fs::exists(w.path() / (id + "-oracle") / "state-1.json")) return true;
+    return false;
+  };
+  while (!ended_two()) {
+    REQUIRE_MESSAGE(std::chrono::steady_clock::now() < deadline, r.d->log());
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  auto pids = serving_pids();
+  REQUIRE(pids.size() == 1);
+  ::kill(pids[0], SIGKILL);
+  Json job = wait_job(r.d->socket(), id, terminal, 300);
+  REQUIRE_MESSAGE(job["state"] == "succeeded", job.dump(2) << r.d->log());
+  Json summary = r.result(job);
+  CHECK(summary["counts"]["succeeded"] == kStates);
+  REQUIRE(summary["oracle_runs"].size() == 2);
+  const Json& run1 = summary["oracle_runs"][0];
+  CHECK(run1["states_ended"].get<int>() >= 2);
+  CHECK(run1["exit"].get<std::string>().find("SIGKILL") != std::string::npos);
+  CHECK(summary["oracle_runs"][1]["states_ended"].get<int>() ==
+        kStates - run1["states_ended"].get<int>());
+  // Each state by the worker that ran it: the first run's states by the killed worker.
+  std::set<std::string> workers;
+  for (const Json& s : summary["states"]) {
+    Json part = r.result(request_get(*r.d, "/v1/jobs/" + s["job_id"].get<std::string>()).json());
+    workers.insert(part["oracle"]["process"]["resident"]["worker"].get<std::string>());
+  }
+  CHECK(workers.size() == 2);
   CHECK(r.d->stop() == 0);
 }
 

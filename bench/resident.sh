@@ -35,6 +35,12 @@ if [ "$big" = 1 ]; then
     "$py" "$root/tests/fixtures/make_fixture.py" --arch qwen3 --size 4b --shards 4 --seed 0 --out "$qwen" >/dev/null
   cases+=(--case "qwen3-4b:$qwen:42")
 fi
+# "Page cache warm" for every measurement, the eager reference's included: the models' files
+# read once, and torch and transformers imported once (their files cached) before any timing.
+for c in "${cases[@]}"; do
+  [ "$c" = --case ] || cat "$(echo "$c" | cut -d: -f2)"/* >/dev/null
+done
+"$py" -c 'import torch, transformers' 2>/dev/null
 sleep 2.1  # the fingerprint cache keeps no digest of a file changed in the last 2 s
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 "$py" "$root/bench/resident.py" --build "$build" "${cases[@]}" --work "$work" \
@@ -42,16 +48,30 @@ load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
 capability=$("$py" -c 'import torch; print(torch.backends.cpu.get_cpu_capability())')
+# What the host does to memory behind the benchmark's back (a VM here): DAMON schemes that page
+# out idle pages, and virtio free page reporting (freed memory handed back to the host).
+damon=none
+for k in /sys/kernel/mm/damon/admin/kdamonds/[0-9]*; do
+  [ -d "$k" ] || continue
+  [ "$damon" = none ] && damon=""
+  damon="$damon$(cat "$k/state") $(cat "$k"/contexts/*/schemes/*/action 2>/dev/null | tr '\n' ' ')"
+done
+reporting=no
+for f in /sys/bus/virtio/drivers/virtio_balloon/virtio*/features; do
+  [ -f "$f" ] && [ "$(cut -c6 "$f")" = 1 ] && reporting=yes
+done
 "$py" - "$work/rows.json" "$root/bench/resident.md" "$cpu" "$capability" "$load_before" "$load_after" \
-  "${CONTAINMENT:-auto}" <<'PY'
+  "${CONTAINMENT:-auto}" "$damon" "$reporting" <<'PY'
 import json, os, sys, time
 rows = json.load(open(sys.argv[1]))
-out, cpu, cap, lb, la, mode = sys.argv[2:]
+out, cpu, cap, lb, la, mode, damon, reporting = sys.argv[2:]
 md = ["# Resident oracle workers (`bench/resident.sh`)", "",
       "Run %s UTC. CPU: %s, %d CPUs, `ATEN_CPU_CAPABILITY` %s; containment `%s`; load average %s before, %s after. "
       "Workers run with %d intra-op thread(s) (every CPU but one, left to assayd); transformers with the same." % (
           time.strftime("%Y-%m-%d %H:%M", time.gmtime()), cpu, os.cpu_count(), cap, mode, lb, la,
           max(1, (os.cpu_count() or 2) - 1)),
+      "",
+      "Host memory management seen: DAMON kdamonds `%s`; virtio free page reporting: %s. With a DAMON `pageout` scheme the page cache the script warms first is paged out again once idle, so \"page cache warm\" may not hold for every measurement (an import or a load that reads the disk shows in the details below)." % (damon.strip(), reporting),
       "",
       "One run, each figure measured in it. A job's wall: from its POST to the first poll (every 5 ms) that shows it succeeded, through a real assayd (fingerprint worker, oracle, signed result). "
       "**Eager reference**: transformers' eager forward of the same model and ids in a fresh process (import, load, bf16 forward, F32 logits written; `bench/oracle_vs_hf.py`'s script). "

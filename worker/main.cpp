@@ -273,8 +273,8 @@ int main(int argc, char** argv) {
   auto* serve = app.add_subcommand(
       "serve",
       "Worker protocol (resident workers): read input.json (assay.oracle-serve-input.v1), load the "
-      "model once through its model_fds, write loaded.json, then run next-token jobs one at a "
-      "time as the supervisor names them on the control socket (worker/serve.h)");
+      "model once through its model_fds, write loaded.json, then run next-token jobs and batches "
+      "one at a time as the supervisor names them on the control socket (worker/serve.h)");
   serve->add_option("--input", serve_input, "input.json")->required();
   serve->add_option("--workdir", serve_workdir, "workspace directory")->required();
 

@@ -514,8 +514,7 @@ Evidence Evidence::from_json(const Json& document) {
     e.executor = *executor;
   }
   if (resident) {
-    Json holder{{"resident", *resident}};
-    Field f = Field(holder, "")["resident"];
+    Field f(*resident, "resident");
     f.object({"worker", "loaded_at", "jobs_before", "started_at", "counters_at_start", "reset"});
     ResidentEvidence r;
     r.worker = f["worker"].string();

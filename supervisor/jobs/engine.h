@@ -88,8 +88,8 @@ struct ResidentWorker {
   std::string stop_reason;  // why it was stopped (replaced, idle, evicted), for the log
   common::Json pending;     // the input of the job it loads for, run once loaded
   // What the engine copies out of the job's directory, and the most of each (resident.cpp);
-  // for a batch, its state files, `progressed` of which (states end in order) already copied
-  // while it ran.
+  // for a batch, its state files; `progressed`: how many states' .json were copied while it
+  // ran (for progress; states end in order).
   std::vector<std::pair<std::string, std::size_t>> job_files;
   std::size_t progressed = 0;
 };

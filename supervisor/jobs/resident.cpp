@@ -9,6 +9,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
+#include <string_view>
 
 #include <spdlog/spdlog.h>
 
@@ -51,12 +53,16 @@ namespace {
 
 // What the engine reads of a job a resident worker runs, and the most it reads of each: a
 // next-token job's files, and a batch's state files (one of each per state of its input).
+// Every job's files come first; a batch's follow, each state's .json then its .safetensors.
+constexpr std::array<std::pair<std::string_view, std::size_t>, 4> kEveryJobFiles = {{
+    {protocol::kInputFile, 256u << 20},
+    {protocol::kOutputFile, 64u << 20},
+    {"logits.safetensors", 256u << 20},
+    {"error.json", kMaxErrorBytes},
+}};
 std::vector<std::pair<std::string, std::size_t>> job_files(const Json& input) {
-  std::vector<std::pair<std::string, std::size_t>> files = {
-      {std::string(protocol::kInputFile), 256u << 20},
-      {std::string(protocol::kOutputFile), 64u << 20},
-      {"logits.safetensors", 256u << 20},
-      {"error.json", kMaxErrorBytes}};
+  std::vector<std::pair<std::string, std::size_t>> files;
+  for (const auto& [name, limit] : kEveryJobFiles) files.emplace_back(name, limit);
   if (input.value("schema", Json()) == protocol::kOracleBatchInput)
     for (const Json& state : input.at("states")) {
       const std::string index = std::to_string(state.at("index").get<std::uint64_t>());
@@ -377,19 +383,14 @@ void Engine::poll_resident_progress(const std::string& id, const std::string& ro
     fs::create_directories(ws, ec);  // the job's end replaces it with the complete copy
     common::UniqueFd dir = open_job_dir(w.workspace, w.job_dir);
     const std::string shown = (w.workspace / w.job_dir).string();
-    // The fixed files come first, then each state's .json and .safetensors: a state's .json is
-    // written after its logits, so the two are copied together once the .json is there.
-    constexpr std::size_t kFixed = 4;
-    while (kFixed + 2 * w.progressed + 1 < w.job_files.size()) {
-      const auto& json = w.job_files[kFixed + 2 * w.progressed];
-      const auto& logits = w.job_files[kFixed + 2 * w.progressed + 1];
-      auto state = open_worker_file(dir.get(), shown, json.first);
+    // A batch's state .json files as they appear (states end in order), which progress reads;
+    // the job's end copies every file.
+    for (std::size_t at = kEveryJobFiles.size() + 2 * w.progressed; at < w.job_files.size();
+         at += 2) {
+      const auto& [name, limit] = w.job_files[at];
+      auto state = open_worker_file(dir.get(), shown, name);
       if (!state) break;
-      if (auto f = open_worker_file(dir.get(), shown, logits.first))
-        common::write_unsynced(ws / logits.first,
-                               read_opened(*f, logits.second, "worker.workspace"), 0600);
-      common::write_unsynced(ws / json.first, read_opened(*state, json.second, "worker.workspace"),
-                             0600);
+      common::write_unsynced(ws / name, read_opened(*state, limit, "worker.workspace"), 0600);
       ++w.progressed;
     }
     for (const std::string& message : step.progress(ws)) set_phase(*store_.find(id), role, message);

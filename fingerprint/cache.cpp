@@ -36,6 +36,7 @@ CacheEntry state_of(const FileRef& f) {
 }
 
 const CacheEntry* cached(const std::vector<CacheEntry>& cache, const FileRef& f) {
+  if (!f.sound_key) return nullptr;
   CacheEntry now = state_of(f);
   for (const CacheEntry& e : cache)
     if (e.name == now.name && e.dev == now.dev && e.ino == now.ino && e.size == now.size &&
@@ -43,6 +44,11 @@ const CacheEntry* cached(const std::vector<CacheEntry>& cache, const FileRef& f)
         e.fsverity_digest == now.fsverity_digest)
       return &e;
   return nullptr;
+}
+
+bool storable(const FileRef& f) {
+  const std::int64_t before = f.written_back_ns - kRacyNs;
+  return f.sound_key && ns(f.before.st_mtim) < before && ns(f.before.st_ctim) < before;
 }
 
 std::vector<CacheEntry> parse_cache(const Json& value, const std::string& where,

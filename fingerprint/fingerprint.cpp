@@ -183,10 +183,9 @@ void read_chat_template(ModelReader& reader, ModelFiles& m, std::vector<char>& b
 struct Job {
   FileRef* file;
   std::string digest;
-  // Only weight shards may come from the cache: the oracle's bytes_used re-hashes them (or
-  // binds them by the same fs-verity digest, which no write can outlive), so a stale entry (a
-  // write through a shared mapping keeps mtime and ctime) fails the job. The
-  // small files are hashed every time, since nothing downstream hashes them again.
+  // Only weight shards may come from the cache, and only while their state is a sound key
+  // (ModelReader::write_back): a resident worker's bytes are compared with this digest and not
+  // hashed again. The small files are hashed every time.
   bool cacheable = false;
   const CacheEntry* from_cache = nullptr;
 };
@@ -208,6 +207,7 @@ unsigned hash_all(ModelReader& reader, const Options& options, std::vector<Job>&
   for (auto& j : jobs) {
     // Before the cache lookup: a cached sha256 stands only beside the same fs-verity digest.
     reader.measure_fsverity(*j.file);
+    if (j.cacheable) reader.write_back(*j.file);
     j.from_cache = j.cacheable ? cached(options.cache, *j.file) : nullptr;
     if (j.from_cache)
       j.digest = j.from_cache->sha256;
@@ -259,7 +259,7 @@ void assemble(const ModelFiles& m, const std::vector<Job>& jobs, Fingerprint& ou
   }
   for (const auto& j : jobs) {
     auto size = static_cast<std::uint64_t>(j.file->before.st_size);
-    FileDigest d{state_of(*j.file), j.from_cache != nullptr};
+    FileDigest d{state_of(*j.file), j.from_cache != nullptr, j.cacheable && storable(*j.file)};
     d.state.sha256 = j.digest;
     if (j.from_cache) {
       d.state.job = j.from_cache->job;

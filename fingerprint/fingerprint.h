@@ -81,6 +81,9 @@ struct Options {
 struct FileDigest {
   CacheEntry state;  // job/at: the cache entry's when reused, empty when computed here
   bool from_cache = false;
+  // A later run may reuse this digest: a weight shard whose state was a sound key, older than
+  // the writeback of its dirty pages that came before it was read (reader.h, storable()).
+  bool storable = false;
 };
 
 struct Stats {

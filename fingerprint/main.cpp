@@ -48,7 +48,11 @@ std::string implementation_sha256() {
 Json output_document(const fp::Fingerprint& f, const std::string& model_dir, double max_rate) {
   double mib = static_cast<double>(f.stats.bytes) / 1048576.0;
   Json files = Json::array();
-  for (const auto& d : f.files) files.push_back(fp::to_json(d));
+  Json cacheable = Json::array();
+  for (const auto& d : f.files) {
+    files.push_back(fp::to_json(d));
+    if (d.storable) cacheable.push_back(d.state.name);
+  }
   return {{"schema", protocol::kFingerprintOutput},
           {"model_dir", model_dir},
           {"model_identity", fp::to_json(f.identity)},
@@ -62,6 +66,7 @@ Json output_document(const fp::Fingerprint& f, const std::string& model_dir, dou
             {"cached_bytes", f.stats.cached_bytes},
             {"max_read_mib_per_second", max_rate > 0 ? Json(max_rate) : Json(nullptr)}}},
           {"files", files},
+          {"cacheable", cacheable},
           {"implementation_sha256", implementation_sha256()}};
 }
 

@@ -5,7 +5,9 @@
 #include "fingerprint/reader.h"
 
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -47,6 +49,20 @@ bool same_file_state(const struct stat& a, const struct stat& b) {
   return a.st_dev == b.st_dev && a.st_ino == b.st_ino && a.st_size == b.st_size &&
          a.st_mtim.tv_sec == b.st_mtim.tv_sec && a.st_mtim.tv_nsec == b.st_mtim.tv_nsec &&
          a.st_ctim.tv_sec == b.st_ctim.tv_sec && a.st_ctim.tv_nsec == b.st_ctim.tv_nsec;
+}
+
+// Filesystems whose shared-mapping writes fault on a clean page and move ctime there
+// (page_mkwrite calls file_update_time): once written back, no page can change unseen. tmpfs,
+// ramfs and network filesystems are not among them (tmpfs pages are never write-protected; an
+// NFS client does not see another host's writes).
+bool ctime_follows_mapped_writes(long type) {
+  return type == EXT4_SUPER_MAGIC || type == XFS_SUPER_MAGIC || type == BTRFS_SUPER_MAGIC;
+}
+
+std::int64_t realtime_ns() {
+  struct timespec t {};
+  ::clock_gettime(CLOCK_REALTIME, &t);
+  return static_cast<std::int64_t>(t.tv_sec) * 1'000'000'000 + t.tv_nsec;
 }
 
 }  // namespace
@@ -201,6 +217,28 @@ void ModelReader::check_unchanged(const FileRef& f, int fd, std::uint64_t got) {
   if (::fstatat(f.dirfd, f.leaf.c_str(), &by_name, AT_SYMLINK_NOFOLLOW) != 0 ||
       !same_file_state(f.before, by_name))
     throw Error("fingerprint.changed", f.shown + " was replaced or removed while it was read");
+}
+
+void ModelReader::write_back(FileRef& f) {
+  f.sound_key = false;
+  UniqueFd fd = open_checked(f);
+  struct statfs fsinfo {};
+  if (::fstatfs(fd.get(), &fsinfo) != 0 ||
+      !ctime_follows_mapped_writes(static_cast<long>(fsinfo.f_type)))
+    return;
+  f.written_back_ns = realtime_ns();
+  if (::sync_file_range(
+          fd.get(), 0, 0,
+          SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER) != 0)
+    return;
+  struct stat now {};
+  if (::fstat(fd.get(), &now) != 0)
+    common::throw_errno("fingerprint.stat", "fstat " + f.shown, errno);
+  if (!same_file_state(f.before, now))
+    throw Error("fingerprint.changed", f.shown +
+                                           " changed before it was read (size, mtime, ctime "
+                                           "or inode differ from its first stat)");
+  f.sound_key = true;
 }
 
 void ModelReader::measure_fsverity(FileRef& f) {

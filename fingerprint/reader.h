@@ -46,6 +46,10 @@ struct FileRef {
   int given_fd = -1;  // the supervisor's descriptor (Options::model_fds); then dirfd is unused
   struct stat before {};
   std::optional<std::string> fsverity;  // set by ModelReader::measure_fsverity
+  // Set by ModelReader::write_back: whether (dev, ino, size, mtime, ctime) is a sound cache key
+  // for this file now, and the CLOCK_REALTIME (ns) just before its dirty pages were written back.
+  bool sound_key = false;
+  std::int64_t written_back_ns = 0;
 };
 
 class RateLimiter {
@@ -88,6 +92,13 @@ struct ModelReader {
   // Sets f.fsverity: the file's fs-verity digest, measured on the descriptor it is read through
   // (the given one, or one opened and checked as for reading), or none.
   void measure_fsverity(FileRef& f);
+  // Writes back `f`'s dirty pages (sync_file_range), then sets f.sound_key: true only on a
+  // filesystem whose shared-mapping writes move ctime once a page is clean again (ext2/3/4, XFS,
+  // Btrfs), where the writeback succeeded and the file's state is still what probe() saw.
+  // Without it, a write into a page a shared mapping already dirtied keeps both times (tmpfs
+  // never moves them), and the state would name old bytes. Throws Error("fingerprint.changed")
+  // when the state moved since probe().
+  void write_back(FileRef& f);
   // Reads the file once, in large sequential chunks, feeding the hash (and `keep` if given).
   std::string hash_file(const FileRef& f, std::vector<char>& buf, std::string* keep = nullptr);
   // A JSON file's text (at most kMaxJsonBytes), hashed as it is read; adds its size to `bytes`.
@@ -96,7 +107,13 @@ struct ModelReader {
 
 // The cache key of a probed file: its name and (dev, ino, size, mtime, ctime); no digest.
 CacheEntry state_of(const FileRef& f);
-// The cached digest of `f` when its entry's state equals the file's state exactly.
+// The cached digest of `f` when its key is sound (write_back) and its entry's state equals the
+// file's state exactly.
 const CacheEntry* cached(const std::vector<CacheEntry>& cache, const FileRef& f);
+// Whether a digest of `f` computed in this run may be kept for later runs: a sound key whose
+// mtime and ctime are older than the writeback by more than the coarse clock's tick could hide
+// (kRacyNs), so that no write since the writeback kept them.
+bool storable(const FileRef& f);
+constexpr std::int64_t kRacyNs = 2'000'000'000;
 
 }  // namespace assay::fingerprint

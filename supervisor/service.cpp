@@ -140,6 +140,7 @@ Submitted Service::submit(const Json& document, const std::map<std::string, std:
       }
     }
     admission = kind.admit(document, context);
+    engine_->check_capacity(kind, document, admission.checks, admission.model_dir);
   } catch (const Error&) {
     ++metrics_.rejected;
     throw;

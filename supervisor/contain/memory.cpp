@@ -56,6 +56,10 @@ std::uint64_t MemoryView::available() const {
   return a;
 }
 
+std::uint64_t MemoryView::capacity() const {
+  return cgroup_limit ? std::min(mem_total, *cgroup_limit) : mem_total;
+}
+
 MemoryView read_memory_view() {
   return detail::memory_view_from(read_proc("/proc/self/cgroup"), read_proc("/proc/self/mountinfo"),
                                   read_proc("/proc/meminfo"));
@@ -63,8 +67,8 @@ MemoryView read_memory_view() {
 
 namespace detail {
 
-std::uint64_t parse_mem_available(std::string_view meminfo) {
-  constexpr std::string_view kKey = "MemAvailable:";
+std::uint64_t parse_meminfo(std::string_view meminfo, std::string_view key) {
+  const std::string kKey = std::string(key) + ":";
   std::size_t at = 0;
   while (at < meminfo.size() && !meminfo.substr(at).starts_with(kKey)) {
     at = meminfo.find('\n', at);
@@ -72,7 +76,8 @@ std::uint64_t parse_mem_available(std::string_view meminfo) {
     ++at;
   }
   if (at >= meminfo.size()) {
-    throw common::Error("contain.memory_view", "/proc/meminfo has no MemAvailable line");
+    throw common::Error("contain.memory_view",
+                        "/proc/meminfo has no " + std::string(key) + " line");
   }
   std::string_view line = meminfo.substr(at + kKey.size());
   line = line.substr(0, line.find('\n'));
@@ -82,7 +87,7 @@ std::uint64_t parse_mem_available(std::string_view meminfo) {
   if (ec != std::errc() || std::string_view(end, rest.data() + rest.size()) != " kB" ||
       kb > UINT64_MAX / 1024) {
     throw common::Error("contain.memory_view",
-                        "malformed /proc/meminfo line \"MemAvailable:" + std::string(line) + "\"");
+                        "malformed /proc/meminfo line \"" + kKey + std::string(line) + "\"");
   }
   return kb * 1024;
 }
@@ -91,6 +96,7 @@ MemoryView memory_view_from(const std::string& proc_cgroup, const std::string& m
                             std::string_view meminfo) {
   MemoryView v;
   v.mem_available = parse_mem_available(meminfo);
+  v.mem_total = parse_meminfo(meminfo, "MemTotal");
   auto membership = parse_proc_cgroup(proc_cgroup);
   auto mounts = parse_mountinfo_cgroups(mountinfo);
   // v1's memory hierarchy where one is mounted (hybrid hosts have v2 without memory), else v2.

@@ -113,14 +113,21 @@ class Engine {
   // job as cancelled). Returns false when the job is already terminal.
   bool cancel(Job& job);
   std::size_t queue_depth() const { return queue_.size(); }
+  // At admission: throws Error("preflight.refused") naming the figures when the kind's memory
+  // estimate for `document` (plus the reserve) exceeds what this host can ever make available
+  // (contain::MemoryView::capacity): such a job would wait at no end. An estimate that cannot be
+  // made here is left to the job's start, which reports it.
+  void check_capacity(const JobKind& kind, const common::Json& document, const common::Json& checks,
+                      const std::string& model_dir);
   std::size_t running() const { return runs_.size(); }
 
  private:
   // scheduler.cpp
+  enum class Begun { kStarted, kWaiting, kEnded };
   void schedule();
-  void begin(const std::string& id);
-  // True when the job may start now; false when it waits (queued at the head) or failed.
-  bool preflight(JobRun& run);
+  // kWaiting: the preflight holds it back (waiting_need_ says for how much); kEnded: failed.
+  Begun begin(const std::string& id);
+  Begun preflight(JobRun& run);
   void arm_retry();
   void release(const std::string& id);
 
@@ -219,7 +226,8 @@ class Engine {
 
   std::vector<std::string> queue_;                       // FIFO of queued job ids
   std::map<std::string, std::unique_ptr<JobRun>> runs_;  // running jobs
-  std::optional<std::string> waiting_;                   // the head job the preflight holds back
+  // Queued jobs the preflight holds back, with what each needs (estimate + reserve).
+  std::map<std::string, std::uint64_t> waiting_need_;
   std::map<int, std::unique_ptr<ResidentWorker>> residents_;
   int next_resident_ = 0;
   boost::asio::steady_timer retry_timer_;

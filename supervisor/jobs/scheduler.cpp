@@ -1,5 +1,8 @@
-// The engine's queue: FIFO onto device slots, the memory preflight (a job that does not fit
-// waits at the head of the queue, retried on a timer, never in a loop), cancel and recovery.
+// The engine's queue: in order onto device slots, the memory preflight (a job that does not fit
+// keeps its place and is retried on a timer, never in a loop, while the jobs behind it that fit
+// start), refusal of what no host state could fit, cancel and recovery.
+#include <stdlib.h>
+
 #include <algorithm>
 
 #include <spdlog/spdlog.h>
@@ -19,6 +22,10 @@ using common::Json;
 namespace fs = std::filesystem;
 
 namespace {
+
+std::uint64_t add_saturating(std::uint64_t a, std::uint64_t b) {
+  return a > UINT64_MAX - b ? UINT64_MAX : a + b;
+}
 
 std::string fmt_bytes(std::uint64_t b) {
   char buf[64];
@@ -94,6 +101,7 @@ bool Engine::cancel(Job& job) {
   if (is_terminal(job.state)) return false;
   if (job.state == JobState::kQueued) {
     queue_.erase(std::remove(queue_.begin(), queue_.end(), job.id), queue_.end());
+    waiting_need_.erase(job.id);
     finish(job.id, JobState::kCancelled, "cancelled while queued");
     return true;
   }
@@ -113,20 +121,84 @@ bool Engine::cancel(Job& job) {
   return true;
 }
 
+void Engine::check_capacity(const JobKind& kind, const Json& document, const Json& checks,
+                            const std::string& model_dir) {
+  if (config_.state_dir.empty()) return;
+  // The kind's own estimate, from the request as it would be stored: a scratch job directory.
+  const fs::path root = config_.state_dir / "admission";
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  std::string dir = (root / "XXXXXX").string();
+  if (!::mkdtemp(dir.data()))
+    common::throw_errno("store.io", "mkdtemp below " + root.string(), errno);
+  std::uint64_t required = 0;
+  try {
+    common::write_unsynced(fs::path(dir) / "request.json", common::canonical(document), 0600);
+    if (!checks.is_null())
+      common::write_unsynced(fs::path(dir) / kChecksFile, common::canonical(checks), 0600);
+    required = kind.open(config_, dir, model_dir)->required_bytes();
+  } catch (...) {
+    fs::remove_all(dir, ec);
+    // What the estimate cannot read, the job's start reports as it always has.
+    return;
+  }
+  fs::remove_all(dir, ec);
+  contain::MemoryView mem = contain::read_memory_view();
+  const std::uint64_t need = add_saturating(required, config_.memory_reserve_bytes);
+  if (need <= mem.capacity()) return;
+  ++metrics_.preflight_refusals;
+  throw Error("preflight.refused",
+              "the job needs " + fmt_bytes(required) + " plus a reserve of " +
+                  fmt_bytes(config_.memory_reserve_bytes) +
+                  ", more than this host can ever give (" +
+                  (mem.cgroup_limit && *mem.cgroup_limit < mem.mem_total
+                       ? "the supervisor's cgroup limit, " + fmt_bytes(*mem.cgroup_limit)
+                       : "its memory, MemTotal " + fmt_bytes(mem.mem_total)) +
+                  "); the estimate comes from " + model_dir + "/config.json and the shards' sizes");
+}
+
 void Engine::schedule() {
   if (stopping_) return;
-  while (!queue_.empty() && static_cast<int>(runs_.size()) < config_.device_slots) {
-    // The head waits for memory: the retry timer calls again; nothing overtakes it (FIFO).
-    if (retry_armed_) return;
-    std::string id = queue_.front();
-    queue_.erase(queue_.begin());
-    begin(id);
+  // In order of submission, but a job waiting for memory holds back none behind it: each job
+  // that fits now starts now. A waiting job is tried again (begin) only when what is free, with
+  // every idle resident worker's memory, could hold it; that keeps a pass over a long queue a
+  // comparison per job.
+  std::uint64_t free_now = 0;
+  bool measured = false;
+  for (std::size_t at = 0;
+       at < queue_.size() && static_cast<int>(runs_.size()) < config_.device_slots;) {
+    const std::string id = queue_[at];
+    if (auto w = waiting_need_.find(id); w != waiting_need_.end()) {
+      if (!measured) {
+        try {
+          free_now = contain::read_memory_view().available();
+        } catch (const Error&) {
+          free_now = UINT64_MAX;  // begin's preflight reports it
+        }
+        for (auto& [n, r] : residents_)
+          if (r->state == ResidentWorker::State::kIdle)
+            free_now = add_saturating(free_now, r->memory_limit);
+        measured = true;
+      }
+      if (w->second > free_now) {
+        arm_retry();  // memory may free up outside assayd too
+        ++at;
+        continue;
+      }
+    }
+    queue_.erase(queue_.begin() + static_cast<std::ptrdiff_t>(at));
+    if (begin(id) == Begun::kWaiting) {
+      queue_.insert(queue_.begin() + static_cast<std::ptrdiff_t>(at), id);
+      ++at;
+      measured = false;  // a resident worker may have been stopped for it
+    }
   }
 }
 
-void Engine::begin(const std::string& id) {
+Engine::Begun Engine::begin(const std::string& id) {
+  waiting_need_.erase(id);
   Job* job = store_.find(id);
-  if (!job || job->state != JobState::kQueued) return;
+  if (!job || job->state != JobState::kQueued) return Begun::kEnded;
   std::vector<int> used;
   for (const auto& [other, run] : runs_) used.push_back(run->slot);
   auto run = std::make_unique<JobRun>();
@@ -148,14 +220,17 @@ void Engine::begin(const std::string& id) {
     restore_parts(r);
     r.required_bytes = r.pipeline->required_bytes();
   } catch (const Error& e) {
-    return fail(id, e.code() == "json.invalid" ? "job.bad_request" : e.code(), e.what());
+    fail(id, e.code() == "json.invalid" ? "job.bad_request" : e.code(), e.what());
+    return Begun::kEnded;
   } catch (const std::exception& e) {
-    return fail(id, "preflight.bad_model", std::string("cannot size the model: ") + e.what());
+    fail(id, "preflight.bad_model", std::string("cannot size the model: ") + e.what());
+    return Begun::kEnded;
   }
   try {
-    if (!preflight(r)) return;
+    if (Begun b = preflight(r); b != Begun::kStarted) return b;
   } catch (const Error& e) {
-    return fail(id, e.code(), std::string("preflight: ") + e.what());
+    fail(id, e.code(), std::string("preflight: ") + e.what());
+    return Begun::kEnded;
   }
   job->state = JobState::kRunning;
   job->attempts += 1;
@@ -167,26 +242,30 @@ void Engine::begin(const std::string& id) {
   try {
     r.steps = r.pipeline->plan();
   } catch (const Error& e) {
-    return fail(id, e.code(), e.what());
+    fail(id, e.code(), e.what());
+    return Begun::kEnded;
   }
   next_step(r);
+  return Begun::kStarted;
 }
 
-bool Engine::preflight(JobRun& run) {
+Engine::Begun Engine::preflight(JobRun& run) {
   Job& job = *store_.find(run.id);
   contain::MemoryView mem = contain::read_memory_view();
   std::uint64_t available = mem.available();
   std::uint64_t required = run.required_bytes, reserve = config_.memory_reserve_bytes;
-  std::uint64_t ceiling = mem.cgroup_limit.value_or(UINT64_MAX);
+  const std::uint64_t need = add_saturating(required, reserve);
   run.host_memory = Json{{"available_bytes_before", available},
                          {"required_bytes", required},
                          {"reserve_bytes", reserve}};
-  if (required + reserve > ceiling) {
+  // Admission refuses such a job; one queued before a restart on a smaller host, or before
+  // the cgroup limit was lowered, is refused here.
+  if (need > mem.capacity()) {
     ++metrics_.preflight_refusals;
     fail(run.id, "preflight.refused",
          "the model needs " + fmt_bytes(required) + " plus a reserve of " + fmt_bytes(reserve) +
-             " but the supervisor's cgroup limit is " + fmt_bytes(ceiling));
-    return false;
+             ", more than this host can ever give (" + fmt_bytes(mem.capacity()) + ")");
+    return Begun::kEnded;
   }
   // An idle resident worker that holds this job's model either runs its step or is replaced by
   // the step's own worker: its memory is this job's to use.
@@ -195,7 +274,7 @@ bool Engine::preflight(JobRun& run) {
       available += held;
       run.host_memory["resident_worker_bytes"] = held;
     }
-  if (required + reserve <= available) return true;
+  if (need <= available) return Begun::kStarted;
   // Idle resident workers give their memory back to a job that needs it.
   bool evicted = false;
   for (auto& [n, w] : residents_)
@@ -205,12 +284,13 @@ bool Engine::preflight(JobRun& run) {
     }
   if (evicted) {
     runs_.erase(run.id);
-    queue_.insert(queue_.begin(), job.id);
+    waiting_need_[job.id] = need;
     arm_retry();
-    return false;
+    return Begun::kWaiting;
   }
-  // Could fit once other work ends: the job stays first in line and is retried on a timer. Only
-  // the start of a wait is an event; later retries change nothing on disk.
+  // Could fit once other work ends: the job keeps its place and is retried on a timer, while
+  // jobs behind it that fit go ahead. Only the start of a wait is an event; later retries
+  // change nothing on disk.
   std::string reason = "needs " + fmt_bytes(required) + " + reserve " + fmt_bytes(reserve) +
                        ", available " + fmt_bytes(available);
   bool first = job.waiting_reason.empty();
@@ -221,9 +301,9 @@ bool Engine::preflight(JobRun& run) {
     set_phase(job, "queued", "waiting for memory: " + reason);
   }
   runs_.erase(run.id);
-  queue_.insert(queue_.begin(), job.id);
+  waiting_need_[job.id] = need;
   arm_retry();
-  return false;
+  return Begun::kWaiting;
 }
 
 void Engine::arm_retry() {

@@ -9,6 +9,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <tuple>
 
 #include <fcntl.h>
@@ -48,7 +49,9 @@ int worker_threads() {
 
 namespace {
 
-constexpr std::string_view kFingerprintCacheSchema = "assay.fingerprint-cache.v1";
+// v2: entries only for the files the worker names "cacheable" (a sound key); a v1 file, whose
+// entries were kept without that, is ignored.
+constexpr std::string_view kFingerprintCacheSchema = "assay.fingerprint-cache.v2";
 
 fs::path fingerprint_cache_file(const fs::path& state_dir, const std::string& model_dir) {
   std::string id = common::sha256_id(model_dir);  // "sha256:<hex>"
@@ -118,9 +121,12 @@ void store_fingerprint_cache(const fs::path& state_dir, const std::string& model
     }
     return false;
   };
+  std::set<std::string> cacheable;
+  for (const Json& name : output.value("cacheable", Json::array()))
+    if (name.is_string()) cacheable.insert(name.get<std::string>());
   Json entries = Json::array();
   for (Json f : output.value("files", Json::array())) {
-    if (racy(f)) continue;
+    if (racy(f) || !cacheable.count(f.value("name", std::string()))) continue;
     if (f.value("source", "") != "cache") {
       f["job"] = job_id;
       f["at"] = at;

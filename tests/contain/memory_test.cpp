@@ -49,6 +49,7 @@ TEST_CASE("memory view on v2: the limited ancestor caps MemAvailable; max means 
   CHECK(v.cgroup_limit == 1024 * kMiB);
   CHECK(v.cgroup_usage == 300 * kMiB);
   CHECK(v.available() == 724 * kMiB);
+  CHECK(v.capacity() == 1024 * kMiB);  // the limit, below MemTotal
   // Plenty of room in the cgroup: MemAvailable is the bound.
   put(root.path / "svc/memory.max", std::to_string(64 * 1024 * kMiB) + "\n");
   v = detail::memory_view_from("0::/svc/supervisor\n", mount_line(root.path, true), kMeminfo);
@@ -58,6 +59,8 @@ TEST_CASE("memory view on v2: the limited ancestor caps MemAvailable; max means 
   v = detail::memory_view_from("0::/svc/supervisor\n", mount_line(root.path, true), kMeminfo);
   CHECK_FALSE(v.cgroup_limit);
   CHECK(v.available() == 2048 * kMiB);
+  CHECK(v.mem_total == 32768000ull * 1024);
+  CHECK(v.capacity() == 32768000ull * 1024);  // MemTotal when no cgroup limits it
 }
 
 TEST_CASE("memory view on v1: the smallest limit below 2^60 wins, and its usage") {
@@ -89,6 +92,8 @@ TEST_CASE("memory view: a cgroup outside the mounted sub-tree has no visible lim
   auto v = detail::memory_view_from("0::/mine\n", mounts, kMeminfo);
   CHECK_FALSE(v.cgroup_limit);
   CHECK(v.available() == 2048 * kMiB);
+  CHECK(v.mem_total == 32768000ull * 1024);
+  CHECK(v.capacity() == 32768000ull * 1024);  // MemTotal when no cgroup limits it
 }
 
 TEST_CASE("memory view: malformed /proc text and control files are errors naming them") {

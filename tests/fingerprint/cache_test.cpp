@@ -166,6 +166,97 @@ TEST_CASE(
   CHECK_FALSE(file(second, "chat_template.jinja").from_cache);
 }
 
+// A shared, writable mapping of a whole file, as a user's script or an engine may keep one.
+struct SharedMapping {
+  common::UniqueFd fd;
+  char* bytes = nullptr;
+  std::size_t size = 0;
+  explicit SharedMapping(const fs::path& file)
+      : fd(::open(file.c_str(), O_RDWR | O_CLOEXEC)), size(fs::file_size(file)) {
+    REQUIRE(fd);
+    void* map = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+    REQUIRE(map != MAP_FAILED);
+    bytes = static_cast<char*>(map);
+  }
+  ~SharedMapping() { ::munmap(bytes, size); }
+};
+
+bool same_times(const fs::path& file, const struct stat& before) {
+  struct stat now {};
+  REQUIRE(::stat(file.c_str(), &now) == 0);
+  return now.st_mtim.tv_sec == before.st_mtim.tv_sec &&
+         now.st_mtim.tv_nsec == before.st_mtim.tv_nsec &&
+         now.st_ctim.tv_sec == before.st_ctim.tv_sec &&
+         now.st_ctim.tv_nsec == before.st_ctim.tv_nsec;
+}
+
+TEST_CASE(
+    "a shard written through a shared mapping into a page that mapping had dirtied is hashed "
+    "again: the fingerprint wrote the page back, so the second write moved ctime") {
+  TempDir dir;
+  make_model(dir.path(), kShards);
+  fs::path shard = dir.path() / "model-a.safetensors";
+  SharedMapping map(shard);
+  map.bytes[100] ^= 1;  // dirties the page (the fault moves both times)
+  Fingerprint first = fingerprint_model(dir.path(), "m");
+  CHECK(file(first, "model-a.safetensors").state.sha256 ==
+        common::sha256_id(common::read_file(shard, 1 << 24)));
+  ::usleep(20000);      // a later tick of the coarse clock
+  map.bytes[101] ^= 1;  // the same page: before the fix it was still dirty and no time moved
+  std::set<std::string> read;
+  Fingerprint second = fingerprint_model(dir.path(), "m", with_cache(entries_of(first), &read));
+  CHECK(read.count("model-a.safetensors") == 1);
+  CHECK_FALSE(file(second, "model-a.safetensors").from_cache);
+  CHECK(file(second, "model-a.safetensors").state.sha256 ==
+        common::sha256_id(common::read_file(shard, 1 << 24)));
+  CHECK(second.identity.content_sha256 != first.identity.content_sha256);
+}
+
+TEST_CASE(
+    "on tmpfs, where writes through a shared mapping never move the times, a shard's digest is "
+    "never reused nor offered for keeping") {
+  if (!fs::is_directory("/dev/shm")) {
+    MESSAGE("skipped: no /dev/shm");
+    return;
+  }
+  TempDir dir("/dev/shm");
+  make_model(dir.path(), kShards);
+  fs::path shard = dir.path() / "model-b.safetensors";
+  SharedMapping map(shard);
+  map.bytes[10] ^= 1;
+  Fingerprint first = fingerprint_model(dir.path(), "m");
+  for (const FileDigest& d : first.files) CHECK_FALSE(d.storable);
+  struct stat before {};
+  REQUIRE(::stat(shard.c_str(), &before) == 0);
+  ::usleep(20000);
+  map.bytes[11] ^= 1;
+  REQUIRE(same_times(shard, before));  // the case a (dev, ino, size, mtime, ctime) key misses
+  std::set<std::string> read;
+  Fingerprint second = fingerprint_model(dir.path(), "m", with_cache(entries_of(first), &read));
+  CHECK(read.count("model-a.safetensors") == 1);  // unchanged, but its key is not sound here
+  CHECK(read.count("model-b.safetensors") == 1);
+  CHECK(file(second, "model-b.safetensors").state.sha256 ==
+        common::sha256_id(common::read_file(shard, 1 << 24)));
+  CHECK(second.stats.cached_files == 0);
+}
+
+TEST_CASE(
+    "a shard is offered for keeping only when both its times are over 2 s older than the "
+    "writeback before its read; config and tokenizer never") {
+  TempDir dir;
+  make_model(dir.path(), kShards);
+  Fingerprint fresh = fingerprint_model(dir.path(), "m");
+  for (const FileDigest& d : fresh.files) CHECK_FALSE(d.storable);
+  ::usleep(2'100'000);
+  Fingerprint settled = fingerprint_model(dir.path(), "m");
+  for (const FileDigest& d : settled.files)
+    CHECK(d.storable == d.state.name.ends_with(".safetensors"));
+  // A hit stays storable: its state is as old as it was.
+  Fingerprint hit = fingerprint_model(dir.path(), "m", with_cache(entries_of(settled)));
+  CHECK(file(hit, "model-a.safetensors").from_cache);
+  CHECK(file(hit, "model-a.safetensors").storable);
+}
+
 TEST_CASE(
     "a file's fs-verity digest is recorded beside its sha256, and a cached sha256 is reused only "
     "beside the same fs-verity digest") {

@@ -148,15 +148,50 @@ std::uint64_t rss_bytes(pid_t pid) {
   return 0;
 }
 
-std::uint64_t mem_available_bytes() {
+std::uint64_t meminfo_bytes(const std::string& want) {
   std::ifstream in("/proc/meminfo");
   std::string key, unit;
   std::uint64_t value = 0;
   while (in >> key >> value) {
     std::getline(in, unit);
-    if (key == "MemAvailable:") return value * 1024;
+    if (key == want + ":") return value * 1024;
   }
   return 0;
+}
+std::uint64_t mem_available_bytes() {
+  return meminfo_bytes("MemAvailable");
+}
+
+// A daemon with `config` as its assayd.json, no containment, and `args` (by default a
+// fingerprint worker that fails: for config-only models, where no worker should run).
+std::unique_ptr<Daemon> config_daemon(const fs::path& dir, const Json& config,
+                                      std::vector<std::string> args = {"--fingerprint-worker",
+                                                                       "/bin/false"}) {
+  spit(dir / "assayd.json", config.dump());
+  std::vector<std::string> all{"--containment", "none", "--config", (dir / "assayd.json").string()};
+  all.insert(all.end(), args.begin(), args.end());
+  return std::make_unique<Daemon>(dir / "state", dir / "assayd.sock", all);
+}
+
+// What the preflight estimates a job needs, from a daemon whose reserve alone is the host's
+// whole memory: it refuses the job at admission, naming the estimate ("needs N bytes").
+std::uint64_t estimated_need(const fs::path& dir, const Json& request) {
+  auto d = config_daemon(dir, Json{{"memory_reserve_bytes", meminfo_bytes("MemTotal")}});
+  REQUIRE_MESSAGE(d->start_within(15), d->log());
+  auto r = request_within(d->socket(), "POST", "/v1/jobs", 5, request.dump());
+  REQUIRE_MESSAGE(r.status == 422, r.body);
+  const std::string message = r.json()["error"]["message"];
+  const auto at = message.find("needs ");
+  REQUIRE_MESSAGE(at != std::string::npos, message);
+  d->stop_within(5);
+  fs::remove_all(dir / "state");
+  return std::stoull(message.substr(at + 6));
+}
+
+// A reserve that makes a job estimated at `need` wait on this host and never be refused:
+// MemTotal less 1 MiB, which MemAvailable never reaches (the kernel's own memory is not in it).
+std::uint64_t reserve_to_wait(std::uint64_t need) {
+  return meminfo_bytes("MemTotal") - need - (1u << 20);
 }
 
 // This process's cgroup memory limit (v1 or v2), if it has one: the daemon inherits it.
@@ -573,17 +608,15 @@ TEST_SUITE("availability") {
     }
     TempDir tmp;
     fs::path model = make_config_only_model(tmp.path / "model");
-    // A sparse shard far above MemAvailable: the estimate exceeds it, the job must wait.
-    std::uint64_t size = std::max<std::uint64_t>(100ull << 30, 4 * available);
-    int fd = ::open((model / "zz-extra.safetensors").c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
-    REQUIRE(fd >= 0);
-    REQUIRE(::ftruncate(fd, static_cast<off_t>(size)) == 0);
-    ::close(fd);
-    Daemon d(tmp.path / "state", tmp.path / "assayd.sock",
-             {"--containment", "none", "--fingerprint-worker", "/bin/false"});
+    // A reserve that leaves the job more than MemAvailable and less than MemTotal: it must wait.
+    INFO("MemAvailable " << available);
+    const Json request = next_token_request("waits", model);
+    const std::uint64_t need = estimated_need(tmp.path, request);
+    auto daemon = config_daemon(tmp.path, Json{{"memory_reserve_bytes", reserve_to_wait(need)}});
+    Daemon& d = *daemon;
     StopOnExit stop{d};
     REQUIRE_MESSAGE(d.start_within(15), d.log());
-    auto sub = submit(d, next_token_request("waits", model));
+    auto sub = submit(d, request);
     CHECK_MESSAGE(sub.status == 201, "the submission went unanswered or was refused: " << sub.body);
     // Go on with the stored job either way, to see what else breaks.
     std::string id;
@@ -630,6 +663,103 @@ TEST_SUITE("availability") {
     Json job = wait_job_alive(d, id, terminal, 5);
     CHECK(job.value("state", "") == "cancelled");
     CHECK(health_within(d));
+  }
+
+  TEST_CASE(
+      "a model whose config.json or shards ask for more memory than the host has is refused at "
+      "admission with preflight.refused naming the figure, and nothing is queued") {
+    if (auto limit = own_memory_limit()) MESSAGE("under a cgroup memory limit of " << *limit);
+    TempDir tmp;
+    auto d = config_daemon(tmp.path, Json::object());
+    StopOnExit stop{*d};
+    // num_attention_heads and vocab_size make the sequence's estimate hundreds of GiB; a sparse
+    // shard of 1 TiB the weights'.
+    REQUIRE_MESSAGE(d->start_within(15), d->log());
+    struct Case {
+      std::string name, config;
+      std::uint64_t sparse_shard = 0;
+    };
+    for (const Case& c : std::vector<Case>{
+             {"heads",
+              R"({"model_type":"llama","vocab_size":260,"num_attention_heads":1000000000})"},
+             {"vocab", R"({"model_type":"llama","vocab_size":1000000000000})"},
+             {"shard", R"({"model_type":"llama","vocab_size":260})", 1ull << 40}}) {
+      CAPTURE(c.name);
+      fs::path model = tmp.path / c.name;
+      fs::create_directories(model);
+      spit(model / "config.json", c.config);
+      if (c.sparse_shard) {
+        int fd =
+            ::open((model / "model.safetensors").c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+        REQUIRE(fd >= 0);
+        REQUIRE(::ftruncate(fd, static_cast<off_t>(c.sparse_shard)) == 0);
+        ::close(fd);
+      }
+      Json request = next_token_request("too-big-" + c.name, model);
+      if (c.name == "vocab") request["candidates"][0]["token_id"] = 5;
+      auto r = submit(*d, request);
+      CHECK_MESSAGE(r.status == 422, r.body);
+      if (r.status != 422) continue;
+      CHECK(r.json()["error"]["code"] == "preflight.refused");
+      const std::string message = r.json()["error"]["message"];
+      CHECK_MESSAGE(message.find("more than this host can ever give") != std::string::npos,
+                    message);
+      CHECK_MESSAGE((message.find("MemTotal") != std::string::npos ||
+                     message.find("cgroup limit") != std::string::npos),
+                    message);
+      CHECK_MESSAGE(message.find(model.string() + "/config.json") != std::string::npos, message);
+    }
+    auto list = request_within(d->socket(), "GET", "/v1/jobs", 2);
+    REQUIRE(list.status == 200);
+    CHECK_MESSAGE(list.json()["jobs"].empty(), list.body);
+    CHECK(fs::is_empty(d->state() / "admission"));
+  }
+
+  TEST_CASE(
+      "a job that could fit only later holds back no job behind it that fits now, and keeps its "
+      "place") {
+    if (own_memory_limit() || !have(kFingerprint) || !have(kOracle)) {
+      MESSAGE("skipped: under a cgroup memory limit, or the workers were not built");
+      return;
+    }
+    TempDir tmp;
+    // The waiting job's model is a config with a sparse shard of half the host's memory; the
+    // reserve makes its need MemTotal - 1 MiB. The tiny fixture's jobs need over half less.
+    fs::path big = make_config_only_model(tmp.path / "big");
+    {
+      int fd = ::open((big / "model.safetensors").c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+      REQUIRE(fd >= 0);
+      REQUIRE(::ftruncate(fd, static_cast<off_t>(meminfo_bytes("MemTotal") / 2)) == 0);
+      ::close(fd);
+    }
+    fs::path small = fixture_model(tmp.path / "llama-tiny");
+    const Json waits = next_token_request("waits", big);
+    const std::uint64_t need = estimated_need(tmp.path, waits);
+    auto daemon = config_daemon(tmp.path, Json{{"memory_reserve_bytes", reserve_to_wait(need)}},
+                                {"--fingerprint-worker", kFingerprint, "--oracle-worker", kOracle});
+    Daemon& d = *daemon;
+    StopOnExit stop{d};
+    REQUIRE_MESSAGE(d.start_within(15), d.log());
+    auto a = submit(d, waits);
+    REQUIRE_MESSAGE(a.status == 201, a.body);
+    const std::string waiting = a.json()["id"];
+    Json first = wait_job_alive(
+        d, waiting, [](const Json& j) { return !j.value("waiting_reason", "").empty(); }, 10);
+    REQUIRE_MESSAGE(first.value("state", "") == "queued", first.dump(2));
+    // Jobs behind it, on a model that fits now: each runs to its end while it waits.
+    for (const char* name : {"fits-1", "fits-2"}) {
+      auto b = submit(d, next_token_request(name, small));
+      REQUIRE_MESSAGE(b.status == 201, b.body);
+      Json done = wait_job_alive(d, b.json()["id"], terminal, 180);
+      CHECK_MESSAGE(done.value("state", "") == "succeeded", done.dump(2) << d.log());
+    }
+    auto still = request_within(d.socket(), "GET", "/v1/jobs/" + waiting, 2);
+    REQUIRE(still.status == 200);
+    CHECK(still.json()["state"] == "queued");
+    CHECK_FALSE(still.json().value("waiting_reason", std::string()).empty());
+    auto cancel = request_within(d.socket(), "DELETE", "/v1/jobs/" + waiting, 2);
+    CHECK((cancel.status == 200 || cancel.status == 202));
+    CHECK(wait_job_alive(d, waiting, terminal, 5).value("state", "") == "cancelled");
   }
 
   TEST_CASE(

@@ -184,9 +184,10 @@ inline void spit(const fs::path& p, const std::string& s) {
 // A fresh temporary directory removed at the end of the test.
 struct TempDir {
   fs::path path;
-  TempDir() {
-    char tmpl[] = "/tmp/assay-it-XXXXXX";
-    path = ::mkdtemp(tmpl);
+  // Below `base` (/tmp, or e.g. /dev/shm for a tmpfs).
+  explicit TempDir(const fs::path& base = "/tmp") {
+    std::string tmpl = (base / "assay-it-XXXXXX").string();
+    path = ::mkdtemp(tmpl.data());
     // Open like /usr/libexec: the workers run as an unprivileged user and must reach the
     // stand-in worker scripts the tests put here.
     ::chmod(path.c_str(), 0755);

@@ -1,10 +1,14 @@
 // Resident oracle workers (assayd's resident_models): a second job on an unchanged model runs
 // on the worker that already holds it, a changed shard makes the next job load a new one, a
 // job the worker refuses fails alone, and a worker that died or idled out is replaced.
+#include <sys/mman.h>
+#include <sys/stat.h>
+
 #include <csignal>
 #include <fstream>
 #include <set>
 
+#include "common/fs.h"
 #include "tests/integration/harness.h"
 
 namespace assay::test {
@@ -237,6 +241,68 @@ TEST_CASE(
   CHECK(fs::is_empty(r.d->state() / "resident"));
   REQUIRE_MESSAGE(r.d->start(), r.d->log());
   CHECK_MESSAGE(r.d->log().find("orphan") == std::string::npos, r.d->log());
+  CHECK(r.d->stop() == 0);
+}
+
+TEST_CASE(
+    "resident: bytes written through a shared mapping into a page it had dirtied (the file's "
+    "times unchanged) never reach a signed result as the old digest") {
+  if (!have(kFingerprint) || !have(kOracle)) {
+    MESSAGE("skipped: assay-fingerprint or assay-oracle was not built");
+    return;
+  }
+  Resident r;
+  REQUIRE_MESSAGE(r.d->start(), r.d->log());
+  // On the state directory's filesystem (ext4 here), and on tmpfs, which never moves a mapped
+  // file's times.
+  std::vector<fs::path> models{r.model};
+  std::unique_ptr<TempDir> shm;
+  if (fs::is_directory("/dev/shm")) {
+    shm = std::make_unique<TempDir>("/dev/shm");
+    fs::copy(r.model, shm->path / "llama-tiny", fs::copy_options::recursive);
+    for (const auto& e : fs::recursive_directory_iterator(shm->path))
+      ::chmod(e.path().c_str(), e.is_directory() ? 0755 : 0644);
+    models.push_back(shm->path / "llama-tiny");
+  }
+  int n = 0;
+  for (const fs::path& model : models) {
+    CAPTURE(model);
+    const fs::path shard = model / "model.safetensors";
+    const auto size = fs::file_size(shard);
+    common::UniqueFd fd(::open(shard.c_str(), O_RDWR | O_CLOEXEC));
+    REQUIRE(fd);
+    void* map = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+    REQUIRE(map != MAP_FAILED);
+    auto* bytes = static_cast<unsigned char*>(map);
+    auto digest = [&] { return common::sha256_id(common::read_file(shard, 64u << 20)); };
+    bytes[size - 2] ^= 1;  // the page's first write fault moves mtime and ctime
+    // Older than the cache's 2 s racy window, so that the first job keeps its digest.
+    std::this_thread::sleep_for(std::chrono::milliseconds(2200));
+    Json first = r.run(numbered(model, ++n));
+    REQUIRE_MESSAGE(first["state"] == "succeeded", first.dump(2) << r.d->log());
+    Json a = r.result(first);
+    CHECK(a["model_identity"]["weight_files"][0]["sha256"] == digest());
+    struct stat before {};
+    REQUIRE(::stat(shard.c_str(), &before) == 0);
+    bytes[size - 3] ^= 1;  // the same page
+    struct stat after {};
+    REQUIRE(::stat(shard.c_str(), &after) == 0);
+    const bool times_moved = before.st_ctim.tv_nsec != after.st_ctim.tv_nsec ||
+                             before.st_ctim.tv_sec != after.st_ctim.tv_sec;
+    // tmpfs never moves them; on ext4 the first job's fingerprint wrote the page back, so this
+    // write faulted again (before the fix it did not, and the times stayed).
+    if (model != r.model) CHECK_FALSE(times_moved);
+    MESSAGE("times moved by the second mapped write: " << times_moved);
+    Json second = r.run(numbered(model, ++n));
+    REQUIRE_MESSAGE(second["state"] == "succeeded", second.dump(2) << r.d->log());
+    Json b = r.result(second);
+    const std::string now = digest();
+    CHECK(b["model_identity"]["weight_files"][0]["sha256"] == now);
+    CHECK(b["oracle"]["bytes_used"]["weight_files"][0]["sha256"] == now);
+    CHECK(b["oracle"]["process"]["resident"]["worker"] !=
+          a["oracle"]["process"]["resident"]["worker"]);
+    ::munmap(map, size);
+  }
   CHECK(r.d->stop() == 0);
 }
 

@@ -16,8 +16,9 @@ namespace assay::test_support {
 // A fresh directory under $TMPDIR, removed with everything in it.
 class TempDir {
  public:
-  TempDir() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "assay-test-XXXXXX").string();
+  // Below `base` (default: $TMPDIR or /tmp), e.g. /dev/shm for a tmpfs.
+  explicit TempDir(const std::filesystem::path& base = std::filesystem::temp_directory_path()) {
+    std::string tmpl = (base / "assay-test-XXXXXX").string();
     if (!::mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");
     path_ = tmpl;
   }

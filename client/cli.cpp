@@ -78,6 +78,7 @@ constexpr const char* kExitCodesHelp =
 // The subcommands that run a command, to tell after parsing which one was given.
 struct Commands {
   CLI::App *submit, *fsubmit, *fshow, *tsubmit, *tshow, *lsubmit, *lshow, *fingerprint, *report;
+  CLI::App* classify;
   CLI::App *wait, *status, *list, *result, *artifact, *cancel;
   CLI::App *verify, *keys, *health, *info, *check;
 };
@@ -104,6 +105,10 @@ void add_work_commands(CLI::App& app, cli::Options& o, Commands& c) {
                      "FILE is JSONL: one next-token request per line (assay's or Kiln's), all on "
                      "one model; submitted as one batch job (one model load, a signed result per "
                      "state, a signed summary), its id FILE's name without the extension");
+  c.submit->add_flag("--numerics", o.numerics,
+                     "also run the numerics envelope (a next-token request without "
+                     "\"numerics\" gets {}: every default) and classify the dispute as "
+                     "reference_decides, numerically_tied or neither");
   c.submit->add_flag("--wait", o.wait, "wait for the job to finish (as `assay wait`)");
   c.submit->add_flag(
       "--retry", o.retry,
@@ -257,6 +262,14 @@ void add_trust_commands(CLI::App& app, cli::Options& o, Commands& c) {
   c.check = request->add_subcommand(
       "check", "validate a request offline and print its recomputed identities as JSON");
   c.check->add_option("FILE", o.file, "request document")->required();
+  auto* numerics = app.add_subcommand("numerics", "offline tools for numerics envelopes");
+  numerics->require_subcommand(1);
+  c.classify = numerics->add_subcommand(
+      "classify",
+      "recompute the bug-or-numerics class of envelopes: FILE holds one JSON object per line, "
+      "{members, candidates, fp32, policy} as a result's \"numerics\" has them; each line's "
+      "verdict is printed as one JSON line (common/numerics.h has the rule)");
+  c.classify->add_option("FILE", o.file, "JSONL of envelopes ('-': standard input)")->required();
   c.check->add_option("--receipts", o.receipts,
                       "a Kiln request's engine receipts are in this directory: run assayd's "
                       "receipt checks on them offline and add what passed to the report");
@@ -283,6 +296,7 @@ int dispatch(const Commands& c, const cli::Options& o, cli::Cli& cli) {
   if (*c.health) return cli.health();
   if (*c.info) return cli.info();
   if (*c.check) return cli.request_check();
+  if (*c.classify) return cli.numerics_classify();
   if (*c.report) return cli.report();
   return -1;
 }

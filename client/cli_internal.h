@@ -36,7 +36,8 @@ struct Options {
   std::string contract_path;     // result --format kiln-v2: request.contract_path
   bool wait = false;
   bool retry = false;
-  bool batch = false;  // submit: FILE is JSONL, one next-token request per line
+  bool batch = false;     // submit: FILE is JSONL, one next-token request per line
+  bool numerics = false;  // submit: add "numerics": {} (the envelope, every default)
   double wait_timeout_s = 0;
   bool refresh = false;
   bool parts = false;  // list: also the states of batches
@@ -57,6 +58,11 @@ class Cli {
   int submit(std::string_view only = {});
   std::string receipts_dir(const std::string& body, const std::string& schema);
   int request_check();
+  // `numerics classify FILE`: numerics_verdict on each line's envelope, offline.
+  int numerics_classify();
+  // A succeeded next-token job's document with its result's verdict, result_sha256 and
+  // numerics verdict, for the terminal.
+  common::Json with_verdict(common::Json job);
   common::Json check_receipts_locally(const std::string& request_text);
   int wait(const std::string& id);
   int status();

@@ -4,6 +4,8 @@
 // with its verdict or report), status, list and cancel.
 #include <chrono>
 #include <filesystem>
+#include <iostream>
+#include <iterator>
 #include <thread>
 
 #include "client/batch.h"
@@ -16,6 +18,7 @@
 #include "common/json.h"
 #include "common/kiln_receipt.h"
 #include "common/layers.h"
+#include "common/numerics.h"
 #include "common/protocol.h"
 #include "common/request.h"
 #include "common/trajectory.h"
@@ -113,10 +116,32 @@ std::string Cli::receipts_dir(const std::string& body, const std::string& schema
   return beside.lexically_normal().string();
 }
 
+namespace {
+
+// `body` with "numerics": {} added when it is a next-token request without one (--numerics).
+std::string with_numerics(const std::string& file, const std::string& body) {
+  Json doc;
+  try {
+    doc = common::parse_strict(body, {.max_bytes = common::kMaxRequestBytes});
+  } catch (const common::Error& e) {
+    throw ExitWith{kExitInvalidInput, file + ": " + e.what() + " [" + e.code() + "]"};
+  }
+  const std::string schema = doc.is_object() ? doc.value("schema", "") : "";
+  if (schema != protocol::kNextTokenRequest && schema != protocol::kKilnNextTokenRequest)
+    throw ExitWith{kExitUsage, "--numerics applies to a next-token request; " + file + " is " +
+                                   (schema.empty() ? "not one" : schema)};
+  if (!doc.contains("numerics")) doc["numerics"] = Json::object();
+  return doc.dump();
+}
+
+}  // namespace
+
 int Cli::submit(std::string_view only) {
   std::string body = read_local(o_.file, common::kMaxRequestBytes, "the request");
   bool fidelity = false;
   std::string request_sha256;
+  if (o_.batch && o_.numerics)
+    throw ExitWith{kExitUsage, "--numerics applies to one next-token request, not --batch"};
   if (o_.batch) {
     try {
       BatchDocument b = batch_from_jsonl(body, fs::path(o_.file).stem().string());
@@ -126,6 +151,7 @@ int Cli::submit(std::string_view only) {
       throw ExitWith{kExitInvalidInput, o_.file + ": " + e.what() + " [" + e.code() + "]"};
     }
   } else {
+    if (o_.numerics) body = with_numerics(o_.file, body);
     request_sha256 = check_request_file(o_.file, body, fidelity);
   }
   // Valid once checked.
@@ -222,12 +248,7 @@ int Cli::finished(const Json& job) {
            << layer_report(api_.get_json(job_path(job_id(job), "result")));
       return kExitOk;
     }
-    if (ok) {
-      // The verdict lives in the result; show it with the status so `wait` answers the question.
-      Json result = api_.get_json(job_path(job_id(job), "result"));
-      for (const char* k : {"verdict", "result_sha256"})
-        if (result.contains(k)) shown[k] = result[k];
-    }
+    if (ok) shown = with_verdict(std::move(shown));
     out_ << describe_job(shown);
   }
   return ok ? kExitOk : kExitJobFailed;
@@ -312,8 +333,22 @@ int Cli::status() {
   if (o_.json)
     print_json(job);
   else
-    out_ << describe_job(job);
+    out_ << describe_job(state_is_success(job_state(job)) ? with_verdict(job) : job);
   return kExitOk;
+}
+
+Json Cli::with_verdict(Json job) {
+  // The verdict lives in the result: shown with the status so that the answer is there.
+  const std::string schema = job.value("request_schema", "");
+  if (schema == protocol::kFidelityRequest || schema == common::kTrajectoryRequest ||
+      schema == common::kLayerRequest || job.contains("batch"))
+    return job;  // their results have their own `show`; a batch's state has its own result
+  Json result = api_.get_json(job_path(job_id(job), "result"));
+  for (const char* k : {"verdict", "result_sha256"})
+    if (result.contains(k)) job[k] = result[k];
+  if (result.contains("numerics") && result["numerics"].is_object())
+    job["numerics"] = result["numerics"].value("verdict", Json());
+  return job;
 }
 
 int Cli::list() {
@@ -359,6 +394,36 @@ int Cli::request_check() {
   check_request_file(o_.file, text, fidelity, &report);
   if (!o_.receipts.empty()) report["receipts"] = check_receipts_locally(text);
   out_ << report.dump(o_.json ? -1 : 2) << "\n";
+  return kExitOk;
+}
+
+int Cli::numerics_classify() {
+  std::string text;
+  if (o_.file == "-") {
+    text.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+  } else {
+    text = read_local(o_.file, 1u << 30, "the envelopes");
+  }
+  std::size_t line_no = 0, start = 0;
+  while (start < text.size()) {
+    std::size_t end = text.find('\n', start);
+    if (end == std::string::npos) end = text.size();
+    std::string_view line(text.data() + start, end - start);
+    start = end + 1;
+    ++line_no;
+    if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
+    try {
+      Json doc = common::parse_strict(line, {.max_bytes = 64u << 20});
+      if (!doc.is_object()) throw common::Error("numerics.invalid", "not a JSON object");
+      Json verdict = common::numerics_verdict(
+          doc.value("members", Json()), doc.value("candidates", Json()), doc.value("fp32", Json()),
+          common::numerics_policy(doc.value("policy", Json::object()), "policy"));
+      out_ << verdict.dump() << "\n";
+    } catch (const common::Error& e) {
+      throw ExitWith{kExitInvalidInput, o_.file + " line " + std::to_string(line_no) + ": " +
+                                            e.what() + " [" + e.code() + "]"};
+    }
+  }
   return kExitOk;
 }
 

@@ -127,6 +127,10 @@ std::string describe_job(const Json& job) {
   }
   add("verdict", verdict_text(job));
   shown.push_back("verdict");
+  // Bug or numerics: the envelope's class, in words.
+  if (const Json* n = find(job, {"numerics"}); n && n->is_object())
+    add("numerics", field(*n, {"class"}) + ": " + field(*n, {"explanation"}));
+  shown.push_back("numerics");
   if (const Json* e = find(job, {"error"})) {
     add("error",
         e->is_object() ? field(*e, {"message"}) + " [" + field(*e, {"code"}) + "]" : scalar(*e));

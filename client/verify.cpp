@@ -9,6 +9,7 @@
 #include "common/json_schema.h"
 #include "common/kiln_schemas.h"
 #include "common/layers.h"
+#include "common/numerics.h"
 #include "common/protocol.h"
 #include "common/request.h"
 #include "common/result.h"
@@ -429,6 +430,47 @@ VerifyReport verify_result(const VerifyInputs& in) {
                    ? (claimed == recomputed ? recomputed
                                             : "claimed " + *claimed + ", recomputed " + recomputed)
                    : "result has no result_sha256 string (recomputed " + recomputed + ")");
+  }
+
+  // Bug or numerics: the class and its statistics recomputed from the record's own figures, and
+  // the envelope's first member is the record's reference.
+  if (have_result && result.contains("numerics")) {
+    const Json& n = result["numerics"];
+    try {
+      if (!n.is_object()) throw common::Error("numerics.invalid", "numerics is not an object");
+      Json again = common::numerics_verdict(
+          n.value("members", Json()), n.value("candidates", Json()), n.value("fp32", Json()),
+          common::numerics_policy(n.value("policy", Json::object()), "numerics.policy"));
+      const Json claimed = n.value("verdict", Json());
+      checks.add("numerics.verdict", again == claimed,
+                 again == claimed
+                     ? "class " + again["class"].get<std::string>() + " recomputed from " +
+                           std::to_string(n["members"].size()) + " members' figures"
+                     : "claimed class " + claimed.value("class", Json()).dump() + ", recomputed " +
+                           again["class"].dump() + " (or another figure of the verdict differs)");
+      const Json& first = n["members"][0];
+      const Json& oracle = result.value("oracle", Json::object());
+      const bool same =
+          first.value("name", "") == "reference" &&
+          first.value("logits_sha256", Json()) == oracle.value("logits_sha256", Json()) &&
+          first.value("argmax", Json()) == oracle.value("argmax", Json());
+      checks.add("numerics.reference", same,
+                 same ? "the envelope's reference is the oracle's (logits " +
+                            oracle["logits_sha256"].get<std::string>() + ")"
+                      : "the envelope's first member is not the record's reference");
+      // Its candidates are the engines' tokens the oracle's own figures name.
+      Json want = Json::array();
+      for (const Json& c : oracle.value("candidate_tokens", Json::array()))
+        want.push_back(
+            Json{{"engine", c.value("engine", Json())}, {"token_id", c.value("token_id", Json())}});
+      checks.add("numerics.candidates", want == n.value("candidates", Json()),
+                 want == n.value("candidates", Json())
+                     ? "the envelope classifies the oracle's candidates"
+                     : "the envelope's candidates " + n.value("candidates", Json()).dump() +
+                           " are not the oracle's " + want.dump());
+    } catch (const common::Error& e) {
+      checks.add("numerics.verdict", false, std::string(e.what()) + " [" + e.code() + "]");
+    }
   }
 
   // 2. The signature and the key it is made with.

@@ -1,5 +1,7 @@
 #include "common/request.h"
 
+#include "common/numerics.h"
+
 #include <optional>
 #include <set>
 
@@ -89,6 +91,47 @@ RequestLimits parse_limits(const Json& doc) {
     limits.memory_events =
         memory_policy_from(*m, "request.limits.memory_events", "request.invalid");
   return limits;
+}
+
+Json parse_numerics(const Json& doc) {
+  auto it = doc.find("numerics");
+  if (it == doc.end()) return nullptr;
+  const std::string where = "request.numerics";
+  if (!it->is_object()) invalid(where + " must be an object");
+  only_fields(*it,
+              {"reduction_seeds", "batch_sizes", "sdpa", "kv_cache", "fp32", "spread_factor",
+               "margin_steps"},
+              where);
+  // Every member spelled out, defaults included: the worker runs exactly what the record says.
+  Json spec{{"reduction_seeds", 16},
+            {"batch_sizes", Json::array({4})},
+            {"sdpa", true},
+            {"kv_cache", true},
+            {"fp32", true}};
+  if (auto s = it->find("reduction_seeds"); s != it->end()) {
+    if (!s->is_number_integer() || s->get<std::int64_t>() < 0 || s->get<std::int64_t>() > 64)
+      invalid(where + ".reduction_seeds must be an integer in [0, 64], got " + s->dump());
+    spec["reduction_seeds"] = *s;
+  }
+  if (auto b = it->find("batch_sizes"); b != it->end()) {
+    if (!b->is_array() || b->size() > 4)
+      invalid(where + ".batch_sizes must be an array of at most 4 sizes, got " +
+              printable(b->dump(), 64));
+    for (const Json& n : *b)
+      if (!n.is_number_integer() || n.get<std::int64_t>() < 2 || n.get<std::int64_t>() > 16)
+        invalid(where + ".batch_sizes: each size must be an integer in [2, 16], got " + n.dump());
+    spec["batch_sizes"] = *b;
+  }
+  for (const char* flag : {"sdpa", "kv_cache", "fp32"})
+    if (auto f = it->find(flag); f != it->end()) {
+      if (!f->is_boolean())
+        invalid(where + "." + flag + " must be true or false, got " + f->dump());
+      spec[flag] = *f;
+    }
+  NumericsPolicy policy = numerics_policy(*it, where);
+  spec["spread_factor"] = policy.spread_factor;
+  spec["margin_steps"] = policy.margin_steps;
+  return spec;
 }
 
 void check_identity_string(const Json& obj, std::string_view key, std::string_view where,
@@ -382,14 +425,15 @@ NextTokenRequest validate_request(const Json& doc) {
     r.kind = RequestKind::kAssay;
     only_fields(doc,
                 {"schema", "id", "model_dir", "model_identity", "input_token_ids",
-                 "input_token_ids_sha256", "candidates", "limits", "oracle"},
+                 "input_token_ids_sha256", "candidates", "limits", "oracle", "numerics"},
                 "request");
   } else if (r.schema == protocol::kKilnNextTokenRequest) {
     r.kind = RequestKind::kKiln;
-    only_fields(doc,
-                {"schema", "id", "source", "model_identity", "prompt", "continuation_prefix",
-                 "input_token_ids", "input_token_ids_sha256", "candidates", "limits", "oracle"},
-                "request");
+    only_fields(
+        doc,
+        {"schema", "id", "source", "model_identity", "prompt", "continuation_prefix",
+         "input_token_ids", "input_token_ids_sha256", "candidates", "limits", "oracle", "numerics"},
+        "request");
   } else {
     throw Error("request.unknown_schema", "request.schema \"" + r.schema + "\" is not " +
                                               std::string(protocol::kNextTokenRequest) + " or " +
@@ -400,6 +444,7 @@ NextTokenRequest validate_request(const Json& doc) {
   r.input_token_ids_sha256 = token_ids_sha256(r.input_token_ids);
   r.candidates = parse_candidates(doc);
   r.limits = parse_limits(doc);
+  r.numerics = parse_numerics(doc);
   if (auto o = doc.find("oracle"); o != doc.end()) {
     if (!o->is_object()) invalid("request.oracle must be an object");
     only_fields(*o, {"backend"}, "request.oracle");

@@ -74,6 +74,10 @@ struct NextTokenRequest {
   // (assay-hf-worker, transformers' own eager forward) or "both" (libtorch makes the result,
   // transformers is compared with it); absent: the configured oracle_backend.
   std::optional<std::string> backend;
+  // request.numerics with every default spelled out ({reduction_seeds, batch_sizes, sdpa,
+  // kv_cache, fp32, spread_factor, margin_steps}), or null: the numerics envelope to run beside
+  // the reference (common/numerics.h), and the policy its verdict uses.
+  Json numerics = nullptr;
   // Kiln: continuation_prefix in order (their ids end input_token_ids); empty for assay requests.
   std::vector<PrefixToken> continuation_prefix;
 

@@ -12,6 +12,7 @@
 #include "supervisor/pipelines/admission.h"
 #include "supervisor/pipelines/documents.h"
 #include "supervisor/pipelines/next_token.h"
+#include "supervisor/pipelines/numerics.h"
 #include "supervisor/pipelines/pipeline.h"
 #include "supervisor/pipelines/prompt_check.h"
 #include "supervisor/pipelines/steps.h"
@@ -37,6 +38,9 @@ class NextTokenPipeline final : public Pipeline {
 
   std::uint64_t required_bytes() override {
     std::uint64_t need = estimate_required_bytes(model_dir_, request_.input_token_ids.size());
+    if (!request_.numerics.is_null())
+      need = std::max(need, numerics_required_bytes(model_dir_, request_.input_token_ids.size(),
+                                                    request_.numerics));
     return prompt_check_applies(request_) ? std::max(need, kPromptCheckBytes) : need;
   }
   common::RequestLimits limits() const override { return request_.limits; }
@@ -82,6 +86,12 @@ class NextTokenPipeline final : public Pipeline {
       steps.push_back(prompt_check_step(config_, model_dir_, request_, fingerprint_, prompt_));
     steps.push_back(std::move(oracle));
     if (backend == "both") steps.push_back(std::move(second));
+    if (!request_.numerics.is_null())
+      steps.push_back(numerics_step(config_, model_dir_, input, request_.numerics,
+                                    Json::array({Json{{"index", 0},
+                                                      {"input_token_ids", request_.input_token_ids},
+                                                      {"candidate_tokens", candidates_json()}}}),
+                                    fingerprint_, numerics_, numerics_evidence_));
     return steps;
   }
 
@@ -92,6 +102,9 @@ class NextTokenPipeline final : public Pipeline {
     Json result = next_token_result(config_, facts, request_, fingerprint_, oracle_,
                                     *oracle_evidence_, artifact, receipts_, prompt_);
     if (second_evidence_) result["backends"] = backends_section();
+    if (numerics_evidence_)
+      result["numerics"] = numerics_section(request_.numerics, candidates_json(), oracle_,
+                                            numerics_["states"][0], numerics_, *numerics_evidence_);
     std::string message = next_token_message(result);
     std::string artifact_sha = result["reference_artifact"]["sha256"];
     return Sealed{std::move(result),
@@ -139,6 +152,15 @@ class NextTokenPipeline final : public Pipeline {
                 {"argmax_equal", second_["argmax"] == oracle_["argmax"]},
                 {"transformers", std::move(other)}};
   }
+  // request.candidates as [{engine, token_id}].
+  Json candidates_json() const {
+    Json out = Json::array();
+    for (const auto& c : request_.candidates)
+      out.push_back(Json{{"engine", c.engine}, {"token_id", c.token_id}});
+    return out;
+  }
+  Json numerics_;  // the numerics envelope's output, when the request asked for it
+  std::optional<contain::Evidence> numerics_evidence_;
   Json second_;  // "both": the transformers backend's output
   std::optional<contain::Evidence> second_evidence_;
   FingerprintRun fingerprint_;
@@ -162,7 +184,8 @@ Json next_token_result(const Config& config, const RunFacts& facts,
       transformers ? std::pair<std::string, fs::path>{"assay-hf-worker", config.hf_worker}
                    : std::pair<std::string, fs::path>{"assay-oracle", config.oracle_worker}};
   const bool both = request.backend.value_or(config.oracle_backend) == "both";
-  if (!transformers && (both || prompt_check.value("checked", false)))
+  if (!transformers &&
+      (both || prompt_check.value("checked", false) || !request.numerics.is_null()))
     executables.emplace_back("assay-hf-worker", config.hf_worker);
   Json network = oracle_evidence.network ? oracle_evidence.network->to_json() : Json("host");
   return Json{
@@ -225,6 +248,11 @@ Json check_receipts(const common::NextTokenRequest& request, const std::string& 
 Admission admit_next_token(const Json& document, const SubmitContext& context) {
   auto request = common::validate_request(document);
   check_request_limits(request.limits, context.config);
+  if (!request.numerics.is_null() && !prompt_check_available(context.config))
+    throw Error("request.numerics_unavailable",
+                "request.numerics needs assay-hf-worker (transformers), which this host does not "
+                "have (" +
+                    context.config.hf_worker.string() + ")");
   Json receipts = check_receipts(request, context.receipts_dir, context.peer);
   std::string dir =
       !context.query_model_dir.empty() ? context.query_model_dir : request.model_dir.value_or("");

@@ -1,6 +1,6 @@
 """assay-hf-worker: the work assay does with Hugging Face transformers itself, as a worker.
 
-Usage: assay-hf-worker render-prompt|next-token|layers --input input.json --workdir DIR
+Usage: assay-hf-worker render-prompt|next-token|layers|envelope --input input.json --workdir DIR
 
 render-prompt (assay.prompt-check-input.v1, schemas/prompt-check-input.schema.json): Kiln's
 prompt check. The model's own tokenizer files, read through the descriptors assayd opened
@@ -26,6 +26,11 @@ float32; DIR/layers.safetensors (one F32 tensor per boundary, in forward order) 
 DIR/output.json (assay.oracle-layers-output.v1). With `patch`, one more forward per named
 boundary whose hook returns the engine's rows (read through patch.fd) in place of the module's
 output, recording the last position's argmax.
+
+envelope (assay.numerics-input.v1): the same model, and for each of the input's states its
+last-position logits under the numerics envelope's members (assay_numerics.py: the reference,
+seeded reduction orders, SDPA attention, a KV cache, batches; then the float32 fact), each
+reduced to the figures the verdict needs; DIR/output.json (assay.numerics-output.v1).
 
 Exit 0 on success; on an error one line "assay-hf-worker: error [CODE]: MESSAGE" on stderr and
 exit 2.
@@ -527,6 +532,49 @@ def next_token(doc, workdir):
     }
 
 
+# --- envelope: the numerics envelope of a state (assay_numerics.py) ---------------------------
+
+def numerics_module():
+    """assay_numerics.py beside this file (python -I leaves this folder off sys.path)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    import assay_numerics
+
+    return assay_numerics
+
+
+def envelope(doc, workdir):
+    built = build_model(doc, workdir)
+    import torch
+
+    numerics = numerics_module()
+    vocab = int(built.model.config.vocab_size)
+    for n, state in enumerate(doc["states"]):
+        check_token_ids([int(i) for i in state["input_token_ids"]], vocab,
+                        f"states[{n}].input_token_ids")
+        check_token_ids([int(c["token_id"]) for c in state["candidate_tokens"]], vocab,
+                        f"states[{n}].candidate_tokens")
+    load_seconds = time.monotonic() - built.start
+    fields = execution_fields(built)  # before the fp32 member makes the model float32
+    states, forward_seconds = numerics.envelope(torch, built.model, doc["states"],
+                                                doc["numerics"], built.device)
+    with open(numerics.__file__, "rb") as f:
+        module_sha256 = sha256_id(f.read())
+    return {
+        **fields,
+        "schema": "assay.numerics-output.v1",
+        "numerics_module_sha256": module_sha256,
+        "member_names": numerics.member_names(doc["numerics"]),
+        "vocab_size": vocab,
+        "states": states,
+        "load_seconds": load_seconds,
+        "forward_seconds": forward_seconds,
+        "peak_rss_bytes": peak_rss_bytes(),
+        "duration_seconds": time.monotonic() - built.start,
+    }
+
+
 # --- layers: hidden states at named boundaries, and activation patching ------------------------
 
 LAYERS_FILE = "layers.safetensors"
@@ -796,7 +844,8 @@ def layers(doc, workdir):
 def main(argv):
     modes = {"render-prompt": ("assay.prompt-check-input.v1", render_prompt),
              "next-token": ("assay.oracle-input.v1", next_token),
-             "layers": ("assay.oracle-layers-input.v1", layers)}
+             "layers": ("assay.oracle-layers-input.v1", layers),
+             "envelope": ("assay.numerics-input.v1", envelope)}
     if len(argv) != 6 or argv[1] not in modes or argv[2] != "--input" or \
             argv[4] != "--workdir":
         print(__doc__.strip(), file=sys.stderr)

@@ -114,7 +114,9 @@ class Field {
         throw common::Error("contain.bad_evidence", "evidence field \"" + sub(k) + "\" is missing");
       }
     }
-    for (const auto& [k, _] : v_.items()) {
+    for (const auto& item : v_.items()) {
+      // Not a structured binding: clang before 16 cannot capture one in the lambda.
+      const std::string& k = item.key();
       if (std::none_of(keys.begin(), keys.end(), [&](const char* want) { return k == want; })) {
         throw common::Error("contain.bad_evidence",
                             "evidence field \"" + sub(k) + "\" is not in the schema");

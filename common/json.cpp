@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "common/text.h"
 
 namespace assay::common {
 namespace {
@@ -76,7 +77,8 @@ class StrictSax {
       std::string what = ex.what();
       // nlohmann prefixes "[json.exception.parse_error.101] parse error at line 1, column 2: ".
       auto colon = what.find(": ");
-      std::string reason = colon == std::string::npos ? what : what.substr(colon + 2);
+      // Its "last read" quotes the input's bytes, which need not be UTF-8.
+      std::string reason = printable(colon == std::string::npos ? what : what.substr(colon + 2));
       std::string where = pointer();
       error = "at " + (where.empty() ? std::string("/") : where) + " (byte " +
               std::to_string(position) + "): " + reason;

@@ -190,16 +190,44 @@ std::size_t code_points(const std::string& s) {
 }
 
 // RFC 3339 section 5.6, each field in range: the day in its month (leap years too), a leap
-// second only at 23:59:60 UTC.
+// second only at 23:59:60 UTC. Read by hand, not with std::regex, which recursed once per digit of
+// the fraction (a long one overflowed the stack).
 bool is_date_time(const std::string& s) {
-  static const std::regex grammar(
-      R"(^(\d{4})-(\d{2})-(\d{2})[Tt](\d{2}):(\d{2}):(\d{2})(\.\d+)?([Zz]|([+-])(\d{2}):(\d{2}))$)");
-  std::smatch m;
-  if (!std::regex_match(s, m, grammar)) return false;
-  auto field = [&](int i) { return m[i].matched ? std::stoi(m[i].str()) : 0; };
-  int year = field(1), month = field(2), day = field(3);
-  int hour = field(4), minute = field(5), second = field(6);
-  int offset_hour = field(10), offset_minute = field(11);
+  auto digits = [&](std::size_t at, std::size_t n, int& out) {
+    if (at + n > s.size()) return false;
+    out = 0;
+    for (std::size_t i = at; i < at + n; ++i) {
+      if (s[i] < '0' || s[i] > '9') return false;
+      out = out * 10 + (s[i] - '0');
+    }
+    return true;
+  };
+  auto one_of = [&](std::size_t at, std::string_view chars) {
+    return at < s.size() && chars.find(s[at]) != std::string_view::npos;
+  };
+  int year, month, day, hour, minute, second, offset_hour = 0, offset_minute = 0, sign = 1;
+  if (!digits(0, 4, year) || !one_of(4, "-") || !digits(5, 2, month) || !one_of(7, "-") ||
+      !digits(8, 2, day) || !one_of(10, "Tt") || !digits(11, 2, hour) || !one_of(13, ":") ||
+      !digits(14, 2, minute) || !one_of(16, ":") || !digits(17, 2, second))
+    return false;
+  std::size_t at = 19;
+  if (one_of(at, ".")) {
+    std::size_t first = ++at;
+    while (at < s.size() && s[at] >= '0' && s[at] <= '9') ++at;
+    if (at == first) return false;
+  }
+  if (one_of(at, "Zz")) {
+    ++at;
+  } else if (one_of(at, "+-")) {
+    sign = s[at] == '-' ? -1 : 1;
+    if (!digits(at + 1, 2, offset_hour) || !one_of(at + 3, ":") ||
+        !digits(at + 4, 2, offset_minute))
+      return false;
+    at += 6;
+  } else {
+    return false;
+  }
+  if (at != s.size()) return false;
   static const int kDays[] = {31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
   bool leap_year = (year % 4 == 0 && year % 100 != 0) || year % 400 == 0;
   if (month < 1 || month > 12 || day < 1 || day > kDays[month - 1]) return false;
@@ -207,7 +235,7 @@ bool is_date_time(const std::string& s) {
   if (hour > 23 || minute > 59 || second > 60 || offset_hour > 23 || offset_minute > 59)
     return false;
   if (second == 60) {
-    int offset = (m[9] == "-" ? -1 : 1) * (offset_hour * 60 + offset_minute);
+    int offset = sign * (offset_hour * 60 + offset_minute);
     int utc = ((hour * 60 + minute - offset) % 1440 + 1440) % 1440;
     return utc == 23 * 60 + 59;
   }

@@ -11,6 +11,7 @@
 
 #include "common/error.h"
 #include "common/json.h"
+#include "common/text.h"
 #include "test_util.h"
 
 using assay::common::canonical;
@@ -97,6 +98,15 @@ TEST_CASE("strict parse rejects invalid UTF-8, trailing data and empty input") {
   CHECK(parse_error("{} {}").find("json.invalid") == 0);
   CHECK(parse_error("").find("json.invalid") == 0);
   CHECK(parse_error("{\"a\":1,}").find("json.invalid") == 0);
+}
+
+// Found by fuzz_kiln_record and fuzz_verify_result: the parser's message quoted the bytes it last
+// read, so `assay verify --json` could not write a report on a file that is not UTF-8.
+TEST_CASE("strict parse names invalid UTF-8 it read in a message that is valid UTF-8") {
+  std::string message = parse_error("{\"a\":\"\xff\"}");
+  CHECK(message.find("json.invalid") == 0);
+  CHECK(assay::common::is_valid_utf8(message));
+  CHECK(message.find("\\xFF") != std::string::npos);
 }
 
 TEST_CASE("canonical form matches RFC 8785 section 3.2.2 example") {

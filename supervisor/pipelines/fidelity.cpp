@@ -131,7 +131,9 @@ class FidelityPipeline final : public Pipeline {
   }
 
   Sealed assemble(const RunFacts& facts) override {
-    const Json& cmp = compare_output_;
+    // A copy: operator[] on a key the worker left out is null here, not undefined behaviour
+    // (const operator[]; fuzz_worker_output found it).
+    Json cmp = compare_output_;
     fs::path artifact = job_dir_ / common::kKlArtifactFileName;
     std::string artifact_sha =
         take_reported_artifact(job_dir_ / kCompareRole / common::kKlArtifactFileName, artifact,
@@ -257,7 +259,9 @@ class FidelityPipeline final : public Pipeline {
   }
 
   Json candidate_block() const {
-    const Json& cmp = compare_output_;
+    // A copy: operator[] on a key the worker left out is null here, not undefined behaviour
+    // (const operator[]; fuzz_worker_output found it).
+    Json cmp = compare_output_;
     Json candidate;
     if (r_.candidate_model) {
       candidate = model_block("candidate");
@@ -279,7 +283,9 @@ class FidelityPipeline final : public Pipeline {
   }
 
   Json reproduction_block() const {
-    const Json& cmp = compare_output_;
+    // A copy: operator[] on a key the worker left out is null here, not undefined behaviour
+    // (const operator[]; fuzz_worker_output found it).
+    Json cmp = compare_output_;
     Json reproduction = nullptr;
     if (captures_.count("reproduction")) {
       reproduction = cmp.value("reproduction", Json(nullptr));

@@ -69,7 +69,9 @@ class LayersPipeline final : public Pipeline {
   }
 
   Sealed assemble(const RunFacts& facts) override {
-    const Json& cmp = compare_output_;
+    // A copy: operator[] on a key the worker left out is null here, not undefined behaviour
+    // (const operator[]; fuzz_worker_output found it).
+    Json cmp = compare_output_;
     fs::path artifact = job_dir_ / common::kLayerArtifactFileName;
     // The oracle's rows went into the comparison's workspace; the comparison hashed what it read.
     std::string artifact_sha =
@@ -284,7 +286,7 @@ class LayersPipeline final : public Pipeline {
 
   // first_flip: the first boundary whose substitution makes the argmax the engine's token;
   // last_hold: the last before it where the argmax stays the reference's.
-  Json patching_section(const Json& p) const {
+  Json patching_section(Json p) {
     Json first_flip = nullptr, last_hold = nullptr;
     for (const Json& b : p["boundaries"]) {
       Json at{{"index", b["index"]}, {"name", b["name"]}};

@@ -146,10 +146,14 @@ class NextTokenPipeline final : public Pipeline {
   // fact of the result, not a failure).
   Json backends_section() const {
     Json other = oracle_section(second_, second_evidence_->to_json());
-    bool agree = second_["logits_sha256"] == oracle_["logits_sha256"];
+    // value(): a worker's output may lack a field (const operator[] on a missing key is
+    // undefined behaviour; fuzz_worker_output found it).
+    const Json sha = second_.value("logits_sha256", Json()),
+               argmax = second_.value("argmax", Json());
+    const bool agree = sha.is_string() && sha == oracle_.value("logits_sha256", Json());
     return Json{{"compared", Json::array({"libtorch", "transformers"})},
                 {"logits_bitwise_equal", agree},
-                {"argmax_equal", second_["argmax"] == oracle_["argmax"]},
+                {"argmax_equal", !argmax.is_null() && argmax == oracle_.value("argmax", Json())},
                 {"transformers", std::move(other)}};
   }
   // request.candidates as [{engine, token_id}].

@@ -89,33 +89,43 @@ std::uint64_t numerics_required_bytes(const std::string& model_dir, std::uint64_
 }
 
 Json reference_member(const Json& oracle) {
-  const Json& top_tokens = oracle.at("top_tokens");
+  auto bad = [](const std::string& what) {
+    throw Error("worker.oracle_output", "oracle output.json " + what);
+  };
+  const Json top_tokens = oracle.value("top_tokens", Json());
+  if (!top_tokens.is_array() || top_tokens.empty() || !top_tokens[0].is_object())
+    bad("has no top_tokens");
   Json top = Json::array();
   for (std::size_t i = 0; i < top_tokens.size() && i < kTopK; ++i)
-    top.push_back(Json{{"token_id", top_tokens[i]["token_id"]}, {"logit", top_tokens[i]["logit"]}});
+    top.push_back(Json{{"token_id", top_tokens[i].value("token_id", Json())},
+                       {"logit", top_tokens[i].value("logit", Json())}});
   std::map<std::int64_t, Json> by_token;  // one entry per token, by id, as the worker writes
-  for (const Json& c : oracle.at("candidate_tokens"))
-    by_token[c["token_id"].get<std::int64_t>()] =
-        Json{{"token_id", c["token_id"]}, {"logit", c["logit"]}, {"rank", c["rank"]}};
+  for (const Json& c : oracle.value("candidate_tokens", Json::array())) {
+    if (!c.is_object() || !c.value("token_id", Json()).is_number_integer())
+      bad("has a candidate without an integer token_id");
+    by_token[c["token_id"].get<std::int64_t>()] = Json{{"token_id", c["token_id"]},
+                                                       {"logit", c.value("logit", Json())},
+                                                       {"rank", c.value("rank", Json())}};
+  }
   Json candidates = Json::array();
   for (auto& [id, c] : by_token) candidates.push_back(std::move(c));
   return Json{{"name", "reference"},
-              {"argmax", oracle.at("argmax")},
-              {"argmax_logit", top_tokens.at(0).at("logit")},
+              {"argmax", oracle.value("argmax", Json())},
+              {"argmax_logit", top_tokens[0].value("logit", Json())},
               {"top_tie", oracle.value("top_logit_tie", false)},
               {"margin", oracle.value("top_logit_margin", Json(nullptr))},
               {"top", std::move(top)},
               {"candidates", std::move(candidates)},
-              {"logits_sha256", oracle.at("logits_sha256")}};
+              {"logits_sha256", oracle.value("logits_sha256", Json())}};
 }
 
 Json numerics_section(const Json& spec, const Json& candidates, const Json& oracle,
                       const Json& state, const Json& worker, const contain::Evidence& evidence) {
   Json members = Json::array({reference_member(oracle)});
   bool same = false;
-  for (Json m : state.at("members")) {
+  for (Json m : state.value("members", Json::array())) {
     if (m.value("name", "") == "reference") {
-      same = m.value("logits_sha256", Json()) == oracle.at("logits_sha256");
+      same = m.value("logits_sha256", Json()) == oracle.value("logits_sha256", Json());
       if (same) continue;
       m["name"] = "reference:transformers";
     }

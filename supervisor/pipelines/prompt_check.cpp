@@ -47,7 +47,7 @@ std::string id_and_text(const Json& id, const Json& text) {
 void accept_prompt(const Json& output, const FingerprintRun& fingerprint,
                    const common::NextTokenRequest& request, Json& out) {
   const Json& identity = fingerprint.identity();
-  const Json files = output.value("files", Json::object());
+  Json files = output.value("files", Json::object());  // not const: operator[] stays defined
   Json tokenizer = files.contains("tokenizer.json") ? files["tokenizer.json"]["sha256"] : Json();
   if (tokenizer != identity.value("tokenizer_hash", Json()))
     throw Error("job.bytes_mismatch", "the prompt check rendered with tokenizer.json " +
@@ -77,14 +77,14 @@ void accept_prompt(const Json& output, const FingerprintRun& fingerprint,
   }
   out = Json{{"checked", true},
              {"renderer",
-              {{"transformers_version", output["transformers_version"]},
-               {"tokenizers_version", output["tokenizers_version"]},
-               {"tokenizer_class", output["tokenizer_class"]}}},
+              {{"transformers_version", output.value("transformers_version", Json())},
+               {"tokenizers_version", output.value("tokenizers_version", Json())},
+               {"tokenizer_class", output.value("tokenizer_class", Json())}}},
              {"files", files},
              {"chat_template_sha256", used},
-             {"rendered_text_sha256", output["rendered_text_sha256"]},
-             {"token_count", output["token_count"]},
-             {"token_ids_sha256", output["token_ids_sha256"]}};
+             {"rendered_text_sha256", output.value("rendered_text_sha256", Json())},
+             {"token_count", output.value("token_count", Json())},
+             {"token_ids_sha256", output.value("token_ids_sha256", Json())}};
 }
 
 }  // namespace

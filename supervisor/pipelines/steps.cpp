@@ -182,11 +182,15 @@ Step fingerprint_step(const Config& config, const std::string& role, const std::
               "worker.fingerprint_output",
               role + " output.json has schema " + output.value("schema", std::string("(none)")));
         const Json& identity = common::require(output, "model_identity", "fingerprint output");
-        if (expected && (*expected)["content_sha256"] != identity["content_sha256"])
+        const Json got = identity.value("content_sha256", Json());
+        if (!got.is_string())
+          throw Error("worker.fingerprint_output",
+                      role + " output.json's model_identity has no content_sha256");
+        if (expected && expected->value("content_sha256", Json()) != got)
           throw Error("job.identity_mismatch",
-                      "the model directory's identity " + identity["content_sha256"].dump() +
+                      "the model directory's identity " + got.dump() +
                           " differs from the request's expected identity " +
-                          (*expected)["content_sha256"].dump() + "; fingerprinted: " +
+                          expected->value("content_sha256", Json()).dump() + "; fingerprinted: " +
                           identity.dump() + "; expected: " + expected->dump());
         check_cache_hits(output, *passed);
         if (cache) {

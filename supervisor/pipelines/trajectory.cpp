@@ -67,7 +67,9 @@ class TrajectoryPipeline final : public Pipeline {
   }
 
   Sealed assemble(const RunFacts& facts) override {
-    const Json& cmp = compare_output_;
+    // A copy: operator[] on a key the worker left out is null here, not undefined behaviour
+    // (const operator[]; fuzz_worker_output found it).
+    Json cmp = compare_output_;
     fs::path artifact = job_dir_ / common::kTrajectoryArtifactFileName;
     std::string artifact_sha = take_reported_artifact(
         job_dir_ / kCompareRole / common::kTrajectoryArtifactFileName, artifact,

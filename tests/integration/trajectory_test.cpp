@@ -197,7 +197,10 @@ TEST_CASE(
   CHECK(result2["engines"][0]["first_departure"] == kDepartAt);
   fs::path input2 =
       d.state() / "jobs" / job2["id"].get<std::string>() / "fingerprint" / "input.json";
-  CHECK(common::parse_strict(slurp(input2))["cache"].size() >= 3);
+  // Entries are kept for shards only (the small files are hashed in every job anyway).
+  const Json passed = common::parse_strict(slurp(input2))["cache"];
+  CHECK(passed.size() >= 1);
+  for (const Json& e : passed) CHECK(e["name"].get<std::string>().ends_with(".safetensors"));
   validate = validate_schemas({{"fingerprint-input", input2}});
   CHECK_MESSAGE(validate.rfind("0:", 0) == 0, validate);
 }

@@ -866,11 +866,25 @@ def main(argv):
         os.rename(tmp, os.path.join(workdir, "output.json"))
         return 0
     except WorkerError as e:
-        print(f"assay-hf-worker: error [{e.code}]: {e}", file=sys.stderr)
+        print(f"assay-hf-worker: error [{e.code}]: {middle_cut(str(e))}", file=sys.stderr)
         return 2
     except Exception as e:  # transformers' own errors: named by class, never swallowed
-        print(f"assay-hf-worker: error [hf.{type(e).__name__}]: {e}", file=sys.stderr)
+        print(f"assay-hf-worker: error [hf.{type(e).__name__}]: {middle_cut(str(e))}",
+              file=sys.stderr)
         return 2
+
+
+ERROR_HEAD, ERROR_TAIL = 1000, 400
+
+
+def middle_cut(message):
+    """A message short enough for assayd's excerpt of a worker's stderr (its last 2000 bytes),
+    cut in the middle: the head names the value (transformers' list of every model type follows
+    it), the tail keeps the end."""
+    if len(message) <= ERROR_HEAD + ERROR_TAIL + 64:
+        return message
+    cut = len(message) - ERROR_HEAD - ERROR_TAIL
+    return f"{message[:ERROR_HEAD]} [... {cut} characters cut ...] {message[-ERROR_TAIL:]}"
 
 
 if __name__ == "__main__":

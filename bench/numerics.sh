@@ -6,7 +6,7 @@
 #
 #   bench/numerics.sh [BUILD_DIR]
 # Environment: DISPUTES (200 per engine), SEEDS (16 reduction members), MAX_PROMPTS (20000 per
-# engine), THREADS (1). Writes bench/numerics.md (or $OUT).
+# engine), THREADS (1), SKIP (engines to leave out, space-separated). Writes bench/numerics.md (or $OUT).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$here/build}
@@ -29,7 +29,7 @@ PY
 )
 $python "$here/tests/numerics/calibration.py" --assay "$build/client/assay" \
   --disputes "${DISPUTES:-200}" --max-prompts "${MAX_PROMPTS:-20000}" --seeds "${SEEDS:-16}" \
-  --threads "${THREADS:-1}" --markdown "$work/table.md" | tee "$work/log.txt"
+  --threads "${THREADS:-1}" ${SKIP:+$(printf -- '--skip %s ' $SKIP)} --markdown "$work/table.md" | tee "$work/log.txt"
 {
   echo "# Bug or numerics: the verdict on engines whose fault is known"
   echo

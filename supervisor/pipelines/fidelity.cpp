@@ -85,7 +85,9 @@ Json capture_section(const Json& out, const contain::Evidence& evidence) {
 
 std::vector<std::string> capture_digests(const Json& out) {
   std::vector<std::string> d;
-  for (const Json& c : out["captures"]) d.push_back(c["logits_sha256"].get<std::string>());
+  // Copies: operator[] on a key a worker left out is null (then a type error), not undefined.
+  for (Json c : out.value("captures", Json::array()))
+    d.push_back(c["logits_sha256"].get<std::string>());
   return d;
 }
 

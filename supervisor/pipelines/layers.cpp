@@ -288,7 +288,7 @@ class LayersPipeline final : public Pipeline {
   // last_hold: the last before it where the argmax stays the reference's.
   Json patching_section(Json p) {
     Json first_flip = nullptr, last_hold = nullptr;
-    for (const Json& b : p["boundaries"]) {
+    for (Json b : p["boundaries"]) {  // copies: operator[] on a missing key gives null
       Json at{{"index", b["index"]}, {"name", b["name"]}};
       if (b["becomes_candidate"].get<bool>()) {
         first_flip = std::move(at);

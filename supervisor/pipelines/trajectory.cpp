@@ -117,12 +117,12 @@ class TrajectoryPipeline final : public Pipeline {
                   {"bytes", fs::file_size(artifact)},
                   {"sha256", artifact_sha}}}};
     std::string message = "succeeded: ";
-    for (const Json& e : cmp["engines"])
+    for (Json e : cmp["engines"])  // copies: operator[] stays defined on a missing key
       message +=
           e["engine"].get<std::string>() + " departs at " +
           (e["first_departure"].is_null() ? std::string("never") : e["first_departure"].dump()) +
           "; ";
-    const Json& d = cmp["divergence"];
+    Json d = cmp["divergence"];
     message += d.is_null() ? std::string("the continuations are equal")
                            : "they diverge at " + d["index"].dump() + " -> " +
                                  d["argmax_candidate"].get<std::string>();

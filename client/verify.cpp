@@ -92,6 +92,15 @@ constexpr std::string_view kKilnNextTokenV2 = "kiln.rocm-hf-next-token-oracle.v2
 constexpr std::string_view kKilnLayerV1 = "kiln.rocm-hf-layer-attribution-result.v1";
 constexpr std::string_view kKilnLayerV2 = "kiln.rocm-hf-layer-attribution-result.v2";
 
+// The member `key` of `o`, or null when `o` is not an object or has no such member: unlike
+// Json::value, it never throws, whatever the document holds.
+const Json& member(const Json& o, const char* key) {
+  static const Json kNull;
+  if (!o.is_object()) return kNull;
+  auto it = o.find(key);
+  return it == o.end() ? kNull : *it;
+}
+
 // The number at `key` of an object, or nullopt.
 std::optional<double> number_at(const Json& o, const char* key) {
   if (!o.is_object() || !o.contains(key) || !o[key].is_number()) return std::nullopt;
@@ -238,7 +247,7 @@ void check_kiln_artifact(const Json& doc, const std::filesystem::path& path, Che
   std::string file_id = common::sha256_file_id(path);
   auto size = static_cast<std::int64_t>(std::filesystem::file_size(path));
   auto claimed_sha = string_at(doc, {"reference_artifact", "sha256"});
-  auto claimed_bytes = int_at(doc.value("reference_artifact", Json::object()), "bytes");
+  auto claimed_bytes = int_at(member(doc, "reference_artifact"), "bytes");
   bool same =
       claimed_sha == file_id && claimed_bytes == size && int_at(oracle, "output_bytes") == size;
   checks.add("kiln.artifact.file", same,
@@ -247,7 +256,7 @@ void check_kiln_artifact(const Json& doc, const std::filesystem::path& path, Che
                        : "; the record says " + claimed_sha.value_or("no sha256") + ", " +
                              (claimed_bytes ? std::to_string(*claimed_bytes) : "no") +
                              " bytes (oracle.output_bytes " +
-                             oracle.value("output_bytes", Json()).dump() + ")"));
+                             member(oracle, "output_bytes").dump() + ")"));
   std::optional<common::SafetensorsFile> opened;
   try {
     opened.emplace(common::SafetensorsFile::open(path));
@@ -261,7 +270,7 @@ void check_kiln_artifact(const Json& doc, const std::filesystem::path& path, Che
   if (!logits || logits->dtype != common::Dtype::kF32 || (vocab && logits->numel() != *vocab)) {
     checks.add("kiln.artifact.logits", false,
                "the artifact has no F32 tensor \"logits\" of oracle.vocab (" +
-                   oracle.value("vocab", Json()).dump() + ") values");
+                   member(oracle, "vocab").dump() + ") values");
     return;
   }
   std::string logits_id = common::sha256_id(logits->data, logits->nbytes);
@@ -294,7 +303,7 @@ void check_kiln_artifact(const Json& doc, const std::filesystem::path& path, Che
   checks.add("kiln.artifact.argmax", argmax == order[0],
              "the logits' argmax is " + std::to_string(order[0]) +
                  (argmax == order[0] ? " = " : " != ") + "oracle.argmax " +
-                 oracle.value("argmax", Json()).dump());
+                 member(oracle, "argmax").dump());
   const Json top = oracle.is_object() ? oracle.value("top_tokens", Json::array()) : Json::array();
   bool top_ok = top.is_array() && top.size() == k;
   std::string top_why;
@@ -328,9 +337,9 @@ void check_kiln_artifact(const Json& doc, const std::filesystem::path& path, Che
         int_at(cands[i], "rank") != rank) {
       cands_ok = false;
       cands_why = "candidate_tokens[" + std::to_string(i) + "] says logit " +
-                  cands[i].value("logit", Json()).dump() + ", rank " +
-                  cands[i].value("rank", Json()).dump() + "; the logits give " +
-                  common::python_float_repr(logit) + ", rank " + std::to_string(rank);
+                  member(cands[i], "logit").dump() + ", rank " + member(cands[i], "rank").dump() +
+                  "; the logits give " + common::python_float_repr(logit) + ", rank " +
+                  std::to_string(rank);
     }
   }
   checks.add("kiln.artifact.candidates", cands_ok,
@@ -439,35 +448,39 @@ VerifyReport verify_result(const VerifyInputs& in) {
     try {
       if (!n.is_object()) throw common::Error("numerics.invalid", "numerics is not an object");
       Json again = common::numerics_verdict(
-          n.value("members", Json()), n.value("candidates", Json()), n.value("fp32", Json()),
-          common::numerics_policy(n.value("policy", Json::object()), "numerics.policy"));
-      const Json claimed = n.value("verdict", Json());
+          member(n, "members"), member(n, "candidates"), member(n, "fp32"),
+          common::numerics_policy(n.contains("policy") ? n["policy"] : Json::object(),
+                                  "numerics.policy"));
+      const Json& claimed = member(n, "verdict");
       checks.add("numerics.verdict", again == claimed,
                  again == claimed
                      ? "class " + again["class"].get<std::string>() + " recomputed from " +
-                           std::to_string(n["members"].size()) + " members' figures"
-                     : "claimed class " + claimed.value("class", Json()).dump() + ", recomputed " +
+                           std::to_string(member(n, "members").size()) + " members' figures"
+                     : "claimed class " + member(claimed, "class").dump() + ", recomputed " +
                            again["class"].dump() + " (or another figure of the verdict differs)");
-      const Json& first = n["members"][0];
-      const Json& oracle = result.value("oracle", Json::object());
-      const bool same =
-          first.value("name", "") == "reference" &&
-          first.value("logits_sha256", Json()) == oracle.value("logits_sha256", Json()) &&
-          first.value("argmax", Json()) == oracle.value("argmax", Json());
-      checks.add("numerics.reference", same,
-                 same ? "the envelope's reference is the oracle's (logits " +
-                            oracle["logits_sha256"].get<std::string>() + ")"
-                      : "the envelope's first member is not the record's reference");
+      const Json& members = member(n, "members");
+      const Json& first = members.is_array() && !members.empty() ? members[0] : Json();
+      const Json& oracle = member(result, "oracle");
+      const Json& sha = member(oracle, "logits_sha256");
+      const bool same = member(first, "name") == "reference" && sha.is_string() &&
+                        member(first, "logits_sha256") == sha &&
+                        member(first, "argmax") == member(oracle, "argmax");
+      checks.add(
+          "numerics.reference", same,
+          same ? "the envelope's reference is the oracle's (logits " + sha.get<std::string>() + ")"
+               : "the envelope's first member is not the record's reference");
       // Its candidates are the engines' tokens the oracle's own figures name.
       Json want = Json::array();
-      for (const Json& c : oracle.value("candidate_tokens", Json::array()))
-        want.push_back(
-            Json{{"engine", c.value("engine", Json())}, {"token_id", c.value("token_id", Json())}});
-      checks.add("numerics.candidates", want == n.value("candidates", Json()),
-                 want == n.value("candidates", Json())
-                     ? "the envelope classifies the oracle's candidates"
-                     : "the envelope's candidates " + n.value("candidates", Json()).dump() +
-                           " are not the oracle's " + want.dump());
+      const Json& oracle_cands = member(oracle, "candidate_tokens");
+      if (oracle_cands.is_array())
+        for (const Json& c : oracle_cands)
+          want.push_back(
+              Json{{"engine", member(c, "engine")}, {"token_id", member(c, "token_id")}});
+      const Json& cands = member(n, "candidates");
+      checks.add("numerics.candidates", want == cands,
+                 want == cands ? "the envelope classifies the oracle's candidates"
+                               : "the envelope's candidates " + cands.dump() +
+                                     " are not the oracle's " + want.dump());
     } catch (const common::Error& e) {
       checks.add("numerics.verdict", false, std::string(e.what()) + " [" + e.code() + "]");
     }

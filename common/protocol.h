@@ -1,6 +1,8 @@
 // Schema ids and the worker protocol's fixed names, shared by every binary.
 #pragma once
 
+#include <array>
+#include <cstddef>
 #include <string_view>
 
 namespace assay::protocol {
@@ -36,5 +38,22 @@ inline constexpr std::string_view kInputFile = "input.json";
 inline constexpr std::string_view kOutputFile = "output.json";
 inline constexpr std::string_view kStdoutFile = "stdout.log";
 inline constexpr std::string_view kStderrFile = "stderr.log";
+
+// The files of a model directory that say how text becomes ids, and the model's config: read
+// whole and parsed by every worker (tokenizer.json's parse takes many times its bytes), so each
+// is bounded, at admission and again by the workers (worker/tokenizer.cpp, the transformers
+// worker's SMALL_FILE_LIMIT). A real tokenizer.json is 2-35 MB.
+inline constexpr std::array<std::string_view, 11> kSmallModelFiles = {"tokenizer.json",
+                                                                      "tokenizer_config.json",
+                                                                      "special_tokens_map.json",
+                                                                      "added_tokens.json",
+                                                                      "chat_template.jinja",
+                                                                      "chat_template.json",
+                                                                      "vocab.json",
+                                                                      "merges.txt",
+                                                                      "tokenizer.model",
+                                                                      "config.json",
+                                                                      "generation_config.json"};
+inline constexpr std::size_t kMaxSmallModelFileBytes = 64u << 20;
 
 }  // namespace assay::protocol

@@ -223,8 +223,21 @@ Job& Service::visible_job(const std::string& id, const Peer& peer) {
 const std::string& Service::job_document(const std::string& id, const Peer& peer) {
   Job& job = visible_job(id, peer);
   if (job.rendered.empty()) {
+    // A bounded document whatever the job's length (a batch logs an event per state): its first
+    // events and its latest, and how many there are; all of them are at links.events.
+    constexpr std::size_t kFirst = 8, kLatest = 56;
     Json j = job.summary();
-    j["events"] = job.events;
+    const std::size_t total = job.events.size();
+    j["events_total"] = total;
+    if (total <= kFirst + kLatest) {
+      j["events"] = job.events;
+    } else {
+      Json shown = Json::array();
+      for (std::size_t i = 0; i < kFirst; ++i) shown.push_back(job.events[i]);
+      for (std::size_t i = total - kLatest; i < total; ++i) shown.push_back(job.events[i]);
+      j["events"] = std::move(shown);
+      j["events_omitted"] = Json{{"after", kFirst}, {"count", total - kFirst - kLatest}};
+    }
     job.rendered = j.dump() + "\n";
   }
   return job.rendered;

@@ -5,6 +5,7 @@
 
 #include "common/error.h"
 #include "common/fs.h"
+#include "common/protocol.h"
 
 namespace assay::oracle {
 namespace {
@@ -12,7 +13,7 @@ namespace {
 using common::Error;
 using common::Json;
 
-constexpr std::size_t kMaxTokenizerBytes = 256u << 20;
+constexpr std::size_t kMaxTokenizerBytes = protocol::kMaxSmallModelFileBytes;
 
 // GPT-2's byte <-> printable code point map: printable bytes map to themselves, the other
 // 68 bytes to U+0100 onwards in byte order.

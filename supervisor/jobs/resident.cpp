@@ -143,7 +143,11 @@ bool Engine::start_resident(JobRun& run, Step& step, const Job& job, const Json&
     try {
       step.resident_bytes(w->bytes_used);
     } catch (const Error& e) {
-      why = std::string("the job's fingerprint differs from what it loaded (") + e.what() + ")";
+      // The job's events say only that the bytes differ: what the worker loaded may be a file
+      // this job's submitter could never read (issue 36, defect 5). The figures go to assayd's
+      // own log.
+      why = "the job's fingerprint differs from the bytes it loaded";
+      spdlog::info("resident worker {} does not hold job {}'s bytes: {}", w->id, run.id, e.what());
     }
     if (why.empty() && limit > w->memory_limit)
       why = "the job needs memory.max " + std::to_string(limit) + ", above its " +

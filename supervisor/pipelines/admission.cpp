@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "common/error.h"
+#include "common/protocol.h"
 #include "common/text.h"
 
 namespace assay::supervisor {
@@ -229,6 +230,13 @@ OpenedModel open_model_as(const std::string& raw, const Peer& peer) {
     if (::fstat(file.get(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_ino != lst.st_ino ||
         st.st_dev != lst.st_dev || !allowed(st, peer, groups, 04))
       throw Error(code, "model file " + quote_path(path) + " changed while it was opened");
+    if (std::find(protocol::kSmallModelFiles.begin(), protocol::kSmallModelFiles.end(), name) !=
+            protocol::kSmallModelFiles.end() &&
+        static_cast<std::uint64_t>(st.st_size) > protocol::kMaxSmallModelFileBytes)
+      throw Error(code, "model file " + quote_path(path) + " has " + std::to_string(st.st_size) +
+                            " bytes, more than the limit of " +
+                            std::to_string(protocol::kMaxSmallModelFileBytes) +
+                            " for a tokenizer or config file");
     if (m.files.size() == kMaxModelFiles)
       throw Error(code, "model directory " + quote_path(m.dir.path) + " holds more than " +
                             std::to_string(kMaxModelFiles) + " files");

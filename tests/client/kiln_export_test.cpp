@@ -156,6 +156,27 @@ TEST_CASE("verify --kiln --artifact recomputes the logits facts of a record from
       CHECK_FALSE(c.ok);
 }
 
+TEST_CASE("verify --kiln --artifact fails, never throws, when the record's parts are not objects") {
+  // fuzz_kiln_record found it (tests/fuzz/regressions/kiln_record/): Json::value on an "oracle"
+  // that is a number threw out of verify_kiln.
+  TempDir tmp;
+  client::KilnExport e = client::kiln_v2_record(assay_result());
+  fs::path logits = kFixtures + "report/logits.safetensors";
+  for (std::string key : {"oracle", "reference_artifact", "verdict"}) {
+    for (const Json& odd : {Json(5), Json("x"), Json::array(), Json()}) {
+      Json doc = e.record;
+      doc[key] = odd;
+      fs::path record = tmp.path() / "record.json";
+      std::ofstream(record) << client::kiln_file_text(doc);
+      CAPTURE(key);
+      CAPTURE(odd.dump());
+      client::VerifyReport r;
+      CHECK_NOTHROW(r = client::verify_kiln(record, logits));
+      CHECK_FALSE(r.ok());
+    }
+  }
+}
+
 TEST_CASE("a fidelity result has no Kiln next-token record") {
   Json fidelity =
       common::parse_strict(common::read_file(kFixtures + "report/fidelity-result.json", 1 << 24));

@@ -716,6 +716,37 @@ TEST_SUITE("availability") {
   }
 
   TEST_CASE(
+      "a tokenizer or config file over the size bound is refused at admission naming the file "
+      "(issue 36, defect 4)") {
+    // A 200 MB tokenizer.json got the libtorch oracle OOM-killed with no file named. Sparse
+    // files: st_size is what admission looks at.
+    TempDir tmp;
+    auto d = config_daemon(tmp.path, Json::object());
+    StopOnExit stop{*d};
+    REQUIRE_MESSAGE(d->start_within(15), d->log());
+    for (std::string name : {"tokenizer.json", "chat_template.jinja", "config.json"}) {
+      CAPTURE(name);
+      fs::path model = tmp.path / ("big-" + std::string(name));
+      fs::create_directories(model);
+      spit(model / "config.json", R"({"model_type":"llama","vocab_size":260})");
+      int fd = ::open((model / name).c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+      REQUIRE(fd >= 0);
+      REQUIRE(::ftruncate(fd, 200 << 20) == 0);
+      ::close(fd);
+      auto r = submit(*d, next_token_request("big-" + name, model));
+      CHECK_MESSAGE(r.status == 422, r.body);
+      if (r.status != 422) continue;
+      CHECK(r.json()["error"]["code"] == "request.bad_model");
+      const std::string message = r.json()["error"]["message"];
+      CHECK_MESSAGE(message.find((model / name).string()) != std::string::npos, message);
+      CHECK_MESSAGE(message.find("209715200 bytes") != std::string::npos, message);
+    }
+    auto list = request_within(d->socket(), "GET", "/v1/jobs", 2);
+    REQUIRE(list.status == 200);
+    CHECK_MESSAGE(list.json()["jobs"].empty(), list.body);
+  }
+
+  TEST_CASE(
       "a job that could fit only later holds back no job behind it that fits now, and keeps its "
       "place") {
     if (own_memory_limit() || !have(kFingerprint) || !have(kOracle)) {

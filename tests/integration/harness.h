@@ -14,6 +14,7 @@
 #include <vector>
 
 #include <fcntl.h>
+#include <grp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -339,6 +340,34 @@ Json wait_job(const fs::path& socket, const std::string& id, Pred pred, double s
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   return job;
+}
+
+// One exchange with the daemon as uid:gid (no supplementary groups), from a forked child: how
+// another user reaches assayd. A socket pair, not a pipe: write_all sends with MSG_NOSIGNAL,
+// which a pipe refuses (ENOTSOCK).
+inline HttpReply request_as(uid_t uid, gid_t gid, const fs::path& socket, const std::string& method,
+                            const std::string& target, const std::string& body = "") {
+  int fds[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) == 0);
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(fds[0]);
+    if (::setgroups(0, nullptr) != 0 || ::setgid(gid) != 0 || ::setuid(uid) != 0) ::_exit(3);
+    HttpReply r = request_within(socket, method, target, 10, body);
+    write_all(fds[1], std::to_string(r.status) + "\n" + r.body);
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  std::string out = read_all(fds[0]);
+  ::close(fds[0]);
+  int st = 0;
+  ::waitpid(pid, &st, 0);
+  HttpReply r;
+  auto nl = out.find('\n');
+  if (nl == std::string::npos) return r;
+  r.status = std::atoi(out.substr(0, nl).c_str());
+  r.body = out.substr(nl + 1);
+  return r;
 }
 
 inline HttpReply request_json(const Daemon& d, const Json& body) {

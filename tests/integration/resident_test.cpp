@@ -18,10 +18,11 @@ struct Resident {
   TempDir tmp;
   fs::path model;
   std::unique_ptr<Daemon> d;
-  explicit Resident(double idle_seconds = 120, const std::string& oracle = kOracle) {
+  explicit Resident(double idle_seconds = 120, const std::string& oracle = kOracle,
+                    Json config = Json::object()) {
     model = fixture_model(tmp.path / "llama-tiny");
-    spit(tmp.path / "assayd.json",
-         Json{{"resident_models", {{"count", 1}, {"idle_seconds", idle_seconds}}}}.dump());
+    config["resident_models"] = {{"count", 1}, {"idle_seconds", idle_seconds}};
+    spit(tmp.path / "assayd.json", config.dump());
     d = std::make_unique<Daemon>(
         tmp.path / "state", tmp.path / "assayd.sock",
         std::vector<std::string>{"--containment", containment(), "--fingerprint-worker",
@@ -241,6 +242,50 @@ TEST_CASE(
   CHECK(fs::is_empty(r.d->state() / "resident"));
   REQUIRE_MESSAGE(r.d->start(), r.d->log());
   CHECK_MESSAGE(r.d->log().find("orphan") == std::string::npos, r.d->log());
+  CHECK(r.d->stop() == 0);
+}
+
+TEST_CASE(
+    "resident: replacing a worker for another user's job tells that user nothing of a file only "
+    "root could read (issue 36, defect 5)") {
+  if (!have(kFingerprint) || !have(kOracle)) {
+    MESSAGE("skipped: assay-fingerprint or assay-oracle was not built");
+    return;
+  }
+  constexpr uid_t kNobody = 65534;
+  REQUIRE_MESSAGE(::getgrnam("nogroup") != nullptr, "the group nogroup (65534) must exist");
+  Resident r(120, kOracle, Json{{"socket_group", "nogroup"}});
+  fs::path shard = r.model / "model.safetensors";
+  ::chmod(shard.c_str(), 0600);
+  REQUIRE_MESSAGE(r.d->start(), r.d->log());
+  Json first = r.run(numbered(r.model, 1));
+  REQUIRE_MESSAGE(first["state"] == "succeeded", first.dump(2) << r.d->log());
+  const Json old_shard = r.result(first)["model_identity"]["weight_files"][0];
+  const std::string old_sha = old_shard["sha256"], old_hex = old_sha.substr(7);
+  // The root-only shard gives way to a world-readable one with another byte.
+  std::string bytes = slurp(shard);
+  bytes[bytes.size() - 2] ^= 1;
+  spit(r.model / "new.safetensors", bytes);
+  ::chmod((r.model / "new.safetensors").c_str(), 0644);
+  fs::rename(r.model / "new.safetensors", shard);
+  auto sub =
+      request_as(kNobody, kNobody, r.d->socket(), "POST", "/v1/jobs", numbered(r.model, 2).dump());
+  REQUIRE_MESSAGE(sub.status == 201, sub.body);
+  const std::string id = sub.json()["id"];
+  Json second = wait_job(r.d->socket(), id, terminal, 300);
+  REQUIRE_MESSAGE(second["state"] == "succeeded", second.dump(2) << r.d->log());
+  // It ran on a new worker, and what nobody can read of the job says nothing of the old shard.
+  CHECK(r.result(second)["oracle"]["process"]["resident"]["worker"] !=
+        r.result(first)["oracle"]["process"]["resident"]["worker"]);
+  for (const std::string& path :
+       {"/v1/jobs/" + id, "/v1/jobs/" + id + "/events", "/v1/jobs/" + id + "/result"}) {
+    auto seen = request_as(kNobody, kNobody, r.d->socket(), "GET", path);
+    CAPTURE(path);
+    REQUIRE(seen.status == 200);
+    CHECK_MESSAGE(seen.body.find(old_hex) == std::string::npos, seen.body);
+    if (path.ends_with("/events"))
+      CHECK_MESSAGE(seen.body.find("replacing") != std::string::npos, seen.body);
+  }
   CHECK(r.d->stop() == 0);
 }
 

@@ -42,6 +42,7 @@ import os
 import sys
 import time
 
+# protocol::kMaxSmallModelFileBytes (common/protocol.h), which admission applies first.
 SMALL_FILE_LIMIT = 64 << 20
 # Files of a model directory that say how text becomes ids (the weights never do).
 TOKENIZER_FILES = {

@@ -15,7 +15,9 @@
 #include <unistd.h>
 
 #include "common/error.h"
+#include "common/model_shapes.h"
 #include "common/protocol.h"
+#include "common/safetensors.h"
 #include "common/text.h"
 
 namespace assay::supervisor {
@@ -179,6 +181,62 @@ std::string octal(unsigned mode) {
   return buf;
 }
 
+// The safetensors header admission reads of each shard: real checkpoints' are under 1 MiB.
+constexpr std::uint64_t kMaxAdmittedHeaderBytes = 16ull << 20;
+
+bool pread_all(int fd, char* out, std::size_t n) {
+  for (std::size_t got = 0; got < n;) {
+    ssize_t r = ::pread(fd, out + got, n - got, static_cast<off_t>(got));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    got += static_cast<std::size_t>(r);
+  }
+  return true;
+}
+
+// config.json's sizes against the shards' headers (common/model_shapes.h), before a worker
+// builds anything from them. Read with pread: the descriptors a worker is handed stay at offset
+// 0. A config or header that cannot be read or parsed is the worker's to report, as it always
+// was; a header larger than admission reads is refused, so that no size escapes the check.
+void check_model_shapes(const OpenedModel& m) {
+  const std::string code = "request.bad_model";
+  const Opened* config = nullptr;
+  for (std::size_t i = 0; i < m.files.size(); ++i)
+    if (m.names[i] == "config.json") config = &m.files[i];
+  if (!config || config->st.st_size > static_cast<off_t>(protocol::kMaxSmallModelFileBytes)) return;
+  std::string text(static_cast<std::size_t>(config->st.st_size), '\0');
+  if (!pread_all(config->fd.get(), text.data(), text.size())) return;
+  Json parsed;
+  try {
+    parsed = common::parse_strict(text);
+  } catch (const Error&) {
+    return;
+  }
+  common::TensorShapes shapes;
+  for (std::size_t i = 0; i < m.files.size(); ++i) {
+    const std::string& name = m.names[i];
+    if (name.size() < 12 || name.compare(name.size() - 12, 12, ".safetensors") != 0) continue;
+    const Opened& f = m.files[i];
+    const auto size = static_cast<std::uint64_t>(f.st.st_size);
+    unsigned char len[8];
+    if (size < 8 || !pread_all(f.fd.get(), reinterpret_cast<char*>(len), 8)) return;
+    std::uint64_t header = 0;
+    for (int b = 7; b >= 0; --b) header = header << 8 | len[b];
+    if (header > kMaxAdmittedHeaderBytes && header <= size - 8)
+      throw Error(code, "model file " + quote_path(f.path) + " has a safetensors header of " +
+                            std::to_string(header) + " bytes, more than the limit of " +
+                            std::to_string(kMaxAdmittedHeaderBytes));
+    try {
+      for (auto& t :
+           common::read_safetensors_header(f.fd.get(), size, kMaxAdmittedHeaderBytes).tensors)
+        shapes[t.name] = std::move(t.shape);
+    } catch (const Error&) {
+      return;
+    }
+  }
+  common::check_config_shapes(parsed, shapes, quote_path(config->path), code);
+}
+
 }  // namespace
 
 Opened open_dir_as(const std::string& path, const Peer& peer, const std::string& code,
@@ -243,6 +301,7 @@ OpenedModel open_model_as(const std::string& raw, const Peer& peer) {
     m.files.push_back(Opened{path, std::move(file), st});
     m.names.push_back(name);
   }
+  check_model_shapes(m);
   return m;
 }
 

@@ -42,7 +42,10 @@ Opened open_dir_as(const std::string& path, const Peer& peer, const std::string&
 Opened open_file_as(const std::string& path, const Peer& peer, const std::string& code,
                     const std::string& what);
 // A link at the top of the directory is refused by name; directories and other non-regular
-// entries are skipped (workers are handed regular files only).
+// entries are skipped (workers are handed regular files only). A tokenizer or config file over
+// protocol::kMaxSmallModelFileBytes, and a config.json whose sizes contradict the shards' tensor
+// shapes (common/model_shapes.h), are refused with Error("request.bad_model") naming them: at
+// admission and again each time a worker is handed the files, before it builds anything.
 OpenedModel open_model_as(const std::string& dir, const Peer& peer);
 
 // What admission opened, kept in the job record: [{path, dev, ino, uid, gid, mode}], so that a

@@ -747,6 +747,61 @@ TEST_SUITE("availability") {
   }
 
   TEST_CASE(
+      "a config whose sizes contradict its weights is refused at admission by name, for both "
+      "backends, before a worker builds anything (issue 36, defect 3)") {
+    // num_hidden_layers 1e6 got the transformers worker OOM-killed and hidden_size 1e9 a 520 GB
+    // allocation attempt: it builds the model from config.json before comparing a weight.
+    TempDir tmp;
+    fs::path good = fixture_model(tmp.path / "llama-tiny");
+    auto d = config_daemon(tmp.path, Json::object());
+    StopOnExit stop{*d};
+    REQUIRE_MESSAGE(d->start_within(15), d->log());
+    const Json config = Json::parse(slurp(good / "config.json"));
+    for (const auto& [key, value] :
+         std::vector<std::pair<std::string, Json>>{{"num_hidden_layers", 1000000},
+                                                   {"hidden_size", 1e9},
+                                                   {"vocab_size", 1e12},
+                                                   {"num_attention_heads", 1e9},
+                                                   {"intermediate_size", 1e9}}) {
+      for (const std::string backend : {"libtorch", "transformers"}) {
+        CAPTURE(key);
+        CAPTURE(backend);
+        fs::path model = tmp.path / (key + "-" + backend);
+        fs::copy(good, model, fs::copy_options::recursive);
+        Json bad = config;
+        bad[key] = value;
+        spit(model / "config.json", bad.dump());
+        Json request = next_token_request(key + "-" + backend, model);
+        request["oracle"] = {{"backend", backend}};
+        auto r = submit(*d, request);
+        CHECK_MESSAGE(r.status == 422, r.body);
+        if (r.status != 422) continue;
+        CHECK(r.json()["error"]["code"] == "request.bad_model");
+        const std::string message = r.json()["error"]["message"];
+        CHECK_MESSAGE(message.find(key + " = " + value.dump()) != std::string::npos, message);
+        CHECK_MESSAGE(message.find((model / "config.json").string()) != std::string::npos, message);
+      }
+    }
+    auto list = request_within(d->socket(), "GET", "/v1/jobs", 2);
+    REQUIRE(list.status == 200);
+    CHECK_MESSAGE(list.json()["jobs"].empty(), list.body);
+    // Every architecture's fixture, as it was made, is admitted (Qwen3.5's gated q_proj and
+    // Gated DeltaNet blocks, Spark2.5's fused q_k_v_proj and "embedding").
+    auto r = submit(*d, next_token_request("consistent-llama", good));
+    CHECK_MESSAGE(r.status == 201, r.body);
+    for (std::string arch : {"qwen2", "qwen3", "qwen3_5", "spark2_5"}) {
+      CAPTURE(arch);
+      fs::path dir = tmp.path / (arch + "-tiny");
+      std::string cmd = std::string(ASSAY_PYTHON3) + " " + ASSAY_SOURCE_DIR +
+                        "/tests/fixtures/make_fixture.py --arch " + arch + " --size tiny --out " +
+                        dir.string() + " > " + dir.string() + ".log 2>&1";
+      REQUIRE_MESSAGE(std::system(cmd.c_str()) == 0, slurp(dir.string() + ".log"));
+      r = submit(*d, next_token_request("consistent-" + arch, dir));
+      CHECK_MESSAGE(r.status == 201, r.body);
+    }
+  }
+
+  TEST_CASE(
       "a job that could fit only later holds back no job behind it that fits now, and keeps its "
       "place") {
     if (own_memory_limit() || !have(kFingerprint) || !have(kOracle)) {

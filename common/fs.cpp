@@ -26,7 +26,14 @@ UniqueFd& UniqueFd::operator=(UniqueFd&& o) noexcept {
 
 UniqueFd open_nofollow(const std::filesystem::path& path, int flags, mode_t mode) {
   int fd = ::open(path.c_str(), flags | O_NOFOLLOW | O_CLOEXEC, mode);
-  if (fd < 0) throw_errno("fs.open", "open " + path.string(), errno);
+  if (fd < 0) {
+    int err = errno;
+    // O_NOFOLLOW's ELOOP says "too many levels of symbolic links"; what happened is plainer.
+    struct stat st {};
+    if (err == ELOOP && ::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode))
+      throw Error("fs.open", path.string() + " is a symlink; links are not followed");
+    throw_errno("fs.open", "open " + path.string(), err);
+  }
   return UniqueFd(fd);
 }
 

@@ -177,6 +177,21 @@ TEST_CASE("verify --kiln --artifact fails, never throws, when the record's parts
   }
 }
 
+TEST_CASE("verify --kiln on a symlink says that links are refused (issue 36)") {
+  TempDir tmp;
+  client::KilnExport e = client::kiln_v2_record(assay_result());
+  fs::path record = tmp.path() / "record.json";
+  std::ofstream(record) << client::kiln_file_text(e.record);
+  fs::create_symlink(record, tmp.path() / "link.json");
+  try {
+    client::verify_kiln(tmp.path() / "link.json", std::nullopt);
+    FAIL("a symlink was followed");
+  } catch (const common::Error& err) {
+    CHECK(std::string(err.what()) ==
+          (tmp.path() / "link.json").string() + " is a symlink; links are not followed");
+  }
+}
+
 TEST_CASE("a fidelity result has no Kiln next-token record") {
   Json fidelity =
       common::parse_strict(common::read_file(kFixtures + "report/fidelity-result.json", 1 << 24));

@@ -1,6 +1,7 @@
 #include "worker/attribution.h"
 
 #include <cmath>
+#include <optional>
 
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
@@ -50,7 +51,7 @@ LayersInput parse_layers_input(const Json& doc) {
   if (auto it = doc.find("patch"); it != doc.end() && !it->is_null()) {
     const std::string w = where + " patch";
     if (!it->is_object()) throw Error("input.invalid", w + ": not an object");
-    common::reject_unknown_fields(*it, {"fd", "boundaries", "candidate_token_id"}, w);
+    common::reject_unknown_fields(*it, {"fd", "boundaries", "candidate_token_id", "sha256"}, w);
     LayersInput::Patch p;
     p.fd = static_cast<int>(common::require_int(*it, "fd", w));
     if (p.fd < 3) throw Error("input.invalid", w + ": fd " + std::to_string(p.fd) + " is below 3");
@@ -62,6 +63,11 @@ LayersInput parse_layers_input(const Json& doc) {
       p.boundaries.push_back(n.get<std::string>());
     }
     p.candidate_token_id = common::require_int(*it, "candidate_token_id", w);
+    if (it->contains("sha256")) {
+      p.sha256 = common::require_string(*it, "sha256", w);
+      if (!common::is_identity(p.sha256))
+        throw Error("input.invalid", w + ": sha256 \"" + p.sha256 + "\" is not a digest");
+    }
     if (in.rows != common::LayerRows::kAll)
       throw Error("input.invalid", w + ": patching needs rows \"all\"");
     in.patch = std::move(p);
@@ -187,6 +193,18 @@ at::Tensor engine_rows(const common::SafetensorsFile& file, const std::string& n
 }  // namespace
 
 void run_layers(const LayersInput& in, const std::filesystem::path& dir) {
+  // The engine's file is the request's before anything is loaded: one changed since submission
+  // fails the job now, not after the reference forward and every patched one.
+  std::optional<common::SafetensorsFile> rows_file;
+  std::string rows_sha;
+  if (in.patch) {
+    rows_file.emplace(common::SafetensorsFile::open_fd(in.patch->fd, "the engine's rows file"));
+    rows_sha = common::sha256_id(rows_file->image().data(), rows_file->image().size());
+    if (!in.patch->sha256.empty() && rows_sha != in.patch->sha256)
+      throw Error("job.bytes_mismatch", "the engine's rows file has " + rows_sha +
+                                            ", not the request's " + in.patch->sha256 +
+                                            ": it changed after submission; nothing was computed");
+  }
   ModelFiles files = open_model_files(in.model_dir, in.model_fds);
   ExecOptions options = prepare_execution(in.execution, files);
   auto t0 = Clock::now();
@@ -237,9 +255,8 @@ void run_layers(const LayersInput& in, const std::filesystem::path& dir) {
 
   Json patching = nullptr;
   if (in.patch) {
-    common::SafetensorsFile file =
-        common::SafetensorsFile::open_fd(in.patch->fd, "the engine's rows file");
-    std::string file_sha = common::sha256_id(file.image().data(), file.image().size());
+    const common::SafetensorsFile& file = *rows_file;
+    const std::string& file_sha = rows_sha;
     Json done = Json::array();
     auto tp = Clock::now();
     for (const std::string& name : in.patch->boundaries) {

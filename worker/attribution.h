@@ -26,6 +26,7 @@ struct LayersInput {
     int fd = -1;                          // the engine's rows file
     std::vector<std::string> boundaries;  // in forward order
     std::int64_t candidate_token_id = 0;
+    std::string sha256;  // the request's digest of the file; empty: not checked before the load
   };
   std::optional<Patch> patch;
 };

@@ -173,8 +173,10 @@ class LayersPipeline final : public Pipeline {
               {"threads", worker_threads()}}}};
     // Step::open_files come first: the engine's file is fd 3.
     if (r_.patching)
-      in["patch"] =
-          Json{{"fd", 3}, {"boundaries", given_}, {"candidate_token_id", *r_.next_token_id}};
+      in["patch"] = Json{{"fd", 3},
+                         {"boundaries", given_},
+                         {"candidate_token_id", *r_.next_token_id},
+                         {"sha256", r_.rows_sha256}};
     return in;
   }
 

@@ -296,6 +296,22 @@ TEST_CASE(
       job["error"]["message"].get<std::string>().find("not the request's") != std::string::npos,
       job.dump());
 
+  // With patching, the oracle checks the file's digest before it loads the model: a file changed
+  // since submission fails the job at once, not after the reference and every patched forward
+  // (issue 36).
+  fs::path patched = crafted_rows(tmp.path / "patched.safetensors", {{"embedding", {t, hidden}}});
+  Json stale_patch = layer_request("stale-patch", model, ids, patched, true, 1);
+  crafted_rows(patched, {{"embedding", {t, hidden}}, {"norm", {t, hidden}}});
+  job = run_job(d, stale_patch);
+  CHECK(job["state"] == "failed");
+  CHECK_MESSAGE(job["error"]["code"] == "worker.layers_failed", job.dump());
+  CHECK_MESSAGE(job["error"]["message"].get<std::string>().find(
+                    "[job.bytes_mismatch]: the engine's rows file has") != std::string::npos,
+                job.dump());
+  CHECK_MESSAGE(job["error"]["message"].get<std::string>().find(
+                    "changed after submission; nothing was computed") != std::string::npos,
+                job.dump());
+
   // A NaN is found by the comparison, which names where it is.
   fs::path nan =
       crafted_rows(tmp.path / "nan.safetensors", {{"layers.1.mlp", {t, hidden}}}, {}, true);

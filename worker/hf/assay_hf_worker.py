@@ -691,13 +691,24 @@ def safetensors_metadata(data, name):
     return header.get("__metadata__") or {}
 
 
-def read_engine_rows(patch, names, ids, hidden):
-    """The engine's rows file (patch.fd): every tensor named by a boundary, F32 or BF16, shape
+def read_engine_file(patch):
+    """The engine's rows file's bytes (patch.fd), checked against the request's digest
+    (patch.sha256) before anything is built: a file changed since submission fails the job at
+    once, not after the reference forward and every patched one."""
+    data = read_fd(patch["fd"], "the engine's rows file")
+    want, got = patch.get("sha256"), sha256_id(data)
+    if want is not None and got != want:
+        raise WorkerError("job.bytes_mismatch", f"the engine's rows file has {got}, not the "
+                          f"request's {want}: it changed after submission; nothing was computed")
+    return data
+
+
+def read_engine_rows(data, names, ids, hidden):
+    """The engine's rows file's bytes: every tensor named by a boundary, F32 or BF16, shape
     [T, hidden] (or [hidden] for T = 1), finite. Returns ({name: tensor}, the file's sha256)."""
     import safetensors.torch
     import torch
 
-    data = read_fd(patch["fd"], "the engine's rows file")
     expected_ids = canonical_ids_sha256(ids)
     given_ids = safetensors_metadata(data, "the engine's rows file").get("input_token_ids_sha256")
     if given_ids is not None and given_ids != expected_ids:
@@ -771,6 +782,8 @@ def run_patching(model, modules, ids_tensor, patch, tensors, file_sha256):
 
 
 def layers(doc, workdir):
+    patch = doc.get("patch")
+    engine_file = read_engine_file(patch) if patch else None
     built = build_model(doc, workdir)
     import torch
 
@@ -785,8 +798,7 @@ def layers(doc, workdir):
     vocab, hidden = int(embed.num_embeddings), int(embed.embedding_dim)
     ids = [int(i) for i in doc["token_ids"]]
     check_token_ids(ids, vocab, "token_ids")
-    patch = doc.get("patch")
-    tensors, file_sha256 = (read_engine_rows(patch, set(names), ids, hidden) if patch else
+    tensors, file_sha256 = (read_engine_rows(engine_file, set(names), ids, hidden) if patch else
                             (None, None))
     if patch and not 0 <= int(patch["candidate_token_id"]) < vocab:
         raise WorkerError("request.invalid_token_id",

@@ -100,6 +100,7 @@ void Config::load_file(const std::filesystem::path& path) {
                                  "idle_timeout_ms",
                                  "memory_reserve_bytes",
                                  "worker_timeout_seconds",
+                                 "prompt_render_timeout_seconds",
                                  "worker_memory_max",
                                  "worker_memory_margin",
                                  "memory_events",
@@ -246,6 +247,12 @@ void Config::load_limits(const Json& j) {
       throw Error("config.invalid", "config.worker_timeout_seconds must be a number");
     worker_timeout_seconds = it->get<double>();
   }
+  if (auto it = j.find("prompt_render_timeout_seconds"); it != j.end()) {
+    if (!it->is_number())
+      throw Error("config.invalid",
+                  "config.prompt_render_timeout_seconds must be a number, got " + it->dump());
+    prompt_render_timeout_seconds = it->get<double>();
+  }
   if (auto it = j.find("worker_memory_max"); it != j.end() && !it->is_null()) {
     std::uint64_t v = 0;
     take_uint(j, "worker_memory_max", v);
@@ -294,6 +301,9 @@ void Config::finalize() {
   if (worker_timeout_seconds <= 0)
     throw Error("config.invalid", "worker_timeout_seconds must be positive, got " +
                                       std::to_string(worker_timeout_seconds));
+  if (!(prompt_render_timeout_seconds > 0))
+    throw Error("config.invalid", "prompt_render_timeout_seconds must be positive, got " +
+                                      std::to_string(prompt_render_timeout_seconds));
   finalize_executor();
 }
 

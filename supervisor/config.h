@@ -43,6 +43,9 @@ struct Config {
   std::uint32_t idle_timeout_ms = 60'000;  // keep-alive connections with nothing to do
   std::uint64_t memory_reserve_bytes = 256ull << 20;
   double worker_timeout_seconds = 600;  // each worker's timeout, and the most a request may ask
+  // The chat-template render step's own limit (Kiln's prompt check): a template that loops must
+  // not hold a worker for the job's whole timeout. The step gets the smaller of the two.
+  double prompt_render_timeout_seconds = 120;
   // The most memory.max a worker may get; a request may ask for less, never more. Without a
   // request's memory_bytes a worker gets the preflight estimate times worker_memory_margin.
   std::optional<std::uint64_t> worker_memory_max;

@@ -311,6 +311,7 @@ Json Service::info() const {
         {"idle_timeout_ms", config_.idle_timeout_ms},
         {"device_slots", config_.device_slots},
         {"worker_timeout_seconds", config_.worker_timeout_seconds},
+        {"prompt_render_timeout_seconds", config_.prompt_render_timeout_seconds},
         {"worker_memory_max",
          config_.worker_memory_max ? Json(*config_.worker_memory_max) : Json(nullptr)},
         {"worker_memory_margin", config_.worker_memory_margin},

@@ -121,6 +121,7 @@ contain::SpawnSpec Engine::worker_spec(const JobRun& run, const Step& step,
   spec.limits.timeout = std::chrono::milliseconds(
       static_cast<long long>(static_cast<double>(spec.limits.timeout.count()) *
                              std::max(1.0, step.timeout_factor ? step.timeout_factor() : 1.0)));
+  if (step.timeout_cap) spec.limits.timeout = std::min(spec.limits.timeout, *step.timeout_cap);
   return spec;
 }
 
@@ -253,10 +254,19 @@ void Engine::step_ended(const std::string& id, const std::string& role,
   }
   if (run.cancel_requested)
     return finish(id, JobState::kCancelled, "cancelled while the " + role + " worker ran");
-  if (!evidence.succeeded())
+  if (!evidence.succeeded()) {
+    std::string limit;
+    // A step stopped by its own cap (a chat template that loops) says which limit stopped it.
+    if (evidence.timed_out && step.timeout_cap && evidence.limits &&
+        evidence.limits->timeout >= *step.timeout_cap)
+      limit = " after " +
+              fmt::format("{:g}", static_cast<double>(step.timeout_cap->count()) / 1e3) +
+              " s, the limit " + step.timeout_cap_key +
+              " sets for this step whatever the job's timeout";
     return fail(id, "worker." + role + "_failed",
-                role + " worker " + evidence.failure_reason() +
+                role + " worker " + evidence.failure_reason() + limit +
                     "; stderr: " + tail_file(ws / protocol::kStderrFile, 2000));
+  }
   try {
     Json output;
     try {

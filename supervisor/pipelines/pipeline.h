@@ -4,6 +4,7 @@
 // The engine (jobs/engine.h) runs the steps; a kind knows nothing of the store or the transport.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -101,6 +102,10 @@ struct Step {
   // The worker's timeout is the configured (or requested) one times this (called after input();
   // unset: 1), e.g. per state of a batch.
   std::function<double()> timeout_factor = nullptr;
+  // The most this step's worker may run, whatever the job's timeout (unset: no cap), and the
+  // configuration key that set it, named when the worker is stopped for it.
+  std::optional<std::chrono::milliseconds> timeout_cap = std::nullopt;
+  std::string timeout_cap_key = {};
 };
 
 // What the engine seals: the result document (without result_sha256) and its artifact.

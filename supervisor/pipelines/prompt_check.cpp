@@ -111,7 +111,10 @@ Step prompt_check_step(const Config& config, const std::string& model_dir,
               .accept =
                   [&request, &fingerprint, &out](Json output, const contain::Evidence&) {
                     accept_prompt(output, fingerprint, request, out);
-                  }};
+                  },
+              .timeout_cap = std::chrono::milliseconds(
+                  static_cast<long long>(config.prompt_render_timeout_seconds * 1000)),
+              .timeout_cap_key = "prompt_render_timeout_seconds"};
 }
 
 }  // namespace assay::supervisor

@@ -1,6 +1,6 @@
 """Makes a chat model and a Kiln request for it, for the prompt-check tests.
 
-Usage: kiln_chat_fixture.py OUT_DIR [--alter-index N]
+Usage: kiln_chat_fixture.py OUT_DIR [--alter-index N] [--looping-template]
 
 OUT_DIR/model: a tiny Qwen3ForCausalLM (transformers' own class, random weights, seed 0) with
 Qwen3's real tokenizer and chat template (tests/fixtures/qwen3-tokenizer/), so that every id the
@@ -8,6 +8,9 @@ template renders is in its vocabulary. OUT_DIR/request.json: a kiln.hf-next-toke
 whose prompt.token_ids are transformers' own rendering of its messages (apply_chat_template,
 add_generation_prompt, enable_thinking False), with the model's identity as Kiln computes it;
 --alter-index N changes the id at N to another token, as a request with a wrong prompt would.
+--looping-template then replaces the model's chat template (tokenizer_config.json) with one whose
+loops never end in practice (three nested ranges of Jinja's sandboxed maximum, 10^15 turns) and
+names that template's hash in the request: a model that would hold a render worker forever.
 """
 import argparse
 import hashlib
@@ -55,6 +58,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out")
     parser.add_argument("--alter-index", type=int)
+    parser.add_argument("--looping-template", action="store_true")
     args = parser.parse_args()
     out = pathlib.Path(args.out)
     model_dir = out / "model"
@@ -68,10 +72,18 @@ def main():
     if args.alter_index is not None:
         ids[args.alter_index] = 1879 if ids[args.alter_index] != 1879 else 1880
     prefix = [tokenizer.encode("The", add_special_tokens=False)[0]]
+    if args.looping_template:
+        config_path = model_dir / "tokenizer_config.json"
+        config = json.loads(config_path.read_text())
+        config["chat_template"] = (
+            "{% for a in range(100000) %}{% for b in range(100000) %}{% for c in range(100000) %}"
+            "{% endfor %}{% endfor %}{% endfor %}{{ messages[0]['content'] }}")
+        config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
     user = MESSAGES[1]["content"]
     request = {
         "schema": "kiln.hf-next-token-request.v1",
-        "id": "kiln-chat" + ("" if args.alter_index is None else f"-altered-{args.alter_index}"),
+        "id": "kiln-chat" + ("" if args.alter_index is None else f"-altered-{args.alter_index}")
+              + ("-looping" if args.looping_template else ""),
         "source": {
             "source_commit": "0" * 40,
             "kiln_receipt": {"path": "receipts/r.kiln.json", "file_sha256": "sha256:" + "1" * 64,

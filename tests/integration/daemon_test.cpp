@@ -665,6 +665,59 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "a chat template that loops is stopped at prompt_render_timeout_seconds, not the job's "
+    "timeout, and the job fails naming that limit before the oracle runs") {
+  if (!have(kFingerprint) || !have(kOracle) || !have(kHfWorker)) {
+    MESSAGE("skipped: assay-fingerprint, assay-oracle or assay-hf-worker was not built");
+    return;
+  }
+  TempDir tmp;
+  std::string cmd = std::string(ASSAY_PYTHON3) + " " + ASSAY_SOURCE_DIR +
+                    "/tests/hf/kiln_chat_fixture.py " + (tmp.path / "loop").string() +
+                    " --looping-template > " + (tmp.path / "fixture.log").string() + " 2>&1";
+  REQUIRE_MESSAGE(std::system(cmd.c_str()) == 0, slurp((tmp.path / "fixture.log").string()));
+  Json doc = common::parse_strict(slurp((tmp.path / "loop" / "request.json").string()));
+  fs::path model = tmp.path / "loop" / "model";
+  // The job's own timeout stays the default 600 s: only the render step's limit may stop it.
+  spit(tmp.path / "config.json", R"({"prompt_render_timeout_seconds": 20})");
+  Daemon d(tmp.path / "state", tmp.path / "assayd.sock",
+           {"--containment", containment(), "--fingerprint-worker", kFingerprint, "--oracle-worker",
+            kOracle, "--hf-worker", kHfWorker, "--config", (tmp.path / "config.json").string()});
+  REQUIRE_MESSAGE(d.start(), d.log());
+  CHECK(request_get(d, "/v1/info").json()["limits"]["prompt_render_timeout_seconds"] == 20);
+  auto started = std::chrono::steady_clock::now();
+  auto sub = request(d.socket(), "POST", "/v1/jobs?model_dir=" + model.string(), doc.dump());
+  REQUIRE_MESSAGE(sub.status == 201, sub.body);
+  std::string id = sub.json()["id"];
+  Json job = wait_job(d.socket(), id, terminal, 240);
+  double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  CAPTURE(job.dump(2));
+  CHECK(job["state"] == "failed");
+  CHECK(job["error"]["code"] == "worker.prompt_failed");
+  std::string message = job["error"]["message"];
+  CHECK(message.find("prompt worker timed out and was killed after 20 s, the limit "
+                     "prompt_render_timeout_seconds sets for this step") != std::string::npos);
+  CHECK(took < 200);  // far below the job's 600 s: the render step was stopped at its own limit
+  Json evidence =
+      common::parse_strict(slurp((d.state() / "jobs" / id / "prompt" / "evidence.json").string()));
+  CHECK(evidence["timed_out"] == true);
+  CHECK(evidence["limits"]["timeout_ms"] == 20000);
+  CHECK_FALSE(fs::exists(d.state() / "jobs" / id / "oracle"));
+
+  // The same model with a job timeout below the cap: the job's own limit applies, and the message
+  // does not blame the render limit.
+  Json quick = doc;
+  quick["id"] = "kiln-chat-looping-quick";
+  quick["limits"] = {{"timeout_seconds", 10}};
+  sub = request(d.socket(), "POST", "/v1/jobs?model_dir=" + model.string(), quick.dump());
+  REQUIRE_MESSAGE(sub.status == 201, sub.body);
+  job = wait_job(d.socket(), sub.json()["id"], terminal, 240);
+  CHECK(job["state"] == "failed");
+  CHECK(job["error"]["message"].get<std::string>().find("prompt_render_timeout_seconds") ==
+        std::string::npos);
+}
+
+TEST_CASE(
     "transformers backend: Mistral- and Gemma3-class tiny models get signed verdicts through the "
     "contained assay-hf-worker that assay verify accepts; on the llama fixture its logits are "
     "libtorch's, bit for bit") {

@@ -79,6 +79,7 @@ constexpr const char* kExitCodesHelp =
 struct Commands {
   CLI::App *submit, *fsubmit, *fshow, *tsubmit, *tshow, *lsubmit, *lshow, *fingerprint, *report;
   CLI::App* classify;
+  CLI::App* audit;
   CLI::App *wait, *status, *list, *result, *artifact, *cancel;
   CLI::App *verify, *keys, *health, *info, *check;
 };
@@ -90,7 +91,8 @@ void add_work_commands(CLI::App& app, cli::Options& o, Commands& c) {
       ->add_option("FILE", o.file,
                    "assay.next-token-request.v1, kiln.hf-next-token-request.v1, "
                    "assay.next-token-batch-request.v1, assay.fidelity-request.v1, "
-                   "assay.trajectory-request.v1 or assay.layer-attribution-request.v1 (with "
+                   "assay.trajectory-request.v1, assay.layer-attribution-request.v1 or "
+                   "assay.engine-audit-request.v1 (with "
                    "--batch: JSONL of next-token requests)")
       ->required();
   c.submit->add_option(
@@ -270,6 +272,12 @@ void add_trust_commands(CLI::App& app, cli::Options& o, Commands& c) {
       "{members, candidates, fp32, policy} as a result's \"numerics\" has them; each line's "
       "verdict is printed as one JSON line (common/numerics.h has the rule)");
   c.classify->add_option("FILE", o.file, "JSONL of envelopes ('-': standard input)")->required();
+  c.audit = numerics->add_subcommand(
+      "audit",
+      "recompute an engine audit's statistic: FILE holds one JSON object per line, {members, "
+      "contexts, policy} as an engine-audit result has them (policy: request.audit.policy); each "
+      "line's statistics are printed as one JSON line (common/audit.h has the rule)");
+  c.audit->add_option("FILE", o.file, "JSONL of audits ('-': standard input)")->required();
   c.check->add_option("--receipts", o.receipts,
                       "a Kiln request's engine receipts are in this directory: run assayd's "
                       "receipt checks on them offline and add what passed to the report");
@@ -297,6 +305,7 @@ int dispatch(const Commands& c, const cli::Options& o, cli::Cli& cli) {
   if (*c.info) return cli.info();
   if (*c.check) return cli.request_check();
   if (*c.classify) return cli.numerics_classify();
+  if (*c.audit) return cli.numerics_audit();
   if (*c.report) return cli.report();
   return -1;
 }

@@ -60,6 +60,8 @@ class Cli {
   int request_check();
   // `numerics classify FILE`: numerics_verdict on each line's envelope, offline.
   int numerics_classify();
+  // `numerics audit FILE`: audit_statistics on each line's per-context figures, offline.
+  int numerics_audit();
   // A succeeded next-token job's document with its result's verdict, result_sha256 and
   // numerics verdict, for the terminal.
   common::Json with_verdict(common::Json job);

@@ -11,6 +11,7 @@
 #include "client/batch.h"
 #include "client/cli_internal.h"
 #include "client/format.h"
+#include "common/audit.h"
 #include "common/batch.h"
 #include "common/error.h"
 #include "common/fidelity.h"
@@ -67,6 +68,18 @@ std::string check_request_file(const std::string& file, const std::string& text,
                        {"rows", common::layer_rows_name(r.rows)},
                        {"tolerance", {{"relative_rmse", r.tolerance}}},
                        {"patching", r.patching}};
+      return r.request_sha256;
+    }
+    if (doc.is_object() && doc.value("schema", Json()) == common::kAuditRequest) {
+      auto r = common::validate_audit_request(doc);
+      if (report)
+        *report = Json{{"schema", r.schema},
+                       {"request_sha256", r.request_sha256},
+                       {"engine", r.engine},
+                       {"contexts", r.contexts.size()},
+                       {"positions", r.positions()},
+                       {"members", r.member_names()},
+                       {"policy", common::to_json(r.policy)}};
       return r.request_sha256;
     }
     if (fidelity) {
@@ -160,6 +173,9 @@ int Cli::submit(std::string_view only) {
   const bool trajectory = schema_name == common::kTrajectoryRequest;
   const bool layer = schema_name == common::kLayerRequest;
   const bool batch = schema_name == protocol::kNextTokenBatchRequest;
+  if (schema_name == common::kAuditRequest && !o_.model.empty())
+    throw ExitWith{kExitUsage,
+                   "--model does not apply to an engine-audit request: it has model_dir"};
   std::string_view schema = trajectory ? common::kTrajectoryRequest
                             : layer    ? common::kLayerRequest
                             : fidelity ? protocol::kFidelityRequest
@@ -419,6 +435,36 @@ int Cli::numerics_classify() {
           doc.value("members", Json()), doc.value("candidates", Json()), doc.value("fp32", Json()),
           common::numerics_policy(doc.value("policy", Json::object()), "policy"));
       out_ << verdict.dump() << "\n";
+    } catch (const common::Error& e) {
+      throw ExitWith{kExitInvalidInput, o_.file + " line " + std::to_string(line_no) + ": " +
+                                            e.what() + " [" + e.code() + "]"};
+    }
+  }
+  return kExitOk;
+}
+
+int Cli::numerics_audit() {
+  std::string text;
+  if (o_.file == "-") {
+    text.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+  } else {
+    text = read_local(o_.file, 1u << 30, "the audits");
+  }
+  std::size_t line_no = 0, start = 0;
+  while (start < text.size()) {
+    std::size_t end = text.find('\n', start);
+    if (end == std::string::npos) end = text.size();
+    std::string_view line(text.data() + start, end - start);
+    start = end + 1;
+    ++line_no;
+    if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
+    try {
+      Json doc = common::parse_strict(line, {.max_bytes = 64u << 20, .exact_integers = false});
+      if (!doc.is_object()) throw common::Error("audit.invalid", "not a JSON object");
+      out_ << common::audit_statistics(doc.value("members", Json()), doc.value("contexts", Json()),
+                                       common::audit_policy(doc.value("policy", Json()), "policy"))
+                  .dump()
+           << "\n";
     } catch (const common::Error& e) {
       throw ExitWith{kExitInvalidInput, o_.file + " line " + std::to_string(line_no) + ": " +
                                             e.what() + " [" + e.code() + "]"};

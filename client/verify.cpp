@@ -1,8 +1,10 @@
 #include "client/verify.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
+#include "common/audit.h"
 #include "common/error.h"
 #include "common/fs.h"
 #include "common/identity.h"
@@ -52,6 +54,7 @@ constexpr ResultKind kKinds[] = {
     {common::kTrajectoryResult, common::kTrajectoryPredicateType, "trajectory_artifact"},
     {protocol::kNextTokenBatchResult, protocol::kBatchPredicateType, "states_artifact"},
     {common::kLayerResult, common::kLayerPredicateType, "layers_artifact"},
+    {common::kAuditResult, common::kAuditPredicateType, "audit_artifact"},
 };
 
 const ResultKind* kind_of(const std::optional<std::string>& schema) {
@@ -222,6 +225,57 @@ void check_kiln_next_token(const Json& doc, Checks& checks) {
                         : ", Kiln's rule gives " + Json(want_complete).dump()));
   } else if (!argmax) {
     checks.add("kiln.verdict", false, "oracle.argmax is not an integer");
+  }
+}
+
+// An engine audit's statistic, recomputed (common/audit.h); with the artifact (the worker's
+// per-position figures), the per-context sums the statistic starts from, re-added in order.
+void check_audit(const Json& result, const VerifyInputs& in, Checks& checks) {
+  try {
+    const Json& policy = member(member(member(result, "request"), "audit"), "policy");
+    Json again = common::audit_statistics(member(result, "members"), member(result, "contexts"),
+                                          common::audit_policy(policy, "request.audit.policy"));
+    const Json& claimed = member(result, "statistics");
+    checks.add("audit.statistics", again == claimed,
+               again == claimed ? again["class"].get<std::string>() + ", " +
+                                      again["explanation"].get<std::string>()
+                                : "claimed " + member(claimed, "class").dump() + " at ratio " +
+                                      member(claimed, "ratio").dump() + ", recomputed " +
+                                      again["class"].dump() + " at " + again["ratio"].dump());
+  } catch (const common::Error& e) {
+    checks.add("audit.statistics", false, std::string(e.what()) + " [" + e.code() + "]");
+  }
+  if (!in.artifact) return;
+  try {
+    Json figures = common::parse_strict(common::read_file(*in.artifact, 512u << 20),
+                                        {.max_bytes = 512u << 20, .exact_integers = false});
+    const Json& got = member(figures, "contexts");
+    const Json& want = member(result, "contexts");
+    bool same = got.is_array() && want.is_array() && got.size() == want.size();
+    std::string detail = "the artifact's per-position figures add up to the record's sums";
+    for (std::size_t c = 0; same && c < got.size(); ++c) {
+      auto add = [](const Json& list) {
+        double s = 0;
+        if (list.is_array())
+          for (const Json& v : list) s += v.is_number() ? v.get<double>() : NAN;
+        return s;
+      };
+      Json sums = Json::array();
+      const Json& members = member(got[c], "members");
+      if (members.is_array())
+        for (const Json& m : members) sums.push_back(add(m));
+      same = member(got[c], "id") == member(want[c], "id") &&
+             Json(add(member(got[c], "engine"))) == member(want[c], "engine_sum") &&
+             sums == member(want[c], "member_sums");
+      if (!same)
+        detail = "context " + member(want[c], "id").dump() +
+                 ": the artifact's figures do not add up to the record's sums";
+    }
+    if (!got.is_array() || !want.is_array() || got.size() != want.size())
+      detail = "the artifact's contexts are not the record's";
+    checks.add("audit.sums", same, detail);
+  } catch (const common::Error& e) {
+    checks.add("audit.sums", false, in.artifact->string() + ": " + e.what());
   }
 }
 
@@ -485,6 +539,10 @@ VerifyReport verify_result(const VerifyInputs& in) {
       checks.add("numerics.verdict", false, std::string(e.what()) + " [" + e.code() + "]");
     }
   }
+
+  // An engine audit: the statistic recomputed from the record's per-context sums, and with the
+  // artifact, those sums re-added from the worker's per-position figures.
+  if (have_result && kind->schema == common::kAuditResult) check_audit(result, in, checks);
 
   // 2. The signature and the key it is made with.
   std::string raw_key;

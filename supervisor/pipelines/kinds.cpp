@@ -1,3 +1,4 @@
+#include "common/audit.h"
 #include "common/error.h"
 #include "common/identity.h"
 #include "common/layers.h"
@@ -18,6 +19,8 @@ const std::vector<JobKind>& kinds() {
        &admit_trajectory, &open_trajectory},
       {"layer-attribution", common::kLayerRequest, common::kLayerArtifactFileName, false,
        &admit_layers, &open_layers},
+      {"engine-audit", common::kAuditRequest, common::kAuditArtifactFileName, false, &admit_audit,
+       &open_audit},
       {"next-token-batch", protocol::kNextTokenBatchRequest, common::kBatchArtifactFileName, true,
        &admit_batch, &open_batch},
       {"next-token", "", common::kArtifactFileName, true, &admit_next_token, &open_next_token},

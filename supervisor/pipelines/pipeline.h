@@ -200,6 +200,9 @@ Admission admit_trajectory(const common::Json&, const SubmitContext&);
 std::unique_ptr<Pipeline> open_layers(const Config&, const std::filesystem::path&,
                                       const std::string&);
 Admission admit_layers(const common::Json&, const SubmitContext&);
+std::unique_ptr<Pipeline> open_audit(const Config&, const std::filesystem::path&,
+                                     const std::string&);
+Admission admit_audit(const common::Json&, const SubmitContext&);
 std::unique_ptr<Pipeline> open_batch(const Config&, const std::filesystem::path&,
                                      const std::string&);
 Admission admit_batch(const common::Json&, const SubmitContext&);

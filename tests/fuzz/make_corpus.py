@@ -245,6 +245,17 @@ def layer_request(model_dir="/models/tiny"):
             "rows": "all", "patching": True, "tolerance": {"relative_rmse": 0.01}}
 
 
+def audit_request(model_dir="/models/tiny"):
+    return {"schema": "assay.engine-audit-request.v1", "id": "audit", "model_dir": model_dir,
+            "engine": {"name": "kiln",
+                       "logits": [{"path": "/data/c%d.safetensors" % i,
+                                   "sha256": "sha256:" + "%x" % (10 + i) * 64} for i in range(2)]},
+            "panel": {"contexts": [{"id": "a", "token_ids": [1, 2, 3]},
+                                   {"token_ids": [4, 5, 6, 7]}]},
+            "audit": {"reduction_seeds": 4, "sdpa": False, "alpha": 0.05},
+            "limits": {"timeout_seconds": 600}}
+
+
 def boundaries(layers: int, linear=()):
     names = ["embedding"]
     for i in range(layers):
@@ -304,6 +315,12 @@ def request_targets():
     last["rows"] = "last"
     last["model_identity"] = identity()
     seed("layer_request", "last.json", last)
+
+    seed("audit_request", "audit.json", audit_request())
+    plain = audit_request()
+    del plain["audit"], plain["limits"], plain["panel"]["contexts"][0]["id"]
+    plain["model_identity"] = identity()
+    seed("audit_request", "defaults.json", plain)
 
     a, b = dict(ASSAY_REQUEST, id="a"), dict(ASSAY_REQUEST, id="b")
     del a["model_dir"], b["model_dir"]

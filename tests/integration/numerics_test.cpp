@@ -3,6 +3,9 @@
 // Kiln's real dispute (the top two logits two bf16 steps apart).
 #include <doctest/doctest.h>
 
+#include <map>
+
+#include "common/audit.h"
 #include "common/identity.h"
 #include "common/numerics.h"
 #include "common/result.h"
@@ -113,6 +116,135 @@ TEST_CASE(
   CHECK_MESSAGE(bad.rfind("0:", 0) != 0, bad);
   CHECK_MESSAGE(bad.find("numerics.verdict") != std::string::npos, bad);
   CHECK_MESSAGE(bad.find("recomputed \"" + cls + "\"") != std::string::npos, bad);
+  CHECK(d.stop() == 0);
+}
+
+TEST_CASE(
+    "numerics: an engine audit over a panel calls a gross bug beyond_legitimate and a held-out "
+    "legitimate engine within_legitimate, in signed records assay verify recomputes; a changed "
+    "engine file and a wrong-shaped one are refused by name") {
+  if (!have(kFingerprint) || !have(kHfWorker) || !have(kClient)) {
+    MESSAGE("skipped: a worker or the client was not built");
+    return;
+  }
+  TempDir tmp;
+  fs::path model = fixture_model(tmp.path / "llama-tiny");
+  // The engines' logits come from tests/numerics/engines.py (never the product's numerics code):
+  // flash-style online softmax (legitimate, not a member of the envelope) and the last token's
+  // position id one too large (a gross bug).
+  auto panel = [&](const std::string& engine) {
+    fs::path out = tmp.path / ("panel-" + engine);
+    std::string cmd = std::string(ASSAY_PYTHON3) + " " + ASSAY_SOURCE_DIR +
+                      "/tests/numerics/audit_panel.py " + model.string() + " " + out.string() +
+                      " --engine " + engine + " --contexts 12 --length 24 --reduction-seeds 3 > " +
+                      out.string() + ".log 2>&1";
+    REQUIRE_MESSAGE(std::system(cmd.c_str()) == 0, slurp(out.string() + ".log"));
+    return common::parse_strict(slurp((out / "request.json").string()));
+  };
+  Json flash = panel("flash"), position = panel("position");
+  Daemon d(tmp.path / "state", tmp.path / "assayd.sock",
+           {"--containment", containment(), "--fingerprint-worker", kFingerprint, "--hf-worker",
+            kHfWorker});
+  REQUIRE_MESSAGE(d.start(), d.log());
+  const std::string pub = (d.state() / "keys" / "host.pub").string();
+  auto run = [&](const Json& request) {
+    auto sub = request_json(d, request);
+    REQUIRE_MESSAGE(sub.status == 201, sub.body);
+    return wait_job(d.socket(), sub.json()["id"], terminal, 600);
+  };
+  std::map<std::string, Json> results;
+  for (const Json* request : {&flash, &position}) {
+    Json job = run(*request);
+    REQUIRE_MESSAGE(job["state"] == "succeeded", job.dump(2) << "\n" << d.log());
+    const std::string id = job["id"];
+    Json result = request_get(d, "/v1/jobs/" + id + "/result").json();
+    const Json& s = result["statistics"];
+    CAPTURE(s.dump(2));
+    CHECK(result["members"] ==
+          Json::array({"reference", "reduction:0", "reduction:1", "reduction:2", "sdpa"}));
+    CHECK(s["positions"] == 12 * 24);
+    CHECK(s["contexts"] == 12);
+    CHECK(s["test"]["alpha"] == 0.01);
+    fs::path dir = tmp.path / ("out-" + id);
+    fs::create_directories(dir);
+    spit(dir / "result.json", request_get(d, "/v1/jobs/" + id + "/result").body);
+    spit(dir / "result.dsse.json", request_get(d, "/v1/jobs/" + id + "/attestation").body);
+    spit(dir / "audit.json", request_get(d, "/v1/jobs/" + id + "/artifact").body);
+    std::string schemas = validate_schemas(
+        {{"engine-audit-result", dir / "result.json"},
+         {"engine-audit-request", d.state() / "jobs" / id / "request.json"},
+         {"audit-input", d.state() / "jobs" / id / "audit" / "input.json"},
+         {"audit-output", dir / "audit.json"},
+         {"process-containment", d.state() / "jobs" / id / "audit" / "evidence.json"}});
+    CHECK_MESSAGE(schemas.rfind("0:", 0) == 0, schemas);
+    std::string ok =
+        run_capture(kClient + " verify " + (dir / "result.json").string() + " --pubkey " + pub +
+                    " --envelope " + (dir / "result.dsse.json").string() + " --artifact " +
+                    (dir / "audit.json").string());
+    CHECK_MESSAGE(ok.rfind("0:", 0) == 0, ok);
+    CHECK_MESSAGE(ok.find("audit.statistics") != std::string::npos, ok);
+    CHECK_MESSAGE(ok.find("audit.sums") != std::string::npos, ok);
+    results[result["engine"]["name"]] = result;
+    if (result["engine"]["name"] != "position") continue;
+
+    // The other class, resealed (result_sha256 recomputed): the recomputation catches it; a sum
+    // changed in the record no longer adds up from the artifact.
+    Json forged = result;
+    forged["statistics"]["class"] = "within_legitimate";
+    forged.erase("result_sha256");
+    forged["result_sha256"] = common::compute_result_sha256(forged);
+    spit(dir / "forged.json", common::canonical(forged));
+    std::string bad =
+        run_capture(kClient + " verify " + (dir / "forged.json").string() + " --pubkey " + pub);
+    CHECK_MESSAGE(bad.rfind("0:", 0) != 0, bad);
+    CHECK_MESSAGE(bad.find("audit.statistics") != std::string::npos, bad);
+    forged = result;
+    forged["contexts"][0]["engine_sum"] = forged["contexts"][0]["engine_sum"].get<double>() * 0.5;
+    forged["statistics"] =
+        common::audit_statistics(forged["members"], forged["contexts"], common::AuditPolicy{});
+    forged.erase("result_sha256");
+    forged["result_sha256"] = common::compute_result_sha256(forged);
+    spit(dir / "forged.json", common::canonical(forged));
+    bad = run_capture(kClient + " verify " + (dir / "forged.json").string() + " --pubkey " + pub +
+                      " --artifact " + (dir / "audit.json").string());
+    CHECK_MESSAGE(bad.rfind("0:", 0) != 0, bad);
+    CHECK_MESSAGE(bad.find("figures do not add up to the record") != std::string::npos, bad);
+  }
+  const Json& gross = results["position"]["statistics"];
+  CHECK(gross["class"] == "beyond_legitimate");
+  CHECK(gross["ci95"][0].get<double>() > 2.0);
+  CHECK(gross["test"]["p_value"].get<double>() < 1e-6);
+  CHECK(results["position"]["engine"]["argmax_differs_from_reference"].get<int>() > 0);
+  const Json& legit = results["flash"]["statistics"];
+  CHECK(legit["class"] == "within_legitimate");
+  CHECK(legit["ratio"].get<double>() < 1.1);
+  MESSAGE("flash: " << legit["explanation"].get<std::string>());
+  MESSAGE("position: " << gross["explanation"].get<std::string>());
+
+  // A file that changed after submission: the worker checks every digest before it builds the
+  // model, and the job fails naming the file.
+  Json changed = flash;
+  changed["id"] = "audit-changed";
+  const std::string path = changed["engine"]["logits"][3]["path"];
+  std::string bytes = slurp(path);
+  bytes[bytes.size() - 1] ^= 1;
+  spit(path, bytes);
+  Json job = run(changed);
+  CHECK(job["state"] == "failed");
+  CHECK(job["error"]["message"].get<std::string>().find(
+            "[job.bytes_mismatch]: the engine's logits file of contexts[3] (c3) has sha256:") !=
+        std::string::npos);
+
+  // A file of the wrong shape is refused at submission, naming the tensor and what it must be.
+  Json wrong = position;
+  wrong["id"] = "audit-wrong-shape";
+  wrong["panel"]["contexts"][1]["token_ids"].erase(0);
+  auto sub = request_json(d, wrong);
+  CHECK(sub.status == 422);
+  CHECK_MESSAGE(sub.body.find("request.bad_logits_file") != std::string::npos, sub.body);
+  CHECK_MESSAGE(sub.body.find("request.engine.logits[1].path") != std::string::npos, sub.body);
+  CHECK_MESSAGE(sub.body.find("is F32 [24,272], not F32 or BF16 [23,272]") != std::string::npos,
+                sub.body);
   CHECK(d.stop() == 0);
 }
 

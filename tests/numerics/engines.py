@@ -159,6 +159,21 @@ class Engine:
     def last_logits(self, ids):
         return self.last_logits_rows([ids])[0]
 
+    def all_logits(self, ids):
+        """Logits at every position of one sequence: [positions, vocab] float32 (what an engine
+        exposes over a panel; the position bug moves the last token's position id only)."""
+        x = torch.tensor([ids])
+        with self._context(), torch.inference_mode():
+            if self.name == "position":
+                positions = torch.arange(x.shape[1])[None]
+                positions[:, -1] += 1
+                out = self.model(input_ids=x, position_ids=positions, use_cache=False)
+            elif self.compiled is not None:
+                out = self.compiled(input_ids=x, use_cache=False)
+            else:
+                out = self.model(input_ids=x, use_cache=False)
+        return out.logits[0].float()
+
     def last_logits_rows(self, rows):
         """Rows of equal length as one batch: [rows, vocab] float32 (a batch's numerics may
         differ from one row's; calibration.py screens with it and decides on single rows)."""

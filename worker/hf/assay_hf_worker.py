@@ -1,6 +1,6 @@
 """assay-hf-worker: the work assay does with Hugging Face transformers itself, as a worker.
 
-Usage: assay-hf-worker render-prompt|next-token|layers|envelope --input input.json --workdir DIR
+Usage: assay-hf-worker render-prompt|next-token|layers|envelope|audit --input input.json --workdir DIR
 
 render-prompt (assay.prompt-check-input.v1, schemas/prompt-check-input.schema.json): Kiln's
 prompt check. The model's own tokenizer files, read through the descriptors assayd opened
@@ -31,6 +31,13 @@ envelope (assay.numerics-input.v1): the same model, and for each of the input's 
 last-position logits under the numerics envelope's members (assay_numerics.py: the reference,
 seeded reduction orders, SDPA attention, a KV cache, batches; then the float32 fact), each
 reduced to the figures the verdict needs; DIR/output.json (assay.numerics-output.v1).
+
+audit (assay.audit-input.v1): an engine audit (common/audit.h). Each context's engine logits
+file (its descriptor, its sha256 checked against the input's before the model is built; a tensor
+"logits" or the only one, F32 or BF16, [positions, vocab]); the same model, its float32 copy as
+the anchor, and at every position of every context the engine's and each member's (the
+reference, seeded reduction orders, SDPA) squared log-softmax distance to the anchor;
+DIR/output.json (assay.audit-output.v1), which assayd keeps as the job's artifact.
 
 Exit 0 on success; on an error one line "assay-hf-worker: error [CODE]: MESSAGE" on stderr and
 exit 2.
@@ -576,6 +583,89 @@ def envelope(doc, workdir):
     }
 
 
+# --- audit: an engine's logits over a panel against the envelope's members ----------------------
+
+def read_engine_file_bytes(ctx, n):
+    """Context n's engine logits file (its fd), checked against the request's digest."""
+    where = f"contexts[{n}] ({ctx['id']})"
+    spec = ctx["engine_logits"]
+    data = read_fd(spec["fd"], f"the engine's logits file of {where}")
+    got = sha256_id(data)
+    if got != spec["sha256"]:
+        raise WorkerError("job.bytes_mismatch", f"the engine's logits file of {where} has {got}, "
+                          f"not the request's {spec['sha256']}: it changed after submission; "
+                          "nothing was computed")
+    return data, got
+
+
+def engine_logits(data, ctx, n, vocab):
+    """The tensor "logits" (or the only tensor) of an engine file: F32 or BF16,
+    [positions, vocab], every value finite. Returns (tensor, dtype name)."""
+    import safetensors.torch
+    import torch
+
+    where = f"contexts[{n}] ({ctx['id']})"
+    try:
+        tensors = safetensors.torch.load(data)
+    except Exception as e:  # the library's own error, named
+        raise WorkerError("request.bad_logits_file",
+                          f"the engine's logits file of {where}: {e}") from e
+    if "logits" in tensors:
+        t = tensors["logits"]
+    elif len(tensors) == 1:
+        t = next(iter(tensors.values()))
+    else:
+        raise WorkerError("request.bad_logits_file", f"the engine's logits file of {where} has "
+                          f"{len(tensors)} tensors and none named \"logits\"")
+    dtype = {torch.float32: "F32", torch.bfloat16: "BF16"}.get(t.dtype)
+    want = [len(ctx["token_ids"]), vocab]
+    if dtype is None or list(t.shape) != want:
+        raise WorkerError("request.bad_logits_file", f"the engine's logits of {where} are "
+                          f"{t.dtype} {list(t.shape)}, not F32 or BF16 {want}")
+    if not torch.isfinite(t).all():
+        raise WorkerError("request.bad_logits_file",
+                          f"the engine's logits of {where} hold a non-finite value")
+    return t, dtype
+
+
+def audit(doc, workdir):
+    # Every engine file is read and its digest checked before the model is built: a file that
+    # changed after submission fails the job at once.
+    files = [read_engine_file_bytes(ctx, n) for n, ctx in enumerate(doc["contexts"])]
+    built = build_model(doc, workdir)
+    import torch
+
+    numerics = numerics_module()
+    vocab = int(built.model.config.vocab_size)
+    contexts = []
+    for n, (ctx, (data, digest)) in enumerate(zip(doc["contexts"], files)):
+        check_token_ids([int(i) for i in ctx["token_ids"]], vocab, f"contexts[{n}].token_ids")
+        tensor, dtype = engine_logits(data, ctx, n, vocab)
+        contexts.append({"id": ctx["id"], "token_ids": ctx["token_ids"], "engine_logits": tensor,
+                         "dtype": dtype, "digest": digest})
+    del files
+    load_seconds = time.monotonic() - built.start
+    fields = execution_fields(built)
+    measured, forward_seconds = numerics.audit(torch, built.model, contexts, doc["audit"],
+                                               built.device)
+    for m, c in zip(measured, contexts):
+        m["engine_dtype"], m["engine_file_sha256"] = c["dtype"], c["digest"]
+    with open(numerics.__file__, "rb") as f:
+        module_sha256 = sha256_id(f.read())
+    return {
+        **fields,
+        "schema": "assay.audit-output.v1",
+        "numerics_module_sha256": module_sha256,
+        "member_names": numerics.audit_member_names(doc["audit"]),
+        "vocab_size": vocab,
+        "contexts": measured,
+        "load_seconds": load_seconds,
+        "forward_seconds": forward_seconds,
+        "peak_rss_bytes": peak_rss_bytes(),
+        "duration_seconds": time.monotonic() - built.start,
+    }
+
+
 # --- layers: hidden states at named boundaries, and activation patching ------------------------
 
 LAYERS_FILE = "layers.safetensors"
@@ -858,7 +948,8 @@ def main(argv):
     modes = {"render-prompt": ("assay.prompt-check-input.v1", render_prompt),
              "next-token": ("assay.oracle-input.v1", next_token),
              "layers": ("assay.oracle-layers-input.v1", layers),
-             "envelope": ("assay.numerics-input.v1", envelope)}
+             "envelope": ("assay.numerics-input.v1", envelope),
+             "audit": ("assay.audit-input.v1", audit)}
     if len(argv) != 6 or argv[1] not in modes or argv[2] != "--input" or \
             argv[4] != "--workdir":
         print(__doc__.strip(), file=sys.stderr)

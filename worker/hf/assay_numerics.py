@@ -237,3 +237,78 @@ def envelope(torch, model, states, spec, device):
                 seconds += time.monotonic() - start
                 out[n]["fp32"] = figures("fp32", logits, candidates)
     return out, seconds
+
+
+# --- the engine audit: an engine's distance to the model's float32 answer over a panel ----------
+
+def audit_member_names(spec):
+    """The bf16 members an audit measures, in order: the reference, reduction:<seed>, sdpa."""
+    names = ["reference"]
+    names += [f"reduction:{s}" for s in range(int(spec.get("reduction_seeds", 8)))]
+    if spec.get("sdpa", True):
+        names.append("sdpa")
+    return names
+
+
+def all_logits(torch, model, name, ids, device):
+    """Member `name`'s logits at every position of `ids`: [positions, vocab], float32."""
+    def forward():
+        out = model(input_ids=torch.tensor([ids], device=device), use_cache=False)
+        return out.logits[0]
+
+    if name == "reference":
+        logits = forward()
+    elif name.startswith("reduction:"):
+        with reduction_order(torch, int(name.split(":")[1])):
+            logits = forward()
+    elif name == "sdpa":
+        with attention(model, "sdpa"):
+            logits = forward()
+    else:
+        raise ValueError(f"unknown audit member {name!r}")
+    return logits.float().cpu()
+
+
+def squared_distance(torch, logits, anchor):
+    """Per position: the mean over the vocabulary of the squared difference of the two
+    log-softmaxes, in float64 (a constant shift of an engine's logits changes nothing)."""
+    x = torch.log_softmax(logits.double(), -1)
+    return ((x - anchor) ** 2).mean(-1)
+
+
+def audit(torch, model, contexts, spec, device):
+    """For each context {id, token_ids, engine_logits: [positions, vocab] tensor}: per position
+    the engine's and every member's squared distance to the float32 model's log-softmax, and how
+    many positions the engine's argmax differs from the reference's. Returns the contexts'
+    documents and the seconds spent in forwards."""
+    import copy
+    import time
+
+    names = audit_member_names(spec)
+    out, seconds = [], 0.0
+    with torch.inference_mode():
+        anchor_model = copy.deepcopy(model).to(torch.float32)
+        for ctx in contexts:
+            ids = [int(i) for i in ctx["token_ids"]]
+            start = time.monotonic()
+            anchor = torch.log_softmax(
+                all_logits(torch, anchor_model, "reference", ids, device).double(), -1)
+            members, reference_argmax = [], None
+            for name in names:
+                logits = all_logits(torch, model, name, ids, device)
+                if not torch.isfinite(logits).all():
+                    raise ValueError(f"member {name} has non-finite logits")
+                if name == "reference":
+                    reference_argmax = logits.argmax(-1)
+                members.append(squared_distance(torch, logits, anchor).tolist())
+            seconds += time.monotonic() - start
+            engine = ctx["engine_logits"].float()
+            out.append({
+                "id": ctx["id"],
+                "positions": len(ids),
+                "engine": squared_distance(torch, engine, anchor).tolist(),
+                "members": members,
+                "argmax_differs": int((engine.argmax(-1) != reference_argmax).sum()),
+            })
+        del anchor_model
+    return out, seconds

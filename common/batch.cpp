@@ -61,6 +61,14 @@ BatchRequest validate_batch_request(const Json& doc) {
         throw Error("request.mixed_models", where + ": model_identity.content_sha256 " + mine +
                                                 " is not the batch's " + batch);
     }
+    // One envelope worker measures every state that asks (one model load): they ask alike.
+    if (!r.numerics.is_null()) {
+      for (const auto& earlier : b.states)
+        if (!earlier.numerics.is_null() && earlier.numerics != r.numerics)
+          invalid(where + ": numerics " + r.numerics.dump() + " is not the earlier states' " +
+                  earlier.numerics.dump() +
+                  "; the states of a batch that ask for the envelope ask for the same one");
+    }
     b.states.push_back(std::move(r));
   }
   b.request_sha256 = sha256_canonical_id(doc);

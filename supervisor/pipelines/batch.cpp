@@ -3,6 +3,8 @@
 // ends as a job of its own whose result is a single job's plus "batch" (pipeline.h, Part); a
 // worker that dies part-way is run again for the states not yet done; the batch's own result is
 // a signed summary whose artifact lists every state's result digest.
+#include <unistd.h>
+
 #include <chrono>
 #include <map>
 #include <set>
@@ -18,6 +20,7 @@
 #include "supervisor/pipelines/admission.h"
 #include "supervisor/pipelines/documents.h"
 #include "supervisor/pipelines/next_token.h"
+#include "supervisor/pipelines/numerics.h"
 #include "supervisor/pipelines/pipeline.h"
 #include "supervisor/pipelines/prompt_check.h"
 #include "supervisor/pipelines/steps.h"
@@ -56,7 +59,10 @@ class BatchPipeline final : public Pipeline {
     std::size_t longest = 0;
     for (const auto& state : request_.states)
       longest = std::max(longest, state.input_token_ids.size());
-    return estimate_required_bytes(model_dir_, longest);
+    std::uint64_t need = estimate_required_bytes(model_dir_, longest);
+    if (!numerics_spec().is_null())
+      need = std::max(need, numerics_required_bytes(model_dir_, longest, numerics_spec()));
+    return need;
   }
   common::RequestLimits limits() const override { return request_.limits; }
   bool may_use_resident() const override {
@@ -76,7 +82,11 @@ class BatchPipeline final : public Pipeline {
     steps.push_back(fingerprint_step(config_, "fingerprint", model_dir_, name,
                                      request_.model_identity, fingerprint_));
     // A restart after the last state was recorded has only the summary left to make.
-    if (records_.size() < request_.states.size()) steps.push_back(oracle_step());
+    if (records_.size() < request_.states.size()) {
+      if (std::optional<Step> envelope = numerics_step_for_pending())
+        steps.push_back(std::move(*envelope));
+      steps.push_back(oracle_step());
+    }
     return steps;
   }
 
@@ -88,6 +98,67 @@ class BatchPipeline final : public Pipeline {
     for (std::size_t i = 0; i < request_.states.size(); ++i)
       if (!records_.contains(i)) out.push_back(i);
     return out;
+  }
+
+  // The numerics spec the batch's states ask for (validate_batch_request: all alike), or null.
+  const Json& numerics_spec() const {
+    static const Json none;
+    for (const auto& state : request_.states)
+      if (!state.numerics.is_null()) return state.numerics;
+    return none;
+  }
+
+  // The numerics envelope of every pending state that asks for it, in one worker (one model
+  // load), before the oracle: each state's result is sealed as the oracle ends it, and its
+  // "numerics" is built then from the oracle's figures and these. A state whose ids are outside
+  // the vocabulary is left out (it fails alone in the oracle, as without numerics).
+  std::optional<Step> numerics_step_for_pending() {
+    const Json& spec = numerics_spec();
+    if (spec.is_null()) return std::nullopt;
+    const std::int64_t vocab = read_vocab_size(model_dir_);
+    Json states = Json::array();
+    std::size_t first = request_.states.size();
+    for (std::size_t i : pending()) {
+      const common::NextTokenRequest& r = request_.states[i];
+      if (r.numerics.is_null()) continue;
+      bool inside = true;
+      for (std::int64_t id : r.input_token_ids) inside = inside && id < vocab;
+      for (const auto& c : r.candidates) inside = inside && c.token_id < vocab;
+      if (!inside) continue;
+      Json candidates = Json::array();
+      for (const auto& c : r.candidates)
+        candidates.push_back(Json{{"engine", c.engine}, {"token_id", c.token_id}});
+      states.push_back(Json{{"index", i},
+                            {"input_token_ids", r.input_token_ids},
+                            {"candidate_tokens", std::move(candidates)}});
+      first = std::min(first, i);
+    }
+    if (states.empty()) return std::nullopt;
+    const double count = static_cast<double>(states.size());
+    Step step = numerics_step(
+        config_, model_dir_,
+        [this, first] {
+          return supervisor::oracle_input(model_dir_, request_.states[first], Json::array(),
+                                          config_.oracle_device, worker_threads());
+        },
+        spec, std::move(states), fingerprint_, numerics_, numerics_evidence_);
+    // Each state gets the worker timeout of a single job's envelope.
+    step.timeout_factor = [count] { return count; };
+    return step;
+  }
+
+  // A state's "numerics" when the envelope measured it (else null).
+  Json numerics_of(std::size_t index, const Json& oracle_output) const {
+    if (!numerics_evidence_ || request_.states[index].numerics.is_null()) return nullptr;
+    for (const Json& state : numerics_.value("states", Json::array()))
+      if (state.value("index", Json()) == Json(index)) {
+        Json candidates = Json::array();
+        for (const auto& c : request_.states[index].candidates)
+          candidates.push_back(Json{{"engine", c.engine}, {"token_id", c.token_id}});
+        return numerics_section(request_.states[index].numerics, candidates, oracle_output, state,
+                                numerics_, *numerics_evidence_);
+      }
+    return nullptr;
   }
 
   Step oracle_step() {
@@ -202,6 +273,8 @@ class BatchPipeline final : public Pipeline {
   std::string model_dir_;
   common::BatchRequest request_;
   FingerprintRun fingerprint_;
+  Json numerics_;  // the envelope's output over the pending states that asked for it
+  std::optional<contain::Evidence> numerics_evidence_;
   std::map<std::size_t, PartRecord> records_;
   std::vector<std::size_t> running_;  // the states the current run of the worker was given
   std::size_t seen_ = 0;              // of those, how many have their file (progress)
@@ -245,6 +318,8 @@ Part BatchPipeline::state_part(const RunFacts& facts, std::size_t index, const f
                         prompt_check_skipped(request_.states[index], true));
   result["batch"] = Json{
       {"id", job_id_}, {"index", index}, {"count", request_.states.size()}, {"attempt", attempt_}};
+  if (Json numerics = numerics_of(index, output); !numerics.is_null())
+    result["numerics"] = std::move(numerics);
   std::string message = next_token_message(result);
   std::string artifact_sha = result["reference_artifact"]["sha256"];
   Sealed sealed{std::move(result),
@@ -413,6 +488,12 @@ Admission admit_batch(const Json& document, const SubmitContext& context) {
                 "model_dir \"" + dir + "\" is not normalised (as " + model_dir + ")");
   // Token ids outside the vocabulary fail their own state, not the batch: no check_vocab here.
   read_vocab_size(model_dir);
+  for (const auto& state : b.states)
+    if (!state.numerics.is_null() && ::access(context.config.hf_worker.c_str(), X_OK) != 0)
+      throw Error("request.numerics_unavailable",
+                  "the batch's states ask for numerics, which needs assay-hf-worker "
+                  "(transformers); this host does not have it (" +
+                      context.config.hf_worker.string() + ")");
   return Admission{common::sha256_canonical_id(Json{{"request_sha256", b.request_sha256},
                                                     {"model_dir", model_dir},
                                                     {"kind", "next-token-batch"}}),

@@ -553,3 +553,74 @@ TEST_CASE(
   CHECK(get(d, "/v1/jobs/" + id)["events"].dump().find("no state ended in 3 s") !=
         std::string::npos);
 }
+
+TEST_CASE(
+    "batch: states that ask for numerics get the envelope from one worker run, each state's "
+    "result carries its verdict as a single job's would, and assay verify recomputes it; states "
+    "that ask differently are refused") {
+  if (!have_workers() || !have(kHfWorker) || !have(kClient)) return;
+  TempDir tmp;
+  fs::path model = fixture_model(tmp.path / "llama-tiny");
+  Daemon d(tmp.path / "state", tmp.path / "assayd.sock",
+           {"--containment", containment(), "--fingerprint-worker", kFingerprint, "--oracle-worker",
+            kOracle, "--hf-worker", kHfWorker});
+  REQUIRE_MESSAGE(d.start(), d.log());
+  const Json spec{{"reduction_seeds", 2}, {"batch_sizes", Json::array({2})}};
+  Json a = assay_state("a", {72, 101, 108, 108, 111}), b = assay_state("b", {1, 2, 3, 4}),
+       plain = assay_state("plain", {5, 6, 7}), bad = assay_state("bad-token", {72, 99999});
+  a["numerics"] = spec;
+  b["numerics"] = spec;
+  bad["numerics"] = spec;
+  auto sub = submit_batch(d, Json::array({a, b, plain, bad}), model, "numerics-sweep");
+  REQUIRE_MESSAGE(sub.status == 201, sub.body);
+  std::string id = sub.json()["id"];
+  Json job = wait_job(d.socket(), id, terminal, 600);
+  REQUIRE_MESSAGE(job["state"] == "succeeded", job.dump(2) << "\n" << d.log());
+  Json summary = get(d, "/v1/jobs/" + id + "/result");
+  CHECK(summary["counts"]["succeeded"] == 3);
+  // One envelope worker measured the two states that asked (the bad one fails alone).
+  Json input = common::parse_strict(slurp(d.state() / "jobs" / id / "numerics" / "input.json"));
+  CHECK(input["states"].size() == 2);
+  const std::string pub = (d.state() / "keys" / "host.pub").string();
+  for (std::size_t i = 0; i < 4; ++i) {
+    std::string part = summary["states"][i]["job_id"];
+    if (i == 3) {
+      CHECK(get(d, "/v1/jobs/" + part)["error"]["code"] == "request.invalid_token_id");
+      continue;
+    }
+    Json result = get(d, "/v1/jobs/" + part + "/result");
+    CAPTURE(i);
+    if (i == 2) {
+      CHECK_FALSE(result.contains("numerics"));
+      continue;
+    }
+    const Json& n = result["numerics"];
+    std::vector<std::string> names;
+    for (const Json& m : n["members"]) names.push_back(m["name"]);
+    CHECK(names == std::vector<std::string>{"reference", "reduction:0", "reduction:1", "sdpa",
+                                            "kv-cache", "batched:2"});
+    CHECK(n["members"][0]["logits_sha256"] == result["oracle"]["logits_sha256"]);
+    CHECK(n["transformers_reference_bitwise_equal"] == true);
+    const std::string cls = n["verdict"]["class"];
+    CHECK((cls == "reference_decides" || cls == "numerically_tied" || cls == "neither"));
+    fs::path dir = tmp.path / ("out-" + part);
+    fs::create_directories(dir);
+    spit(dir / "result.json", request_get(d, "/v1/jobs/" + part + "/result").body);
+    spit(dir / "result.dsse.json", request_get(d, "/v1/jobs/" + part + "/attestation").body);
+    CHECK_MESSAGE(validate("next-token-oracle-result", dir / "result.json").rfind("0:", 0) == 0,
+                  validate("next-token-oracle-result", dir / "result.json"));
+    std::string ok =
+        run_capture(kClient + " verify " + (dir / "result.json").string() + " --pubkey " + pub +
+                    " --envelope " + (dir / "result.dsse.json").string());
+    CHECK_MESSAGE(ok.rfind("0:", 0) == 0, ok);
+    CHECK_MESSAGE(ok.find("numerics.verdict") != std::string::npos, ok);
+  }
+
+  Json other = b;
+  other["numerics"] = Json{{"reduction_seeds", 3}};
+  auto refused = submit_batch(d, Json::array({a, other}), model, "mixed-numerics");
+  CHECK(refused.status == 422);
+  CHECK_MESSAGE(refused.body.find("states[1]: numerics") != std::string::npos, refused.body);
+  CHECK_MESSAGE(refused.body.find("ask for the same one") != std::string::npos, refused.body);
+  CHECK(d.stop() == 0);
+}

@@ -514,27 +514,52 @@ VerifyReport verify_result(const VerifyInputs& in) {
                            again["class"].dump() + " (or another figure of the verdict differs)");
       const Json& members = member(n, "members");
       const Json& first = members.is_array() && !members.empty() ? members[0] : Json();
-      const Json& oracle = member(result, "oracle");
-      const Json& sha = member(oracle, "logits_sha256");
-      const bool same = member(first, "name") == "reference" && sha.is_string() &&
-                        member(first, "logits_sha256") == sha &&
-                        member(first, "argmax") == member(oracle, "argmax");
-      checks.add(
-          "numerics.reference", same,
-          same ? "the envelope's reference is the oracle's (logits " + sha.get<std::string>() + ")"
-               : "the envelope's first member is not the record's reference");
-      // Its candidates are the engines' tokens the oracle's own figures name.
-      Json want = Json::array();
-      const Json& oracle_cands = member(oracle, "candidate_tokens");
-      if (oracle_cands.is_array())
-        for (const Json& c : oracle_cands)
-          want.push_back(
-              Json{{"engine", member(c, "engine")}, {"token_id", member(c, "token_id")}});
-      const Json& cands = member(n, "candidates");
-      checks.add("numerics.candidates", want == cands,
-                 want == cands ? "the envelope classifies the oracle's candidates"
-                               : "the envelope's candidates " + cands.dump() +
-                                     " are not the oracle's " + want.dump());
+      if (kind->schema == common::kTrajectoryResult) {
+        // A trajectory's envelope is of the divergence state; its candidates are the engines'
+        // tokens there, and its reference the worker's own eager forward (the first member).
+        const Json& tokens = member(member(result, "divergence"), "tokens");
+        const Json& cands = member(n, "candidates");
+        std::size_t given = 0;
+        if (tokens.is_object())
+          for (const auto& [engine, token] : tokens.items()) given += !token.is_null();
+        bool same = cands.is_array() && cands.size() == given && given >= 2;
+        if (same)
+          for (const Json& c : cands) {
+            const Json& engine = member(c, "engine");
+            same = same && engine.is_string() &&
+                   member(tokens, engine.get_ref<const std::string&>().c_str()) ==
+                       member(c, "token_id") &&
+                   tokens.contains(engine.get_ref<const std::string&>());
+          }
+        checks.add("numerics.candidates", same,
+                   same ? "the envelope classifies the engines' tokens at the divergence"
+                        : "the envelope's candidates " + cands.dump() +
+                              " are not the divergence's tokens " + tokens.dump());
+        checks.add("numerics.reference", member(first, "name") == "reference",
+                   "the envelope's first member is " + member(first, "name").dump());
+      } else {
+        const Json& oracle = member(result, "oracle");
+        const Json& sha = member(oracle, "logits_sha256");
+        const bool same = member(first, "name") == "reference" && sha.is_string() &&
+                          member(first, "logits_sha256") == sha &&
+                          member(first, "argmax") == member(oracle, "argmax");
+        checks.add("numerics.reference", same,
+                   same ? "the envelope's reference is the oracle's (logits " +
+                              sha.get<std::string>() + ")"
+                        : "the envelope's first member is not the record's reference");
+        // Its candidates are the engines' tokens the oracle's own figures name.
+        Json want = Json::array();
+        const Json& oracle_cands = member(oracle, "candidate_tokens");
+        if (oracle_cands.is_array())
+          for (const Json& c : oracle_cands)
+            want.push_back(
+                Json{{"engine", member(c, "engine")}, {"token_id", member(c, "token_id")}});
+        const Json& cands = member(n, "candidates");
+        checks.add("numerics.candidates", want == cands,
+                   want == cands ? "the envelope classifies the oracle's candidates"
+                                 : "the envelope's candidates " + cands.dump() +
+                                       " are not the oracle's " + want.dump());
+      }
     } catch (const common::Error& e) {
       checks.add("numerics.verdict", false, std::string(e.what()) + " [" + e.code() + "]");
     }

@@ -323,6 +323,10 @@ void check_joined_ids(const std::vector<std::int64_t>& prompt,
 }
 }  // namespace
 
+Json parse_numerics_spec(const Json& doc) {
+  return parse_numerics(doc);
+}
+
 std::string_view memory_policy_name(MemoryPolicy policy) {
   return policy == MemoryPolicy::kReject ? "reject" : "record";
 }

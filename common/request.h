@@ -108,6 +108,9 @@ NextTokenRequest validate_request(const Json& document);
 // Pieces shared with the fidelity request (common/fidelity.h), with the same errors:
 // doc["limits"] (absent: no limits), and the token id array obj[key] named `where.key`.
 RequestLimits parse_request_limits(const Json& doc);
+// doc["numerics"] with every default spelled out (NextTokenRequest::numerics), or null when
+// absent. Throws Error("request.invalid") naming the field and value.
+Json parse_numerics_spec(const Json& doc);
 std::vector<std::int64_t> parse_token_id_array(const Json& obj, std::string_view key,
                                                std::string_view where, bool allow_empty);
 

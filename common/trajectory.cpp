@@ -1,5 +1,7 @@
 #include "common/trajectory.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <set>
 
 #include "common/error.h"
@@ -9,6 +11,32 @@
 namespace assay::common {
 
 using namespace request_fields;
+
+std::optional<TrajectoryRequest::Divergence> TrajectoryRequest::divergence() const {
+  std::size_t shortest = SIZE_MAX, longest = 0;
+  for (const auto& c : continuations) {
+    shortest = std::min(shortest, c.token_ids.size());
+    longest = std::max(longest, c.token_ids.size());
+  }
+  std::optional<std::size_t> d;
+  for (std::size_t i = 0; i < shortest && !d; ++i)
+    for (const auto& c : continuations)
+      if (c.token_ids[i] != continuations[0].token_ids[i]) d = i;
+  if (!d && longest != shortest) d = shortest;
+  if (!d) return std::nullopt;
+  Divergence out;
+  out.index = *d;
+  out.input_token_ids = prompt_token_ids;
+  for (const auto& c : continuations) {
+    if (*d < c.token_ids.size()) {
+      if (out.candidates.is_null())  // the shared prefix, from the first engine that has it
+        out.input_token_ids.insert(out.input_token_ids.end(), c.token_ids.begin(),
+                                   c.token_ids.begin() + static_cast<std::ptrdiff_t>(*d));
+      out.candidates.push_back(Json{{"engine", c.engine}, {"token_id", c.token_ids[*d]}});
+    }
+  }
+  return out;  // d < longest: some engine has a token there
+}
 
 std::vector<std::int64_t> TrajectoryRequest::sequence(std::size_t i) const {
   std::vector<std::int64_t> ids = prompt_token_ids;
@@ -50,7 +78,7 @@ TrajectoryRequest validate_trajectory_request(const Json& doc) {
                                               "\"");
   only_fields(doc,
               {"schema", "id", "model_dir", "model_identity", "prompt_token_ids", "continuations",
-               "block_positions", "limits"},
+               "block_positions", "limits", "numerics"},
               "request");
   TrajectoryRequest r;
   r.schema = kTrajectoryRequest;
@@ -96,6 +124,7 @@ TrajectoryRequest validate_trajectory_request(const Json& doc) {
     r.block_positions = it->get<std::int64_t>();
   }
   r.limits = parse_request_limits(doc);
+  r.numerics = parse_numerics_spec(doc);
   r.request_sha256 = sha256_canonical_id(doc);
   r.document = doc;
   return r;

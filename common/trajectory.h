@@ -39,8 +39,22 @@ struct TrajectoryRequest {
   std::vector<Continuation> continuations;  // two or more
   std::int64_t block_positions = 64;        // the captures' block size
   RequestLimits limits;
+  // request.numerics (NextTokenRequest::numerics), or null: the envelope of the state where the
+  // continuations first differ.
+  Json numerics = nullptr;
   std::string request_sha256;  // RFC 8785 of the whole document
   Json document;
+
+  // Where the continuations first differ (as assay-compare trajectory finds it: the first index
+  // where they are not all equal, or where one ended): that index, the state before it (prompt
+  // plus the shared prefix) and each engine's token there ({engine, token_id}, in request order;
+  // an engine whose continuation ended is left out). Null when the continuations are all equal.
+  struct Divergence {
+    std::size_t index = 0;
+    std::vector<std::int64_t> input_token_ids;
+    Json candidates;
+  };
+  std::optional<Divergence> divergence() const;
 
   // Scored positions of continuation i: [P - 1, P - 1 + C_i), position p predicting token p + 1.
   std::int64_t first_scored() const {

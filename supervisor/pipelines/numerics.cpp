@@ -119,6 +119,37 @@ Json reference_member(const Json& oracle) {
               {"logits_sha256", oracle.value("logits_sha256", Json())}};
 }
 
+namespace {
+
+Json worker_section(const Json& worker, const contain::Evidence& evidence) {
+  return Json{{"numerics_module_sha256", worker.value("numerics_module_sha256", Json(nullptr))},
+              {"executable_sha256", worker.value("executable_sha256", Json(nullptr))},
+              {"transformers", worker.value("transformers", Json(nullptr))},
+              {"threads", worker.value("threads", Json(nullptr))},
+              {"load_seconds", worker.value("load_seconds", Json(nullptr))},
+              {"forward_seconds", worker.value("forward_seconds", Json(nullptr))},
+              {"process", evidence.to_json()}};
+}
+
+}  // namespace
+
+Json numerics_section_own_reference(const Json& spec, const Json& candidates, const Json& state,
+                                    const Json& worker, const contain::Evidence& evidence,
+                                    const std::string& reference) {
+  Json members = state.value("members", Json::array());
+  const common::NumericsPolicy policy = common::numerics_policy(spec, "request.numerics");
+  const Json fp32 = state.value("fp32", Json(nullptr));
+  Json verdict = common::numerics_verdict(members, candidates, fp32, policy);
+  return Json{{"requested", spec},
+              {"policy", common::to_json(policy)},
+              {"candidates", candidates},
+              {"members", std::move(members)},
+              {"fp32", fp32},
+              {"reference", reference},
+              {"verdict", std::move(verdict)},
+              {"worker", worker_section(worker, evidence)}};
+}
+
 Json numerics_section(const Json& spec, const Json& candidates, const Json& oracle,
                       const Json& state, const Json& worker, const contain::Evidence& evidence) {
   Json members = Json::array({reference_member(oracle)});

@@ -43,4 +43,13 @@ common::Json numerics_section(const common::Json& spec, const common::Json& cand
                               const common::Json& oracle_output, const common::Json& state,
                               const common::Json& worker, const contain::Evidence& evidence);
 
+// The same section where no single-state oracle document exists (a trajectory's divergence
+// state): the members are the worker's own, its eager reference first, and `reference` says
+// what that reference is.
+common::Json numerics_section_own_reference(const common::Json& spec,
+                                            const common::Json& candidates,
+                                            const common::Json& state, const common::Json& worker,
+                                            const contain::Evidence& evidence,
+                                            const std::string& reference);
+
 }  // namespace assay::supervisor

@@ -7,6 +7,8 @@
 // The result `assay.trajectory-result.v1` carries per engine the first departure, which engine
 // departed first, and the engines' first divergence with its attribution; the artifact holds
 // argmax and margin per position (and the full logits only at departure rows).
+#include <unistd.h>
+
 #include <algorithm>
 
 #include "common/error.h"
@@ -19,6 +21,7 @@
 #include "common/trajectory.h"
 #include "supervisor/pipelines/admission.h"
 #include "supervisor/pipelines/documents.h"
+#include "supervisor/pipelines/numerics.h"
 #include "supervisor/pipelines/pipeline.h"
 #include "supervisor/pipelines/steps.h"
 
@@ -50,8 +53,11 @@ class TrajectoryPipeline final : public Pipeline {
     std::uint64_t longest = 0;
     for (const auto& c : r_.continuations)
       longest = std::max<std::uint64_t>(longest, r_.prompt_token_ids.size() + c.token_ids.size());
-    return estimate_required_bytes(r_.model_dir, longest,
-                                   static_cast<std::uint64_t>(r_.block_positions));
+    std::uint64_t need = estimate_required_bytes(r_.model_dir, longest,
+                                                 static_cast<std::uint64_t>(r_.block_positions));
+    if (!r_.numerics.is_null())
+      need = std::max(need, numerics_required_bytes(r_.model_dir, longest, r_.numerics));
+    return need;
   }
   common::RequestLimits limits() const override { return r_.limits; }
 
@@ -63,6 +69,32 @@ class TrajectoryPipeline final : public Pipeline {
                                      fingerprint_));
     for (std::size_t i = 0; i < r_.continuations.size(); ++i) steps.push_back(capture(i));
     steps.push_back(compare());
+    // Is the first divergence numerics? The envelope of the state where the continuations first
+    // differ, when the request asks and at least two engines have a token there.
+    if (!r_.numerics.is_null()) {
+      auto d = r_.divergence();
+      if (!d)
+        numerics_skipped_ = "the continuations are all equal: there is no divergence to classify";
+      else if (d->candidates.size() < 2)
+        numerics_skipped_ = "only one engine has a token at the divergence (index " +
+                            std::to_string(d->index) +
+                            "; the others' continuations ended): no dispute to classify";
+      else
+        steps.push_back(numerics_step(
+            config_, r_.model_dir,
+            [this] {
+              return Json{{"model_dir", r_.model_dir},
+                          {"execution",
+                           {{"device", config_.oracle_device},
+                            {"dtype", execution_dtype(r_.model_dir)},
+                            {"threads", worker_threads()}}}};
+            },
+            r_.numerics,
+            Json::array({Json{{"index", d->index},
+                              {"input_token_ids", d->input_token_ids},
+                              {"candidate_tokens", d->candidates}}}),
+            fingerprint_, numerics_, numerics_evidence_));
+    }
     return steps;
   }
 
@@ -116,6 +148,16 @@ class TrajectoryPipeline final : public Pipeline {
                  {{"name", common::kTrajectoryArtifactFileName},
                   {"bytes", fs::file_size(artifact)},
                   {"sha256", artifact_sha}}}};
+    if (!r_.numerics.is_null()) {
+      if (numerics_evidence_)
+        result["numerics"] = numerics_section_own_reference(
+            r_.numerics, r_.divergence()->candidates, numerics_["states"][0], numerics_,
+            *numerics_evidence_,
+            "the transformers worker's eager forward of the divergence state (prompt and the "
+            "shared prefix), the member list's first");
+      else
+        result["numerics"] = Json{{"requested", r_.numerics}, {"reason", numerics_skipped_}};
+    }
     std::string message = "succeeded: ";
     for (Json e : cmp["engines"])  // copies: operator[] stays defined on a missing key
       message +=
@@ -244,6 +286,9 @@ class TrajectoryPipeline final : public Pipeline {
   std::vector<CaptureRun> captures_;  // by engine
   Json compare_output_;
   std::optional<contain::Evidence> compare_evidence_;
+  Json numerics_;  // the envelope's output at the divergence, when asked for and applicable
+  std::optional<contain::Evidence> numerics_evidence_;
+  std::string numerics_skipped_;
 };
 
 }  // namespace
@@ -251,6 +296,11 @@ class TrajectoryPipeline final : public Pipeline {
 Admission admit_trajectory(const Json& document, const SubmitContext& context) {
   common::TrajectoryRequest r = common::validate_trajectory_request(document);
   check_request_limits(r.limits, context.config);
+  if (!r.numerics.is_null() && ::access(context.config.hf_worker.c_str(), X_OK) != 0)
+    throw Error("request.numerics_unavailable",
+                "request.numerics needs assay-hf-worker (transformers), which this host does not "
+                "have (" +
+                    context.config.hf_worker.string() + ")");
   Json opened = Json::array();
   std::string model_dir = check_model_dir(r.model_dir, context.peer, &opened);
   if (model_dir != r.model_dir)

@@ -236,3 +236,77 @@ TEST_CASE(
   CHECK(r.status == 422);
   CHECK(r.body.find("surprise") != std::string::npos);
 }
+
+TEST_CASE(
+    "trajectory: with numerics, the divergence state's envelope classifies the engines' tokens "
+    "there and assay verify recomputes it; equal continuations say there is nothing to classify") {
+  if (!have_workers() || !have(kHfWorker) || !have(kClient)) return;
+  TempDir tmp;
+  fs::path model = fixture_model(tmp.path / "llama-tiny");
+  std::vector<std::int64_t> ref = greedy(model, kPrompt, kLength, tmp.path);
+  std::vector<std::int64_t> departs = ref;
+  departs[kDepartAt] = (ref[kDepartAt] + 1) % 100;
+  Daemon d(tmp.path / "state", tmp.path / "assayd.sock",
+           {"--containment", containment(), "--fingerprint-worker", kFingerprint, "--oracle-worker",
+            kOracle, "--compare-worker", kCompare, "--hf-worker", kHfWorker});
+  REQUIRE_MESSAGE(d.start(), d.log());
+  const Json spec{{"reduction_seeds", 2}, {"batch_sizes", Json::array({2})}};
+  Json request{
+      {"schema", "assay.trajectory-request.v1"},
+      {"id", "numerics-at-divergence"},
+      {"model_dir", model.string()},
+      {"prompt_token_ids", kPrompt},
+      {"continuations",
+       {{{"engine", "kiln"}, {"token_ids", departs}}, {{"engine", "vllm"}, {"token_ids", ref}}}},
+      {"block_positions", 3},
+      {"numerics", spec}};
+  auto sub = request_json(d, request);
+  REQUIRE_MESSAGE(sub.status == 201, sub.body);
+  std::string id = sub.json()["id"];
+  Json job = wait_job(d.socket(), id, terminal, 300);
+  REQUIRE_MESSAGE(job["state"] == "succeeded", job.dump(2) << "\n" << d.log());
+  Json result = request_get(d, "/v1/jobs/" + id + "/result").json();
+  const Json& n = result["numerics"];
+  CAPTURE(n.dump(2));
+  CHECK(n["candidates"] == Json::array({Json{{"engine", "kiln"}, {"token_id", departs[kDepartAt]}},
+                                        Json{{"engine", "vllm"}, {"token_id", ref[kDepartAt]}}}));
+  CHECK(n["members"][0]["name"] == "reference");
+  // The envelope's reference at the divergence state is the trajectory's reference argmax.
+  CHECK(n["members"][0]["argmax"] == result["divergence"]["argmax_by_capture"]["vllm"]);
+  CHECK(n["verdict"]["reference_argmax"] == ref[kDepartAt]);
+  // The state measured is the prompt and the shared prefix.
+  Json input = common::parse_strict(slurp(d.state() / "jobs" / id / "numerics" / "input.json"));
+  std::vector<std::int64_t> state(kPrompt.begin(), kPrompt.end());
+  state.insert(state.end(), ref.begin(), ref.begin() + kDepartAt);
+  CHECK(input["states"][0]["input_token_ids"] == Json(state));
+  const std::string cls = n["verdict"]["class"];
+  MESSAGE("divergence class " << cls << ": " << n["verdict"]["explanation"].get<std::string>());
+  fs::path dir = tmp.path / "out";
+  fs::create_directories(dir);
+  spit(dir / "result.json", request_get(d, "/v1/jobs/" + id + "/result").body);
+  spit(dir / "result.dsse.json", request_get(d, "/v1/jobs/" + id + "/attestation").body);
+  std::string schemas =
+      validate_schemas({{"trajectory-result", dir / "result.json"},
+                        {"trajectory-request", d.state() / "jobs" / id / "request.json"}});
+  CHECK_MESSAGE(schemas.rfind("0:", 0) == 0, schemas);
+  const std::string pub = (d.state() / "keys" / "host.pub").string();
+  std::string ok =
+      run_capture(kClient + " verify " + (dir / "result.json").string() + " --pubkey " + pub +
+                  " --envelope " + (dir / "result.dsse.json").string());
+  CHECK_MESSAGE(ok.rfind("0:", 0) == 0, ok);
+  CHECK_MESSAGE(ok.find("numerics.verdict") != std::string::npos, ok);
+  CHECK_MESSAGE(ok.find("numerics.candidates") != std::string::npos, ok);
+
+  // Equal continuations: nothing diverges, nothing is measured, and the result says why.
+  Json same = request;
+  same["id"] = "numerics-no-divergence";
+  same["continuations"][0]["token_ids"] = ref;
+  sub = request_json(d, same);
+  REQUIRE_MESSAGE(sub.status == 201, sub.body);
+  job = wait_job(d.socket(), sub.json()["id"], terminal, 300);
+  REQUIRE_MESSAGE(job["state"] == "succeeded", job.dump(2));
+  result = request_get(d, "/v1/jobs/" + job["id"].get<std::string>() + "/result").json();
+  CHECK(result["numerics"]["reason"].get<std::string>().find("all equal") != std::string::npos);
+  CHECK_FALSE(fs::exists(d.state() / "jobs" / job["id"].get<std::string>() / "numerics"));
+  CHECK(d.stop() == 0);
+}

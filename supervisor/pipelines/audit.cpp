@@ -21,6 +21,7 @@
 #include "common/time.h"
 #include "supervisor/pipelines/admission.h"
 #include "supervisor/pipelines/documents.h"
+#include "supervisor/pipelines/numerics.h"
 #include "supervisor/pipelines/pipeline.h"
 #include "supervisor/pipelines/steps.h"
 
@@ -126,14 +127,7 @@ class AuditPipeline final : public Pipeline {
         {"members", names},
         {"contexts", sums_},
         {"statistics", statistics},
-        {"worker",
-         {{"numerics_module_sha256", output_.value("numerics_module_sha256", Json(nullptr))},
-          {"executable_sha256", output_.value("executable_sha256", Json(nullptr))},
-          {"transformers", output_.value("transformers", Json(nullptr))},
-          {"threads", output_.value("threads", Json(nullptr))},
-          {"load_seconds", output_.value("load_seconds", Json(nullptr))},
-          {"forward_seconds", output_.value("forward_seconds", Json(nullptr))},
-          {"process", evidence_->to_json()}}},
+        {"worker", numerics_worker_section(output_, *evidence_)},
         {"containment",
          {{"host_memory", facts.host_memory},
           {"backend", facts.backend},

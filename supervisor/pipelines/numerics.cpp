@@ -119,9 +119,7 @@ Json reference_member(const Json& oracle) {
               {"logits_sha256", oracle.value("logits_sha256", Json())}};
 }
 
-namespace {
-
-Json worker_section(const Json& worker, const contain::Evidence& evidence) {
+Json numerics_worker_section(const Json& worker, const contain::Evidence& evidence) {
   return Json{{"numerics_module_sha256", worker.value("numerics_module_sha256", Json(nullptr))},
               {"executable_sha256", worker.value("executable_sha256", Json(nullptr))},
               {"transformers", worker.value("transformers", Json(nullptr))},
@@ -130,8 +128,6 @@ Json worker_section(const Json& worker, const contain::Evidence& evidence) {
               {"forward_seconds", worker.value("forward_seconds", Json(nullptr))},
               {"process", evidence.to_json()}};
 }
-
-}  // namespace
 
 Json numerics_section_own_reference(const Json& spec, const Json& candidates, const Json& state,
                                     const Json& worker, const contain::Evidence& evidence,
@@ -147,7 +143,7 @@ Json numerics_section_own_reference(const Json& spec, const Json& candidates, co
               {"fp32", fp32},
               {"reference", reference},
               {"verdict", std::move(verdict)},
-              {"worker", worker_section(worker, evidence)}};
+              {"worker", numerics_worker_section(worker, evidence)}};
 }
 
 Json numerics_section(const Json& spec, const Json& candidates, const Json& oracle,
@@ -172,14 +168,7 @@ Json numerics_section(const Json& spec, const Json& candidates, const Json& orac
               {"fp32", fp32},
               {"transformers_reference_bitwise_equal", same},
               {"verdict", std::move(verdict)},
-              {"worker",
-               {{"numerics_module_sha256", worker.value("numerics_module_sha256", Json(nullptr))},
-                {"executable_sha256", worker.value("executable_sha256", Json(nullptr))},
-                {"transformers", worker.value("transformers", Json(nullptr))},
-                {"threads", worker.value("threads", Json(nullptr))},
-                {"load_seconds", worker.value("load_seconds", Json(nullptr))},
-                {"forward_seconds", worker.value("forward_seconds", Json(nullptr))},
-                {"process", evidence.to_json()}}}};
+              {"worker", numerics_worker_section(worker, evidence)}};
 }
 
 }  // namespace assay::supervisor

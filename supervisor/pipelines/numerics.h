@@ -43,6 +43,10 @@ common::Json numerics_section(const common::Json& spec, const common::Json& cand
                               const common::Json& oracle_output, const common::Json& state,
                               const common::Json& worker, const contain::Evidence& evidence);
 
+// A section's "worker": the transformers worker's module and executable digests, its
+// transformers facts, threads, load and forward seconds, and its process evidence.
+common::Json numerics_worker_section(const common::Json& worker, const contain::Evidence& evidence);
+
 // The same section where no single-state oracle document exists (a trajectory's divergence
 // state): the members are the worker's own, its eager reference first, and `reference` says
 // what that reference is.

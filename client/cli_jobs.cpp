@@ -4,6 +4,7 @@
 // with its verdict or report), status, list and cancel.
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <iostream>
 #include <iterator>
 #include <thread>
@@ -413,13 +414,17 @@ int Cli::request_check() {
   return kExitOk;
 }
 
-int Cli::numerics_classify() {
+namespace {
+
+// Each non-blank line of FILE ('-': standard input) as one JSON object, handed to `each`, whose
+// output line is printed; an error names the file and line (exit kExitInvalidInput).
+void each_json_line(const std::string& file, const char* what, const char* code, std::ostream& out,
+                    const std::function<Json(const Json&)>& each) {
   std::string text;
-  if (o_.file == "-") {
+  if (file == "-")
     text.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
-  } else {
-    text = read_local(o_.file, 1u << 30, "the envelopes");
-  }
+  else
+    text = read_local(file, 1u << 30, what);
   std::size_t line_no = 0, start = 0;
   while (start < text.size()) {
     std::size_t end = text.find('\n', start);
@@ -430,46 +435,31 @@ int Cli::numerics_classify() {
     if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
     try {
       Json doc = common::parse_strict(line, {.max_bytes = 64u << 20});
-      if (!doc.is_object()) throw common::Error("numerics.invalid", "not a JSON object");
-      Json verdict = common::numerics_verdict(
-          doc.value("members", Json()), doc.value("candidates", Json()), doc.value("fp32", Json()),
-          common::numerics_policy(doc.value("policy", Json::object()), "policy"));
-      out_ << verdict.dump() << "\n";
+      if (!doc.is_object()) throw common::Error(code, "not a JSON object");
+      out << each(doc).dump() << "\n";
     } catch (const common::Error& e) {
-      throw ExitWith{kExitInvalidInput, o_.file + " line " + std::to_string(line_no) + ": " +
+      throw ExitWith{kExitInvalidInput, file + " line " + std::to_string(line_no) + ": " +
                                             e.what() + " [" + e.code() + "]"};
     }
   }
+}
+
+}  // namespace
+
+int Cli::numerics_classify() {
+  each_json_line(o_.file, "the envelopes", "numerics.invalid", out_, [](const Json& doc) {
+    return common::numerics_verdict(
+        doc.value("members", Json()), doc.value("candidates", Json()), doc.value("fp32", Json()),
+        common::numerics_policy(doc.value("policy", Json::object()), "policy"));
+  });
   return kExitOk;
 }
 
 int Cli::numerics_audit() {
-  std::string text;
-  if (o_.file == "-") {
-    text.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
-  } else {
-    text = read_local(o_.file, 1u << 30, "the audits");
-  }
-  std::size_t line_no = 0, start = 0;
-  while (start < text.size()) {
-    std::size_t end = text.find('\n', start);
-    if (end == std::string::npos) end = text.size();
-    std::string_view line(text.data() + start, end - start);
-    start = end + 1;
-    ++line_no;
-    if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
-    try {
-      Json doc = common::parse_strict(line, {.max_bytes = 64u << 20, .exact_integers = false});
-      if (!doc.is_object()) throw common::Error("audit.invalid", "not a JSON object");
-      out_ << common::audit_statistics(doc.value("members", Json()), doc.value("contexts", Json()),
-                                       common::audit_policy(doc.value("policy", Json()), "policy"))
-                  .dump()
-           << "\n";
-    } catch (const common::Error& e) {
-      throw ExitWith{kExitInvalidInput, o_.file + " line " + std::to_string(line_no) + ": " +
-                                            e.what() + " [" + e.code() + "]"};
-    }
-  }
+  each_json_line(o_.file, "the audits", "audit.invalid", out_, [](const Json& doc) {
+    return common::audit_statistics(doc.value("members", Json()), doc.value("contexts", Json()),
+                                    common::audit_policy(doc.value("policy", Json()), "policy"));
+  });
   return kExitOk;
 }
 

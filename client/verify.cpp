@@ -114,6 +114,14 @@ std::optional<std::int64_t> int_at(const Json& o, const char* key) {
   return o[key].get<std::int64_t>();
 }
 
+// A number as Python's repr writes it, for a check's detail. Unlike python_float_repr it never
+// throws: an artifact's logit, or the difference of two huge JSON numbers, may not be finite.
+std::string repr(double value) {
+  if (std::isnan(value)) return "nan";
+  if (std::isinf(value)) return value > 0 ? "inf" : "-inf";
+  return common::python_float_repr(value);
+}
+
 // The facts of a Kiln next-token result that follow from the document itself.
 void check_kiln_next_token(const Json& doc, Checks& checks) {
   const Json& oracle = doc.contains("oracle") ? doc["oracle"] : Json();
@@ -151,9 +159,9 @@ void check_kiln_next_token(const Json& doc, Checks& checks) {
     bool ok = margin && (*margin == a - b || *margin == static_cast<double>(static_cast<float>(a) -
                                                                             static_cast<float>(b)));
     checks.add("kiln.top_logit_margin", ok,
-               "oracle.top_logit_margin " + (margin ? common::python_float_repr(*margin) : "none") +
+               "oracle.top_logit_margin " + (margin ? repr(*margin) : "none") +
                    (ok ? " = " : " != ") + "top_tokens[0].logit - top_tokens[1].logit (" +
-                   common::python_float_repr(a - b) + ")");
+                   repr(a - b) + ")");
   }
 
   // Each candidate: its logit and rank where the top tokens show them.
@@ -178,8 +186,7 @@ void check_kiln_next_token(const Json& doc, Checks& checks) {
         position = static_cast<std::int64_t>(k) + 1;
         if (*number_at(top[k], "logit") != *logit) {
           cands_ok = false;
-          cands_why = at + ".logit " + common::python_float_repr(*logit) +
-                      " differs from its top_tokens entry";
+          cands_why = at + ".logit " + repr(*logit) + " differs from its top_tokens entry";
         }
       }
     }
@@ -346,6 +353,16 @@ void check_kiln_artifact(const Json& doc, const std::filesystem::path& path, Che
 
   std::vector<float> v(static_cast<std::size_t>(logits->numel()));
   std::memcpy(v.data(), logits->data, logits->nbytes);
+  // A NaN has no place in torch.topk's order (an infinity has one) and no JSON number can name
+  // it: logits holding one support no argmax, top token or candidate the record claims.
+  std::size_t bad = 0, first_bad = 0;
+  for (std::size_t i = 0; i < v.size(); ++i)
+    if (std::isnan(v[i]) && bad++ == 0) first_bad = i;
+  checks.add("kiln.artifact.no_nan", bad == 0,
+             bad == 0 ? "none of the " + std::to_string(v.size()) + " logits is NaN"
+                      : std::to_string(bad) + " of the " + std::to_string(v.size()) +
+                            " logits are NaN, the first at token " + std::to_string(first_bad));
+  if (bad != 0) return;
   // torch.topk / argmax order: by value, the lower index first among equals.
   std::vector<std::int64_t> order(v.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = static_cast<std::int64_t>(i);
@@ -366,7 +383,7 @@ void check_kiln_artifact(const Json& doc, const std::filesystem::path& path, Che
     if (int_at(top[i], "token_id") != order[i] || number_at(top[i], "logit") != logit) {
       top_ok = false;
       top_why = "top_tokens[" + std::to_string(i) + "] is " + top[i].dump() + ", the logits give " +
-                std::to_string(order[i]) + " at " + common::python_float_repr(logit);
+                std::to_string(order[i]) + " at " + repr(logit);
     }
   }
   checks.add("kiln.artifact.top_tokens", top_ok,
@@ -392,8 +409,7 @@ void check_kiln_artifact(const Json& doc, const std::filesystem::path& path, Che
       cands_ok = false;
       cands_why = "candidate_tokens[" + std::to_string(i) + "] says logit " +
                   member(cands[i], "logit").dump() + ", rank " + member(cands[i], "rank").dump() +
-                  "; the logits give " + common::python_float_repr(logit) + ", rank " +
-                  std::to_string(rank);
+                  "; the logits give " + repr(logit) + ", rank " + std::to_string(rank);
     }
   }
   checks.add("kiln.artifact.candidates", cands_ok,

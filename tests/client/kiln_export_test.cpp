@@ -2,8 +2,11 @@
 // (fixtures/report/: a demo run's result and its logits) and Kiln's two real records.
 #include <doctest/doctest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
+#include <optional>
 
 #include "client/kiln_export.h"
 #include "client/verify.h"
@@ -12,6 +15,7 @@
 #include "common/identity.h"
 #include "common/json_schema.h"
 #include "common/kiln_schemas.h"
+#include "common/safetensors.h"
 #include "support.h"
 
 namespace {
@@ -154,6 +158,55 @@ TEST_CASE("verify --kiln --artifact recomputes the logits facts of a record from
   for (const auto& c : bad.checks)
     if (c.name == "kiln.artifact.file" || c.name == "kiln.artifact.logits_sha256")
       CHECK_FALSE(c.ok);
+}
+
+TEST_CASE("verify --kiln --artifact with a NaN or an infinite logit fails by name, never throws") {
+  // fuzz_kiln_record found it (tests/fuzz/regressions/kiln_record/): a non-finite logit reached
+  // python_float_repr's throw from a check's detail, and `assay verify --kiln` terminated.
+  TempDir tmp;
+  client::KilnExport e = client::kiln_v2_record(assay_result());
+  fs::path record = tmp.path() / "record.json";
+  std::ofstream(record) << client::kiln_file_text(e.record);
+  fs::path logits = kFixtures + "report/logits.safetensors";
+  std::string bytes = common::read_file(logits, 1 << 20);
+  std::size_t data_at = 0, argmax = 0;
+  {
+    common::SafetensorsFile f = common::SafetensorsFile::open(logits);
+    const common::TensorView* t = f.find("logits");
+    REQUIRE(t != nullptr);
+    data_at = static_cast<std::size_t>(t->data - f.image().data());
+    argmax = e.record["oracle"]["argmax"].get<std::size_t>();
+  }
+  auto with = [&](std::size_t token, float value) {
+    std::string b = bytes;
+    std::memcpy(b.data() + data_at + 4 * token, &value, 4);
+    fs::path p = tmp.path() / "logits.safetensors";
+    std::ofstream(p, std::ios::binary | std::ios::trunc) << b;
+    client::VerifyReport r;
+    CHECK_NOTHROW(r = client::verify_kiln(record, p));
+    CAPTURE(r.to_json().dump(2));
+    CHECK_FALSE(r.ok());
+    (void)r.to_json().dump();
+    return r;
+  };
+  auto named = [](const client::VerifyReport& r, const std::string& name) {
+    for (const auto& c : r.checks)
+      if (c.name == name) return std::optional<client::Check>(c);
+    return std::optional<client::Check>();
+  };
+  client::VerifyReport nan = with(3, std::numeric_limits<float>::quiet_NaN());
+  REQUIRE(named(nan, "kiln.artifact.no_nan"));
+  CHECK_FALSE(named(nan, "kiln.artifact.no_nan")->ok);
+  CHECK(named(nan, "kiln.artifact.no_nan")->detail.find("the first at token 3") !=
+        std::string::npos);
+  CHECK_FALSE(named(nan, "kiln.artifact.argmax"));  // no order is claimed from such logits
+  // An infinity has a place in the order: the argmax moves there, and the detail says "inf".
+  client::VerifyReport inf = with(argmax == 7 ? 8 : 7, std::numeric_limits<float>::infinity());
+  REQUIRE(named(inf, "kiln.artifact.argmax"));
+  CHECK_FALSE(named(inf, "kiln.artifact.argmax")->ok);
+  CHECK(named(inf, "kiln.artifact.top_tokens")->detail.find(" at inf") != std::string::npos);
+  client::VerifyReport low = with(argmax, -std::numeric_limits<float>::infinity());
+  CHECK(named(low, "kiln.artifact.candidates")->detail.find("-inf") != std::string::npos);
 }
 
 TEST_CASE("verify --kiln --artifact fails, never throws, when the record's parts are not objects") {

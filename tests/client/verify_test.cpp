@@ -406,6 +406,17 @@ TEST_CASE("verify --kiln fails a one-field change to each real result, naming wh
     auto r = client::verify_kiln(write_kiln(tmp, doc, true));
     CHECK_FALSE(check_named(r, "kiln.top_logit_margin")->ok);
   }
+  SUBCASE("top logits whose difference overflows to infinity fail the margin, never throw") {
+    Json doc = next;
+    Json& top = doc["oracle"]["top_tokens"];
+    top[0]["logit"] = 1.7e308;
+    for (std::size_t i = 1; i < top.size(); ++i) top[i]["logit"] = -1.7e308;
+    client::VerifyReport r;
+    CHECK_NOTHROW(r = client::verify_kiln(write_kiln(tmp, doc, true)));
+    REQUIRE(check_named(r, "kiln.top_logit_margin") != nullptr);
+    CHECK_FALSE(check_named(r, "kiln.top_logit_margin")->ok);
+    CHECK(check_named(r, "kiln.top_logit_margin")->detail.find("(inf)") != std::string::npos);
+  }
   SUBCASE("a candidate's rank that does not follow, hash recomputed") {
     Json doc = next;
     doc["oracle"]["candidate_tokens"][0]["rank"] = 1;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "client/report_html.h"
+#include "common/audit.h"
 #include "common/error.h"
 #include "common/layers.h"
 
@@ -128,10 +129,12 @@ std::string render_report(const common::Json& result, const std::filesystem::pat
     return html::next_token_page(result, artifact_dir);
   if (schema == "assay.fidelity-result.v1") return html::fidelity_page(result, artifact_dir);
   if (schema == common::kLayerResult) return html::layers_page(result, artifact_dir);
+  if (schema == common::kAuditResult) return html::audit_page(result, artifact_dir);
   throw common::Error("client.report",
                       "a report needs an assay.next-token-oracle-result.v1, "
-                      "assay.fidelity-result.v1 or " +
-                          std::string(common::kLayerResult) + " document, not schema \"" + schema +
+                      "assay.fidelity-result.v1, " +
+                          std::string(common::kLayerResult) + " or " +
+                          std::string(common::kAuditResult) + " document, not schema \"" + schema +
                           "\"");
 }
 

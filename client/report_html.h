@@ -1,6 +1,7 @@
 // Private to `assay report`: the HTML helpers both pages share (escaping, number formatting,
 // key/value tables of JSON objects, the page shell with its inline CSS) and the pages, one per
-// result kind (report_next_token.cpp, report_fidelity.cpp, report_layers.cpp); report.cpp picks
+// result kind (report_next_token.cpp, report_fidelity.cpp, report_layers.cpp,
+// report_numerics.cpp); report.cpp picks
 // the page.
 #pragma once
 
@@ -31,5 +32,10 @@ std::string next_token_page(const common::Json& r, const std::filesystem::path& 
 std::string fidelity_page(const common::Json& r, const std::filesystem::path& dir);
 // An assay.layer-attribution-result.v1 page; layers.safetensors is looked for in `dir`.
 std::string layers_page(const common::Json& r, const std::filesystem::path& dir);
+// An assay.engine-audit-result.v1 page (report_numerics.cpp).
+std::string audit_page(const common::Json& r, const std::filesystem::path& dir);
+// A next-token result's "numerics" (the envelope, its class and a strip plot), or why it did not
+// run; any shape of document draws without throwing.
+std::string numerics_section(const common::Json& numerics);
 
 }  // namespace assay::client::html

@@ -233,6 +233,8 @@ std::string next_token_page(const Json& r, const fs::path& dir) {
     }
   b << "</table>";
 
+  if (r.contains("numerics")) b << numerics_section(r["numerics"]);
+
   b << "<h2>Model identity</h2>" << kv_table(r.value("model_identity", Json::object()));
   b << "<h2>Oracle</h2>";
   Json oracle_facts = Json::object();

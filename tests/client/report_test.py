@@ -5,7 +5,10 @@ Usage: report_test.py ASSAY_BINARY
 For the committed next-token and fidelity results in fixtures/report (with their artifacts beside
 them; the fidelity receipt carries issue 16's fields, assembled by assemble_receipt.py) and a
 layer-attribution result built here (valid against its schema; an engine named <script>, zeros,
-an omitted and an undefined boundary, patching): the page has no script and loads nothing,
+an omitted and an undefined boundary, patching), the next-token result with a numerics envelope and
+an engine-audit result (both built here, valid against their schemas, their classes computed by
+`assay numerics classify` and `assay numerics audit`; the strip plot's reference diamond and
+member dots, the audit's interval are drawn): the page has no script and loads nothing,
 validates as a receipt where it should, reads as text in w3m, and its Chromium screenshot is
 non-trivial (size, distinct colours, no single colour over 97%; the layer chart's decisive marker
 is drawn). Exit 0 when all hold; 77 (skipped) when chromium is not installed.
@@ -122,6 +125,109 @@ def layer_result(directory):
     return path
 
 
+def bf16_step(v):
+    """The spacing of bfloat16 numbers at |v| (8 significant bits)."""
+    import math
+    e = math.frexp(abs(v))[1] - 1 if v else -126
+    return 2.0 ** (max(e, -126) - 7)
+
+
+def numerics_result(directory, assay):
+    """The committed next-token result with an envelope: 16 reduction orders, sdpa, kv-cache and
+    batched:3 whose top logits move by whole bf16 steps (a seeded pattern), the float32 answer
+    off the bf16 grid. The class comes from the product's own rule (`assay numerics classify`),
+    so the page is drawn from figures that agree with each other."""
+    import random
+    fx = json.loads((FIX / "result.json").read_text())
+    o = fx["oracle"]
+    top = [(t["token_id"], t["logit"]) for t in o["top_tokens"]]
+    cands = [{"engine": c["engine"], "token_id": c["token_id"]} for c in o["candidate_tokens"]]
+    rng = random.Random(7)
+
+    def member(name, logits):
+        order = sorted(logits, key=lambda t: (-t[1], t[0]))
+        val = dict(logits)
+        return {"name": name, "argmax": order[0][0], "argmax_logit": order[0][1],
+                "top_tie": order[0][1] == order[1][1], "margin": order[0][1] - order[1][1],
+                "top": [{"token_id": t, "logit": l} for t, l in order[:5]],
+                "candidates": [{"token_id": c["token_id"], "logit": val[c["token_id"]],
+                                "rank": 1 + sum(l > val[c["token_id"]] for _, l in logits)}
+                               for c in cands],
+                "logits_sha256": sha256_id(name.encode())}
+
+    names = ["reference"] + [f"reduction:{i}" for i in range(16)] + ["sdpa", "kv-cache", "batched:3"]
+    members = []
+    for name in names:
+        moved = top if name == "reference" else [
+            (t, l + rng.choice([-1, 0, 0, 0, 1]) * bf16_step(l)) for t, l in top]
+        members.append(member(name, moved))
+    fp32 = member("fp32", [(t, l + 0.0013 * (1 + i % 3)) for i, (t, l) in enumerate(top)])
+    policy = {"spread_factor": 3.0, "margin_steps": 1.0}
+    line = json.dumps({"members": members, "candidates": cands, "fp32": fp32, "policy": policy})
+    r = subprocess.run([assay, "numerics", "classify", "-"], input=line, capture_output=True,
+                       text=True)
+    check(r.returncode == 0, f"assay numerics classify: {r.returncode} {r.stderr}")
+    verdict = json.loads(r.stdout.splitlines()[0])
+    verdict = verdict.get("verdict", verdict)
+    # Fields results carry since the fixture was recorded.
+    fx["request"].setdefault("receipts", {"checked": False, "reason": "the request names none"})
+    fx["request"].setdefault("prompt_check", {"checked": False, "reason": "the request gives ids"})
+    fx["numerics"] = {
+        "requested": {"reduction_seeds": 16, "batch_sizes": [3]}, "policy": policy,
+        "candidates": cands, "members": members, "fp32": fp32,
+        "transformers_reference_bitwise_equal": True, "verdict": verdict,
+        "worker": {"numerics_module_sha256": sha256_id(b"module"), "executable_sha256": None,
+                   "transformers": None, "threads": 2, "load_seconds": 0.5, "forward_seconds": 1.5,
+                   "process": o["process"]}}
+    path = directory / "numerics-result.json"
+    path.write_text(json.dumps(fx, indent=1))
+    (directory / "logits.safetensors").write_bytes((FIX / "logits.safetensors").read_bytes())
+    return path
+
+
+def audit_result(directory, assay):
+    """An engine-audit result over 12 contexts whose engine is about 1.5x the farthest member
+    (a seeded panel of sums); its statistics come from the product's rule (`assay numerics
+    audit`)."""
+    import random
+    fx = json.loads((FIX / "result.json").read_text())
+    rng = random.Random(3)
+    members = ["reference", "reduction:0", "reduction:1", "reduction:2", "sdpa"]
+    contexts = []
+    for i in range(12):
+        unit = 24 * (1e-4 + 2e-5 * rng.random())
+        sums = [unit * (0.6 + 0.35 * rng.random()) for _ in members]
+        sums[2] = unit
+        contexts.append({"id": f"c{i}", "positions": 24, "engine_sum": unit * (2.1 + 0.4 * rng.random()),
+                         "member_sums": sums, "argmax_differs": rng.randrange(0, 3)})
+    line = json.dumps({"members": members, "contexts": contexts, "policy": {"alpha": 0.01}})
+    r = subprocess.run([assay, "numerics", "audit", "-"], input=line, capture_output=True, text=True)
+    check(r.returncode == 0, f"assay numerics audit: {r.returncode} {r.stderr}")
+    stats = json.loads(r.stdout.splitlines()[0])
+    stats = stats.get("statistics", stats)
+    doc = {
+        "schema": "assay.engine-audit-result.v1", "created_at_utc": "2026-12-05T09:00:00.000Z",
+        "duration_seconds": 41.0, "job_id": "j-audit-report-0001", "supervisor": fx["supervisor"],
+        "request": {"schema": "assay.engine-audit-request.v1", "id": "rope-theta-panel",
+                    "sha256": sha256_id(b"request"), "model_dir": "/models/llama-tiny",
+                    "contexts": 12, "positions": 288,
+                    "audit": {"reduction_seeds": 3, "sdpa": True, "policy": {"alpha": 0.01}}},
+        "model_identity": fx["model_identity"], "model_fingerprint": fx["model_fingerprint"],
+        "engine": {"name": "engine <b>rope+1%</b>",
+                   "logits_files": [{"context": c["id"], "path": f"/data/{c['id']}.safetensors",
+                                     "sha256": sha256_id(c["id"].encode()), "dtype": "F32"}
+                                    for c in contexts],
+                   "argmax_differs_from_reference": sum(c["argmax_differs"] for c in contexts)},
+        "anchor": "fp32", "members": members, "contexts": contexts, "statistics": stats,
+        "worker": {"threads": 2}, "containment": fx["containment"],
+        "audit_artifact": {"name": "audit.json", "bytes": 100, "sha256": sha256_id(b"audit")},
+        "result_sha256": sha256_id(b"not sealed: the report does not check it"),
+    }
+    path = directory / "audit-result.json"
+    path.write_text(json.dumps(doc, indent=1))
+    return path, stats
+
+
 def main(assay):
     chromium = shutil.which("chromium")
     if not chromium:
@@ -138,6 +244,15 @@ def main(assay):
                             str(HERE.parent.parent / "schemas" / "layer-attribution-result.schema.json"),
                             str(layers)], capture_output=True, text=True)
         check(v.returncode == 0, "the layer result validates against its schema: " + v.stdout + v.stderr)
+        envelope = numerics_result(tmp, assay)
+        audit, stats = audit_result(tmp, assay)
+        for schema, doc in (("next-token-oracle-result", envelope), ("engine-audit-result", audit)):
+            v = subprocess.run([sys.executable, str(HERE.parent / "tools" / "validate_schema.py"),
+                                str(HERE.parent.parent / "schemas" / f"{schema}.schema.json"), str(doc)],
+                               capture_output=True, text=True)
+            check(v.returncode == 0, f"{doc.name} validates against {schema}: " + v.stdout + v.stderr)
+        env_class = json.loads(envelope.read_text())["numerics"]["verdict"]["class"]
+        check(stats["class"] == "beyond_legitimate", f"the audit's seeded panel is beyond: {stats}")
         cases = [(FIX / "result.json", ["Next-token oracle verdict", "produced the reference argmax",
                                         "Top-10 reference logits", "kiln", "vllm", "Containment evidence"]),
                  (FIX / "fidelity-result.json", ["Fidelity receipt", "Gates", "min_top1_agreement",
@@ -148,7 +263,13 @@ def main(assay):
                            "boundary 6 layers.1.input_layernorm", "Decisive: with the engine's rows substituted "
                            "at 6 layers.1.input_layernorm", "it grows most at 13 layers.2.post_attention_layernorm",
                            "Relative RMSE against depth", "Per boundary", "omitted", "last hold",
-                           "layers.4.linear_attn", "is the result's artifact"])]
+                           "layers.4.linear_attn", "is the result's artifact"]),
+                 (envelope, ["Bug or numerics", env_class, "legitimate bf16 executions",
+                             "reduction:15", "kv-cache", "batched:3", "fp32 (not a member)",
+                             "grid: one bf16 step", "every member's figures"]),
+                 (audit, ["Engine audit", "engine <b>rope+1%</b>", "beyond_legitimate",
+                          "Beyond legitimate", "1 = the farthest legitimate execution",
+                          "x the legitimate spread", "Per context", "c11", "reduction:2"])]
         for path, words in cases:
             name = path.name
             out = tmp / (name + ".html")
@@ -160,8 +281,9 @@ def main(assay):
             check("<script" not in html.lower(), f"{name}: no script")
             urls = [u for u in re.findall(r"(?:https?:)?//[^\s\"'<>)]+", html) if u != "http://www.w3.org/2000/svg"]
             check(not urls, f"{name}: loads nothing from the network, found {urls[:3]}")
-            check(html.count("<svg") >= (3 if name == "fidelity-result.json" else 1), f"{name}: inline SVG charts")
-            check("from logits.safetensors" in html or "from kl.safetensors" in html
+            want_svgs = {"fidelity-result.json": 3, "numerics-result.json": 2}.get(name, 1)
+            check(html.count("<svg") >= want_svgs, f"{name}: inline SVG charts")
+            check(path == audit or "from logits.safetensors" in html or "from kl.safetensors" in html
                   or "layers.safetensors beside the result is the result&#39;s artifact" in html,
                   f"{name}: the artifact beside the result was read")
             text = subprocess.run(["w3m", "-dump", "-T", "text/html", str(out)], capture_output=True,
@@ -182,6 +304,16 @@ def main(assay):
             check(png.stat().st_size > 30000, f"{name}: screenshot {png.stat().st_size} bytes")
             check(len(colors) > 200, f"{name}: {len(colors)} distinct colours")
             check(top < 0.97, f"{name}: the most common colour covers {top:.1%}")
+            if path == envelope:
+                # The reference's orange diamonds and the members' blue dots are drawn.
+                for what, (cr, cg, cb), least in (("reference diamond", (0xdc, 0x76, 0x33), 100),
+                                                   ("member dots", (0x3b, 0x6f, 0xd1), 100)):
+                    n = sum(k for k, (r_, g, b) in colors if abs(r_ - cr) + abs(g - cg) + abs(b - cb) < 40)
+                    check(n > least, f"{name}: {n} pixels of the {what}' colour")
+            if path == audit:
+                # The engine's interval and point are drawn in the bug colour (#c0392b).
+                red = sum(k for k, (r_, g, b) in colors if abs(r_ - 0xc0) + abs(g - 0x39) + abs(b - 0x2b) < 40)
+                check(red > 150, f"{name}: {red} pixels of the engine's interval colour")
             if path == layers:
                 # The decisive boundary's purple marker line and label are drawn (#8e44ad).
                 purple = sum(n for n, (r_, g, b) in colors

@@ -365,6 +365,10 @@ Json Cli::with_verdict(Json job) {
     if (result.contains(k)) job[k] = result[k];
   if (result.contains("numerics") && result["numerics"].is_object())
     job["numerics"] = result["numerics"].value("verdict", Json());
+  // An engine audit's answer: its class and the figures behind it, in words.
+  if (schema == common::kAuditRequest && result.contains("statistics") &&
+      result["statistics"].is_object())
+    job["audit"] = result["statistics"];
   return job;
 }
 

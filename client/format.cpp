@@ -131,6 +131,9 @@ std::string describe_job(const Json& job) {
   if (const Json* n = find(job, {"numerics"}); n && n->is_object())
     add("numerics", field(*n, {"class"}) + ": " + field(*n, {"explanation"}));
   shown.push_back("numerics");
+  if (const Json* a = find(job, {"audit"}); a && a->is_object())
+    add("audit", field(*a, {"class"}) + ": " + field(*a, {"explanation"}));
+  shown.push_back("audit");
   if (const Json* e = find(job, {"error"})) {
     add("error",
         e->is_object() ? field(*e, {"message"}) + " [" + field(*e, {"code"}) + "]" : scalar(*e));

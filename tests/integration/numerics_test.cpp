@@ -185,6 +185,13 @@ TEST_CASE(
     CHECK_MESSAGE(ok.find("audit.statistics") != std::string::npos, ok);
     CHECK_MESSAGE(ok.find("audit.sums") != std::string::npos, ok);
     results[result["engine"]["name"]] = result;
+    // `assay status` says the class in words, with its figures.
+    std::string status =
+        run_capture(kClient + " --socket " + d.socket().string() + " status " + id);
+    CHECK_MESSAGE(status.find("audit:") != std::string::npos, status);
+    CHECK_MESSAGE(status.find(s["class"].get<std::string>() + ": The engine") != std::string::npos,
+                  status);
+    CHECK_MESSAGE(status.find("x the legitimate spread") != std::string::npos, status);
     if (result["engine"]["name"] != "position") continue;
 
     // The other class, resealed (result_sha256 recomputed): the recomputation catches it; a sum

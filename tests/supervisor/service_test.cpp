@@ -9,6 +9,7 @@
 #include <unistd.h>
 #include <boost/asio/io_context.hpp>
 
+#include "common/error.h"
 #include "common/json.h"
 #include "common/text.h"
 #include "supervisor/api/routes.h"
@@ -187,6 +188,42 @@ TEST_CASE("a FIFO in place of config.json is refused without blocking") {
   CHECK(a.status == 422);
   CHECK(body_of(a)["error"]["message"].get<std::string>().find("not a regular file") !=
         std::string::npos);
+}
+
+TEST_CASE("a config.json of any JSON shape is read or refused by name, never with another error") {
+  // fuzz_model_config counted "cannot use value() with number" and "... with string": a config
+  // that is a number or a string reached Json::value in execution_dtype.
+  assay::test_support::TempDir tmp;
+  fs::path m = tmp.path() / "model";
+  fs::create_directories(m);
+  const std::vector<std::pair<std::string, std::string>> cases{
+      {"5", "bfloat16"},
+      {"\"float32\"", "bfloat16"},
+      {"[]", "bfloat16"},
+      {"null", "bfloat16"},
+      {R"({"torch_dtype":5})", "bfloat16"},
+      {R"({"torch_dtype":"float32"})", "float32"},
+      {R"({"text_config":5,"torch_dtype":"float32"})", "float32"},
+      {R"({"text_config":{"torch_dtype":7},"torch_dtype":"float32"})", "bfloat16"},
+      {R"({"text_config":{"torch_dtype":"float32"}})", "float32"}};
+  for (const auto& [config, dtype] : cases) {
+    CAPTURE(config);
+    std::ofstream(m / "config.json", std::ios::trunc) << config;
+    std::string got;
+    CHECK_NOTHROW(got = assay::supervisor::execution_dtype(m.string()));
+    CHECK(got == dtype);
+    auto named = [](auto&& read) {
+      try {
+        read();
+      } catch (const assay::common::Error&) {
+      }
+    };
+    CHECK_NOTHROW(named([&] { (void)assay::supervisor::read_vocab_size(m); }));
+    CHECK_NOTHROW(named([&] { (void)assay::supervisor::read_hidden_size(m); }));
+    CHECK_NOTHROW(named([&] { (void)assay::supervisor::read_max_positions(m); }));
+    CHECK_NOTHROW(named([&] { (void)assay::supervisor::read_eos_token_ids(m); }));
+    CHECK_NOTHROW(named([&] { (void)assay::supervisor::estimate_required_bytes(m, 64, 64); }));
+  }
 }
 
 TEST_CASE("a failed job runs again only when resubmitted with retry") {

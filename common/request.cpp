@@ -485,8 +485,16 @@ NextTokenRequest validate_request(const Json& doc) {
     check_joined_ids(prompt_ids, r.continuation_prefix, r.input_token_ids);
     check_token_ids_sha(doc, r.input_token_ids_sha256);
   }
-  r.request_sha256 =
-      r.kind == RequestKind::kKiln ? sha256_id(kiln_canonical(doc)) : sha256_canonical_id(doc);
+  if (r.kind == RequestKind::kKiln) {
+    // Kiln's canonical identity of its retained request: the fields Kiln's schema has, never
+    // assay's additions (limits, oracle, numerics), so that an exported record names the file
+    // Kiln keeps. The job's key adds the whole document's digest (pipelines/next_token.cpp).
+    Json kiln = doc;
+    for (const char* added : {"limits", "oracle", "numerics"}) kiln.erase(added);
+    r.request_sha256 = sha256_id(kiln_canonical(kiln));
+  } else {
+    r.request_sha256 = sha256_canonical_id(doc);
+  }
   r.document = doc;
   return r;
 }

@@ -114,6 +114,11 @@ std::string oracle_bin() {
   return ::access(path.c_str(), X_OK) == 0 ? path : "";
 }
 
+// The transformers worker (its wrapper in the build), or "" where it was not built.
+std::string hf_worker_bin() {
+  return ::access(ASSAY_HF_WORKER_DEFAULT, X_OK) == 0 ? ASSAY_HF_WORKER_DEFAULT : "";
+}
+
 }  // namespace
 
 TEST_CASE("health, info and keys read a running assayd") {
@@ -354,7 +359,10 @@ TEST_CASE("a Kiln request in Kiln's own format runs end to end on a fixture mode
     MESSAGE("skipped: assay-oracle was not built (" ASSAY_ORACLE_BIN_DEFAULT ")");
     return;
   }
-  Daemon d({"--oracle-worker", oracle});
+  std::vector<std::string> args{"--oracle-worker", oracle};
+  const std::string hf = hf_worker_bin();
+  if (!hf.empty()) args.insert(args.end(), {"--hf-worker", hf});
+  Daemon d(args);
   std::string model = (d.dir() / "model").string();
   std::string make = std::string(ASSAY_PYTHON3) + " '" ASSAY_FIXTURES_DIR "/make_fixture.py' " +
                      "--arch llama --size tiny --out '" + model + "' >/dev/null";
@@ -448,6 +456,26 @@ TEST_CASE("a Kiln request in Kiln's own format runs end to end on a fixture mode
       result["request"]["receipts"] ==
       Json{{"checked", false}, {"reason", "no receipts were given (assay submit --receipts DIR)"}});
   CHECK(result["model_identity"]["content_sha256"] == doc["model_identity"]["content_sha256"]);
+
+  // The same file with --numerics is another job (the key keeps assay's additions), and its
+  // result names the same Kiln request (request.sha256 leaves them out) with an envelope.
+  if (!hf.empty()) {
+    auto with_numerics = run({"submit", req, "--model", model, "--numerics", "--wait",
+                              "--wait-timeout", "300", "--json"},
+                             d.env());
+    REQUIRE_MESSAGE(with_numerics.status == 0, with_numerics.out << with_numerics.err);
+    std::string numerics_id = common::parse_strict(with_numerics.out)["id"];
+    CHECK(numerics_id != id);
+    Json numerics = common::parse_strict(run({"result", numerics_id}, d.env()).out);
+    CHECK(numerics["request"]["sha256"] == result["request"]["sha256"]);
+    CHECK(numerics["oracle"]["logits_sha256"] == result["oracle"]["logits_sha256"]);
+    REQUIRE(numerics["numerics"].contains("verdict"));
+    CHECK(numerics["numerics"]["requested"]["reduction_seeds"] == 16);  // {}: every default
+    CAPTURE(numerics["numerics"]["verdict"].dump(2));
+    CHECK(numerics["numerics"]["verdict"]["explanation"].get<std::string>().size() > 20);
+  } else {
+    MESSAGE("the numerics part skipped: assay-hf-worker was not built");
+  }
 
   // A copy whose prefix text is not its token's decoding fails in the oracle, naming the id,
   // the claimed and the decoded text.

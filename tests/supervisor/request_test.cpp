@@ -114,6 +114,27 @@ TEST_CASE("a valid Kiln request is accepted as is and keeps its source pair") {
   CHECK(r.check_report()["model_content_sha256"] == identity()["content_sha256"]);
 }
 
+TEST_CASE(
+    "a Kiln request's sha256 is Kiln's identity of its retained file, without assay's "
+    "additions") {
+  // Kiln's record names the request file Kiln keeps (request.sha256: "canonical SHA-256 identity
+  // of the retained request content"); `assay submit --numerics`, limits and an oracle backend
+  // are assay's, so a record exported from such a job still names Kiln's file.
+  const std::string kiln_id = common::sha256_id(common::python_canonical(kiln_request()));
+  Json added = kiln_request();
+  added["numerics"] = Json::object();
+  added["limits"] = {{"memory_events", "record"}};
+  added["oracle"] = {{"backend", "transformers"}};
+  auto r = common::validate_request(added);
+  CHECK(r.request_sha256 == kiln_id);
+  CHECK(r.document == added);  // the job keeps the whole document (and keys on it)
+  // An assay request's sha256 is its whole document's, additions and all.
+  Json assay = assay_request();
+  auto plain = common::validate_request(assay);
+  assay["numerics"] = Json::object();
+  CHECK(common::validate_request(assay).request_sha256 != plain.request_sha256);
+}
+
 TEST_CASE("memory_events: a Kiln request rejects memory pressure unless it says otherwise") {
   CHECK(common::validate_request(kiln_request()).limits.memory_events ==
         common::MemoryPolicy::kReject);

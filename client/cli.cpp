@@ -211,7 +211,9 @@ void add_job_commands(CLI::App& app, cli::Options& o, Commands& c) {
                    "assay (default: the signed record as assayd keeps it) or kiln-v2: Kiln's "
                    "kiln.rocm-hf-next-token-oracle.v2 record with Kiln's canonical self-hash, "
                    "written only when every field of it is a fact of the run; otherwise "
-                   "nothing is written and each field that would be false is listed (exit 9)")
+                   "nothing is written and each field that would be false is listed (exit 9); "
+                   "with -o, a numerics envelope is written beside the record as "
+                   "<stem>.assay-numerics.json (Kiln's schema admits no field of assay's)")
       ->check(CLI::IsMember({"assay", "kiln-v2"}));
   c.result->add_option("--contract-path", o.contract_path,
                        "kiln-v2: request.contract_path, where the request lives in Kiln's "
@@ -250,8 +252,14 @@ void add_trust_commands(CLI::App& app, cli::Options& o, Commands& c) {
                      "RESULT is a record Kiln wrote (next-token or layer-attribution result): "
                      "result_sha256 in Kiln's canonical form, the document against Kiln's "
                      "published schema, and the facts that follow from it; with --artifact, the "
-                     "logits file and the argmax, top tokens and ranks recomputed from it; "
-                     "offline, no key");
+                     "logits file and the argmax, top tokens and ranks recomputed from it; with "
+                     "assay's numerics addendum beside it (<stem>.assay-numerics.json, or "
+                     "--numerics), its binding and class recomputed; offline, no key");
+  c.verify
+      ->add_option("--numerics", o.numerics_file,
+                   "--kiln: assay's numerics addendum of the record (default: "
+                   "<stem>.assay-numerics.json beside RECORD, when it is there)")
+      ->check(CLI::ExistingFile);
 
   c.keys = app.add_subcommand("keys", "show assayd's signing key id and public key");
   c.keys->add_option("-o,--output", o.output, "also write the public key PEM to this file");

@@ -23,7 +23,8 @@ int Cli::verify() {
     VerifyReport report;
     try {
       report = verify_kiln(
-          o_.file, o_.artifact.empty() ? std::nullopt : std::optional<fs::path>(o_.artifact));
+          o_.file, o_.artifact.empty() ? std::nullopt : std::optional<fs::path>(o_.artifact),
+          o_.numerics_file.empty() ? std::nullopt : std::optional<fs::path>(o_.numerics_file));
     } catch (const common::Error& e) {
       throw ExitWith{kExitInvalidInput, std::string(e.what()) + " [" + e.code() + "]"};
     }
@@ -36,6 +37,8 @@ int Cli::verify() {
     }
     return report.ok() ? kExitOk : kExitVerifyFailed;
   }
+  if (!o_.numerics_file.empty())
+    throw ExitWith{kExitUsage, "--numerics applies to --kiln: an assay result carries its own"};
   VerifyInputs in;
   in.result = o_.file;
   if (!o_.envelope.empty()) {

@@ -31,6 +31,7 @@ struct Options {
   double timeout_s = 60;
   // Positional and per-command values.
   std::string file, id, output, model, envelope, pubkey, artifact, state;
+  std::string numerics_file;     // verify --kiln --numerics: assay's addendum beside the record
   std::string receipts;          // submit: the directory with a Kiln request's engine receipts
   std::string format = "assay";  // result: assay or kiln-v2
   std::string contract_path;     // result --format kiln-v2: request.contract_path

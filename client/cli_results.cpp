@@ -57,9 +57,21 @@ int Cli::kiln_v2(const std::string& body) {
   std::string text = kiln_file_text(record.record);
   if (o_.output.empty()) {
     out_ << text;
+    if (!record.numerics.is_null())
+      err_ << "assay: the result has a numerics envelope, assay's addition to Kiln's record: "
+              "-o FILE writes it beside the record\n";
   } else {
     save(o_.output, text);
     if (!o_.json) out_ << "wrote " << o_.output << " (" << text.size() << " bytes)\n";
+    if (!record.numerics.is_null()) {
+      // Beside Kiln's record, which admits no field of assay's: `assay verify --kiln` reads it.
+      const std::string beside = kiln_numerics_path(o_.output).string();
+      std::string addendum = record.numerics.dump(2) + "\n";
+      save(beside, addendum);
+      if (!o_.json)
+        out_ << "wrote " << beside << " (" << addendum.size()
+             << " bytes: assay's numerics envelope, bound to the record)\n";
+    }
   }
   return kExitOk;
 }

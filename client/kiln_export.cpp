@@ -249,7 +249,19 @@ KilnExport kiln_v2_record(const Json& result, const KilnExportOptions& options) 
     if (!explained) reasons[e.pointer.empty() ? "/" : e.pointer] = e.message;
   }
   for (const auto& [pointer, why] : reasons) out.false_fields.push_back(pointer + ": " + why);
+  // The envelope is assay's: beside the record, bound to it and to the signed result it is from.
+  if (const Json& n = b.at("/numerics"); n.is_object() && n.contains("verdict"))
+    out.numerics = Json{
+        {"schema", std::string(kKilnNumericsAddendum)},
+        {"kiln_record",
+         {{"schema", out.record["schema"]}, {"result_sha256", out.record["result_sha256"]}}},
+        {"assay_result", {{"job_id", b.at("/job_id")}, {"result_sha256", b.at("/result_sha256")}}},
+        {"numerics", n}};
   return out;
+}
+
+std::filesystem::path kiln_numerics_path(const std::filesystem::path& record) {
+  return record.parent_path() / (record.stem().string() + ".assay-numerics.json");
 }
 
 std::string kiln_file_text(const Json& record) {

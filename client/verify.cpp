@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "client/kiln_export.h"
 #include "common/audit.h"
 #include "common/error.h"
 #include "common/fs.h"
@@ -120,6 +121,56 @@ std::string repr(double value) {
   if (std::isnan(value)) return "nan";
   if (std::isinf(value)) return value > 0 ? "inf" : "-inf";
   return common::python_float_repr(value);
+}
+
+// A numerics envelope's class recomputed from its members' figures (common/numerics.h), as the
+// check `name`; false when the envelope could not be read at all.
+bool check_envelope_verdict(const Json& n, Checks& checks, const std::string& name) {
+  try {
+    if (!n.is_object()) throw common::Error("numerics.invalid", "numerics is not an object");
+    Json again = common::numerics_verdict(
+        member(n, "members"), member(n, "candidates"), member(n, "fp32"),
+        common::numerics_policy(n.contains("policy") ? n["policy"] : Json::object(),
+                                "numerics.policy"));
+    const Json& claimed = member(n, "verdict");
+    checks.add(name, again == claimed,
+               again == claimed
+                   ? "class " + again["class"].get<std::string>() + " recomputed from " +
+                         std::to_string(member(n, "members").size()) + " members' figures"
+                   : "claimed class " + member(claimed, "class").dump() + ", recomputed " +
+                         again["class"].dump() + " (or another figure of the verdict differs)");
+    return true;
+  } catch (const common::Error& e) {
+    checks.add(name, false, std::string(e.what()) + " [" + e.code() + "]");
+    return false;
+  }
+}
+
+// The envelope's first member is the oracle's reference (its logits and argmax) and its
+// candidates are the engines' tokens the oracle names: an assay next-token result's oracle or a
+// Kiln record's, which share these fields. Checks PREFIX + "reference" and "candidates".
+void check_envelope_oracle(const Json& n, const Json& oracle, Checks& checks,
+                           const std::string& prefix) {
+  const Json& members = member(n, "members");
+  const Json& first = members.is_array() && !members.empty() ? members[0] : Json();
+  const Json& sha = member(oracle, "logits_sha256");
+  const bool same = member(first, "name") == "reference" && sha.is_string() &&
+                    member(first, "logits_sha256") == sha &&
+                    member(first, "argmax") == member(oracle, "argmax");
+  checks.add(
+      prefix + "reference", same,
+      same ? "the envelope's reference is the oracle's (logits " + sha.get<std::string>() + ")"
+           : "the envelope's first member is not the record's reference");
+  Json want = Json::array();
+  const Json& oracle_cands = member(oracle, "candidate_tokens");
+  if (oracle_cands.is_array())
+    for (const Json& c : oracle_cands)
+      want.push_back(Json{{"engine", member(c, "engine")}, {"token_id", member(c, "token_id")}});
+  const Json& cands = member(n, "candidates");
+  checks.add(prefix + "candidates", want == cands,
+             want == cands ? "the envelope classifies the oracle's candidates"
+                           : "the envelope's candidates " + cands.dump() +
+                                 " are not the oracle's " + want.dump());
 }
 
 // The facts of a Kiln next-token result that follow from the document itself.
@@ -416,10 +467,40 @@ void check_kiln_artifact(const Json& doc, const std::filesystem::path& path, Che
              cands_ok ? "each candidate's logit and rank (1 + the tokens above it)" : cands_why);
 }
 
+// assay's numerics addendum of a Kiln next-token record: bound to this record by its
+// result_sha256, its class recomputed from its members' figures, its reference and candidates
+// the record's own.
+void check_kiln_numerics(const Json& doc, const std::filesystem::path& path, Checks& checks) {
+  Json addendum;
+  try {
+    addendum = common::parse_strict(common::read_file(path, kMaxDocumentBytes),
+                                    {.max_bytes = kMaxDocumentBytes});
+  } catch (const common::Error& e) {
+    checks.add("kiln.numerics.addendum", false, path.string() + ": " + e.what());
+    return;
+  }
+  const Json& bound = member(addendum, "kiln_record");
+  const bool ok = member(addendum, "schema") == kKilnNumericsAddendum &&
+                  member(bound, "schema") == member(doc, "schema") &&
+                  member(bound, "result_sha256") == member(doc, "result_sha256");
+  checks.add("kiln.numerics.addendum", ok,
+             path.string() + (ok ? " is " + std::string(kKilnNumericsAddendum) +
+                                       " bound to this record's result_sha256"
+                                 : ": not an " + std::string(kKilnNumericsAddendum) +
+                                       " document bound to this record (it names " +
+                                       member(bound, "result_sha256").dump() + ", the record is " +
+                                       member(doc, "result_sha256").dump() + ")"));
+  if (!ok) return;
+  const Json& n = member(addendum, "numerics");
+  if (check_envelope_verdict(n, checks, "kiln.numerics.verdict"))
+    check_envelope_oracle(n, member(doc, "oracle"), checks, "kiln.numerics.");
+}
+
 }  // namespace
 
 VerifyReport verify_kiln(const std::filesystem::path& record,
-                         const std::optional<std::filesystem::path>& artifact) {
+                         const std::optional<std::filesystem::path>& artifact,
+                         const std::optional<std::filesystem::path>& numerics) {
   Checks checks;
   const std::string bytes = common::read_file(record, kMaxDocumentBytes);
   Json doc;
@@ -460,6 +541,14 @@ VerifyReport verify_kiln(const std::filesystem::path& record,
   if (artifact && next_token) check_kiln_artifact(doc, *artifact, checks);
   if (artifact && !next_token)
     checks.add("kiln.artifact", false, "--artifact applies to a next-token record's logits");
+  // assay's numerics envelope beside the record (`assay result --format kiln-v2 -o` writes it).
+  std::optional<std::filesystem::path> beside = numerics;
+  if (!beside && next_token) {
+    std::error_code ec;
+    if (std::filesystem::exists(kiln_numerics_path(record), ec))
+      beside = kiln_numerics_path(record);
+  }
+  if (beside) check_kiln_numerics(doc, *beside, checks);
   return checks.take();
 }
 
@@ -515,19 +604,7 @@ VerifyReport verify_result(const VerifyInputs& in) {
   // the envelope's first member is the record's reference.
   if (have_result && result.contains("numerics")) {
     const Json& n = result["numerics"];
-    try {
-      if (!n.is_object()) throw common::Error("numerics.invalid", "numerics is not an object");
-      Json again = common::numerics_verdict(
-          member(n, "members"), member(n, "candidates"), member(n, "fp32"),
-          common::numerics_policy(n.contains("policy") ? n["policy"] : Json::object(),
-                                  "numerics.policy"));
-      const Json& claimed = member(n, "verdict");
-      checks.add("numerics.verdict", again == claimed,
-                 again == claimed
-                     ? "class " + again["class"].get<std::string>() + " recomputed from " +
-                           std::to_string(member(n, "members").size()) + " members' figures"
-                     : "claimed class " + member(claimed, "class").dump() + ", recomputed " +
-                           again["class"].dump() + " (or another figure of the verdict differs)");
+    if (check_envelope_verdict(n, checks, "numerics.verdict")) {
       const Json& members = member(n, "members");
       const Json& first = members.is_array() && !members.empty() ? members[0] : Json();
       if (kind->schema == common::kTrajectoryResult) {
@@ -554,30 +631,8 @@ VerifyReport verify_result(const VerifyInputs& in) {
         checks.add("numerics.reference", member(first, "name") == "reference",
                    "the envelope's first member is " + member(first, "name").dump());
       } else {
-        const Json& oracle = member(result, "oracle");
-        const Json& sha = member(oracle, "logits_sha256");
-        const bool same = member(first, "name") == "reference" && sha.is_string() &&
-                          member(first, "logits_sha256") == sha &&
-                          member(first, "argmax") == member(oracle, "argmax");
-        checks.add("numerics.reference", same,
-                   same ? "the envelope's reference is the oracle's (logits " +
-                              sha.get<std::string>() + ")"
-                        : "the envelope's first member is not the record's reference");
-        // Its candidates are the engines' tokens the oracle's own figures name.
-        Json want = Json::array();
-        const Json& oracle_cands = member(oracle, "candidate_tokens");
-        if (oracle_cands.is_array())
-          for (const Json& c : oracle_cands)
-            want.push_back(
-                Json{{"engine", member(c, "engine")}, {"token_id", member(c, "token_id")}});
-        const Json& cands = member(n, "candidates");
-        checks.add("numerics.candidates", want == cands,
-                   want == cands ? "the envelope classifies the oracle's candidates"
-                                 : "the envelope's candidates " + cands.dump() +
-                                       " are not the oracle's " + want.dump());
+        check_envelope_oracle(n, member(result, "oracle"), checks, "numerics.");
       }
-    } catch (const common::Error& e) {
-      checks.add("numerics.verdict", false, std::string(e.what()) + " [" + e.code() + "]");
     }
   }
 

@@ -43,10 +43,14 @@ VerifyReport verify_result(const VerifyInputs& in);
 // against the top tokens; the document against Kiln's published JSON Schema for its "schema".
 // With `artifact` (a next-token record's logits file): its sha256 and size against the record,
 // its logits tensor against oracle.logits_sha256, and the argmax, the top tokens and each
-// candidate's logit and rank recomputed from the F32 values. Throws common::Error only when a
-// file cannot be read.
+// candidate's logit and rank recomputed from the F32 values. With `numerics` (by default the
+// file kiln_numerics_path names, when it exists beside a next-token record): assay's numerics
+// addendum bound to the record by its result_sha256, its class recomputed from its members'
+// figures, its reference and candidates the record's. Throws common::Error only when a file
+// cannot be read.
 VerifyReport verify_kiln(const std::filesystem::path& record,
-                         const std::optional<std::filesystem::path>& artifact = std::nullopt);
+                         const std::optional<std::filesystem::path>& artifact = std::nullopt,
+                         const std::optional<std::filesystem::path>& numerics = std::nullopt);
 
 // The envelope beside a result: "<dir>/<stem>.dsse.json" (result.json -> result.dsse.json).
 std::filesystem::path default_envelope_path(const std::filesystem::path& result);

@@ -15,6 +15,7 @@
 #include "common/identity.h"
 #include "common/json_schema.h"
 #include "common/kiln_schemas.h"
+#include "common/numerics.h"
 #include "common/safetensors.h"
 #include "support.h"
 
@@ -251,4 +252,139 @@ TEST_CASE("a fidelity result has no Kiln next-token record") {
   CHECK_THROWS_WITH_AS(client::kiln_v2_record(fidelity),
                        doctest::Contains("Kiln's v2 record is of a next-token result"),
                        common::Error);
+}
+
+namespace {
+
+// The report fixture's result with a numerics envelope: the reference as its oracle has it and
+// two reduction orders whose argmax logit sits one bf16 step (2^-7 at 1.66) above and below; the
+// class from the rule (common/numerics.h), as the worker's result would carry it.
+Json with_envelope() {
+  Json r = assay_result();
+  const Json& o = r["oracle"];
+  const std::int64_t argmax = o["argmax"];
+  Json candidates = Json::array();
+  for (const Json& c : o["candidate_tokens"])
+    candidates.push_back({{"engine", c["engine"]}, {"token_id", c["token_id"]}});
+  auto member = [&](const std::string& name, double shift) {
+    auto moved = [&](const Json& t) {
+      return t["token_id"] == argmax ? t["logit"].get<double>() + shift : t["logit"].get<double>();
+    };
+    Json top = Json::array(), cands = Json::array();
+    for (const Json& t : o["top_tokens"])
+      top.push_back({{"token_id", t["token_id"]}, {"logit", moved(t)}});
+    for (const Json& c : o["candidate_tokens"])
+      cands.push_back({{"token_id", c["token_id"]}, {"logit", moved(c)}, {"rank", c["rank"]}});
+    return Json{{"name", name},
+                {"argmax", argmax},
+                {"argmax_logit", top[0]["logit"]},
+                {"top_tie", false},
+                {"margin", o["top_logit_margin"].get<double>() + shift},
+                {"top", top},
+                {"candidates", cands},
+                {"logits_sha256", name == "reference" ? o["logits_sha256"].get<std::string>()
+                                                      : common::sha256_id(name)}};
+  };
+  Json members = Json::array({member("reference", 0), member("reduction:0", 0.0078125),
+                              member("reduction:1", -0.0078125)});
+  common::NumericsPolicy policy;
+  r["numerics"] = {{"requested", {{"reduction_seeds", 2}}},
+                   {"policy", common::to_json(policy)},
+                   {"candidates", candidates},
+                   {"members", members},
+                   {"fp32", nullptr},
+                   {"transformers_reference_bitwise_equal", true},
+                   {"verdict", common::numerics_verdict(members, candidates, nullptr, policy)},
+                   {"worker",
+                    {{"numerics_module_sha256", nullptr},
+                     {"executable_sha256", nullptr},
+                     {"transformers", nullptr},
+                     {"threads", 2},
+                     {"load_seconds", 0.1},
+                     {"forward_seconds", 0.2},
+                     {"process", o["process"]}}}};
+  return r;
+}
+
+int validate(const std::string& schema, const fs::path& doc) {
+  const std::string cmd = "'" ASSAY_VALIDATE_PYTHON "' '" ASSAY_SOURCE_DIR
+                          "/tests/tools/validate_schema.py' '" ASSAY_SOURCE_DIR "/schemas/" +
+                          schema + ".schema.json' '" + doc.string() + "' >/dev/null 2>&1";
+  return std::system(cmd.c_str());
+}
+
+const client::Check* named_check(const client::VerifyReport& r, const std::string& name) {
+  for (const auto& c : r.checks)
+    if (c.name == name) return &c;
+  return nullptr;
+}
+
+}  // namespace
+
+TEST_CASE("kiln-v2 keeps Kiln's record exactly and puts the numerics envelope beside it, bound") {
+  TempDir tmp;
+  client::KilnExport plain = client::kiln_v2_record(assay_result());
+  CHECK(plain.numerics.is_null());
+  Json result = with_envelope();
+  client::KilnExport e = client::kiln_v2_record(result);
+  // The record is the same as without the envelope: Kiln's schema admits no field of assay's.
+  CHECK(e.record == plain.record);
+  REQUIRE(e.numerics.is_object());
+  CHECK(e.numerics["schema"] == client::kKilnNumericsAddendum);
+  CHECK(e.numerics["kiln_record"]["result_sha256"] == e.record["result_sha256"]);
+  CHECK(e.numerics["assay_result"]["result_sha256"] == result["result_sha256"]);
+  CHECK(e.numerics["numerics"] == result["numerics"]);
+  const std::string cls = e.numerics["numerics"]["verdict"]["class"];
+  MESSAGE("class " << cls << ": " << e.numerics["numerics"]["verdict"]["explanation"]);
+
+  fs::path record = tmp.path() / "record.json";
+  std::ofstream(record) << client::kiln_file_text(e.record);
+  fs::path beside = client::kiln_numerics_path(record);
+  CHECK(beside == tmp.path() / "record.assay-numerics.json");
+  std::ofstream(beside) << e.numerics.dump(2);
+  CHECK(validate("kiln-numerics-addendum", beside) == 0);
+  CHECK(validate("next-token-oracle-result", [&] {
+          fs::path p = tmp.path() / "result.json";
+          Json r = result;
+          r["request"]["receipts"] = {{"checked", false}, {"reason", "none"}};
+          r["request"]["prompt_check"] = {{"checked", false}, {"reason", "ids"}};
+          std::ofstream(p) << r.dump();
+          return p;
+        }()) == 0);
+
+  // Found beside the record: bound, its class recomputed, its reference and candidates Kiln's.
+  client::VerifyReport r = client::verify_kiln(record);
+  CAPTURE(r.to_json().dump(2));
+  for (const char* name : {"kiln.numerics.addendum", "kiln.numerics.verdict",
+                           "kiln.numerics.reference", "kiln.numerics.candidates"}) {
+    CAPTURE(name);
+    REQUIRE(named_check(r, name) != nullptr);
+    CHECK(named_check(r, name)->ok);
+  }
+
+  // Another class claimed: the recomputation names it.
+  Json forged = e.numerics;
+  forged["numerics"]["verdict"]["class"] =
+      cls == "reference_decides" ? "numerically_tied" : "reference_decides";
+  std::ofstream(beside, std::ios::trunc) << forged.dump(2);
+  r = client::verify_kiln(record);
+  CHECK_FALSE(r.ok());
+  CHECK_FALSE(named_check(r, "kiln.numerics.verdict")->ok);
+
+  // The addendum of another record (its result_sha256 differs) is refused by its binding.
+  forged = e.numerics;
+  forged["kiln_record"]["result_sha256"] = common::sha256_id("another record");
+  fs::path elsewhere = tmp.path() / "other.json";
+  std::ofstream(elsewhere) << forged.dump(2);
+  r = client::verify_kiln(record, std::nullopt, elsewhere);
+  CHECK_FALSE(r.ok());
+  CHECK_FALSE(named_check(r, "kiln.numerics.addendum")->ok);
+  CHECK(named_check(r, "kiln.numerics.verdict") == nullptr);
+
+  // An envelope whose reference is not the record's.
+  forged = e.numerics;
+  forged["numerics"]["members"][0]["logits_sha256"] = common::sha256_id("other logits");
+  std::ofstream(beside, std::ios::trunc) << forged.dump(2);
+  r = client::verify_kiln(record);
+  CHECK_FALSE(named_check(r, "kiln.numerics.reference")->ok);
 }

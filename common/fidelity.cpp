@@ -169,21 +169,42 @@ Json evaluate_thresholds(const std::vector<Threshold>& thresholds, const Json& s
 }
 
 Json finalize_gates(Json gates) {
+  // The gates come from the compare worker's output: each part is checked before it is read
+  // (fuzz_worker_output: a threshold without "passed" reached a const operator[]).
+  if (!gates.is_object())
+    throw Error("fidelity.bad_gates", "gates is " + gates.dump().substr(0, 80) + ", not an object");
   Json failed = Json::array();
   bool pending = false, any = false;
-  if (gates.contains("reproduction") && gates["reproduction"].is_object())
+  if (gates.contains("reproduction") && !gates["reproduction"].is_null()) {
+    if (!gates["reproduction"].is_object())
+      throw Error("fidelity.bad_gates", "gates.reproduction is not an object");
     for (auto it = gates["reproduction"].begin(); it != gates["reproduction"].end(); ++it) {
       any = true;
       if (it->is_null())
         pending = true;
+      else if (!it->is_boolean())
+        throw Error("fidelity.bad_gates",
+                    "gates.reproduction." + it.key() + " is neither true, false nor null");
       else if (!it->get<bool>())
         failed.push_back(it.key());
     }
-  if (gates.contains("thresholds"))
+  }
+  if (gates.contains("thresholds") && !gates["thresholds"].is_null()) {
+    if (!gates["thresholds"].is_array())
+      throw Error("fidelity.bad_gates", "gates.thresholds is not a list");
+    std::size_t i = 0;
     for (const Json& g : gates["thresholds"]) {
       any = true;
-      if (!g["passed"].get<bool>()) failed.push_back(g["name"]);
+      auto passed = g.is_object() ? g.find("passed") : g.end();
+      auto name = g.is_object() ? g.find("name") : g.end();
+      if (!g.is_object() || passed == g.end() || !passed->is_boolean() || name == g.end() ||
+          !name->is_string())
+        throw Error("fidelity.bad_gates", "gates.thresholds[" + std::to_string(i) +
+                                              "] has no boolean \"passed\" and string \"name\"");
+      if (!passed->get<bool>()) failed.push_back(*name);
+      ++i;
     }
+  }
   gates["status"] = !failed.empty() ? "failed" : pending ? "incomplete" : any ? "passed" : "none";
   gates["failed"] = failed;
   return gates;

@@ -193,6 +193,10 @@ class FidelityPipeline final : public Pipeline {
       if (cmp.contains(k)) result[k] = cmp[k];
     Json gates = gates_block();
     if (!gates.is_null()) result["gates"] = gates;
+    // The worker's figures, read without trusting their shape (fuzz_worker_output: a
+    // comparison without metrics).
+    if (!cmp["metrics"].is_object() || !cmp["metrics"]["kl"].is_object())
+      throw Error("worker.compare_output", "the comparison has no metrics.kl object");
     const Json& kl = cmp["metrics"]["kl"];
     char summary[200];
     std::snprintf(summary, sizeof summary,

@@ -290,8 +290,17 @@ class LayersPipeline final : public Pipeline {
   // last_hold: the last before it where the argmax stays the reference's.
   Json patching_section(Json p) {
     Json first_flip = nullptr, last_hold = nullptr;
+    // The worker's figures, read without trusting their shape (fuzz_worker_output: a boundary
+    // without becomes_candidate).
+    if (!p.is_object() || !p["boundaries"].is_array())
+      throw Error("worker.layers_output", "the patching output has no list of boundaries");
     for (Json b : p["boundaries"]) {  // copies: operator[] on a missing key gives null
+      if (!b.is_object())
+        throw Error("worker.layers_output", "a patching boundary is not an object");
       Json at{{"index", b["index"]}, {"name", b["name"]}};
+      if (!b["becomes_candidate"].is_boolean())
+        throw Error("worker.layers_output",
+                    "patching boundary " + b["index"].dump() + " has no boolean becomes_candidate");
       if (b["becomes_candidate"].get<bool>()) {
         first_flip = std::move(at);
         break;

@@ -44,47 +44,60 @@ std::string id_and_text(const Json& id, const Json& text) {
   return id.dump() + " (" + common::printable(text.dump(), 80) + ")";
 }
 
+// The member `key` of `o`, or null: the worker's output is read without trusting its shape
+// (fuzz_worker_output: a first_difference or a files entry that is not an object).
+const Json& at(const Json& o, const char* key) {
+  static const Json kNull;
+  if (!o.is_object()) return kNull;
+  auto it = o.find(key);
+  return it == o.end() ? kNull : *it;
+}
+
 void accept_prompt(const Json& output, const FingerprintRun& fingerprint,
                    const common::NextTokenRequest& request, Json& out) {
   const Json& identity = fingerprint.identity();
-  Json files = output.value("files", Json::object());  // not const: operator[] stays defined
-  Json tokenizer = files.contains("tokenizer.json") ? files["tokenizer.json"]["sha256"] : Json();
-  if (tokenizer != identity.value("tokenizer_hash", Json()))
+  const Json& files = at(output, "files");
+  if (!files.is_object())
+    throw Error("worker.prompt_output", "the prompt check's files is " +
+                                            common::printable(files.dump(), 80) +
+                                            ", not an object of the tokenizer files it read");
+  const Json& tokenizer = at(at(files, "tokenizer.json"), "sha256");
+  if (tokenizer != at(identity, "tokenizer_hash"))
     throw Error("job.bytes_mismatch", "the prompt check rendered with tokenizer.json " +
                                           tokenizer.dump() + " but the fingerprint hashed " +
-                                          identity.value("tokenizer_hash", Json()).dump());
-  Json used = output.value("chat_template_sha256", Json());
-  if (used != identity.value("chat_template_hash", Json()))
+                                          at(identity, "tokenizer_hash").dump());
+  const Json& used = at(output, "chat_template_sha256");
+  if (used != at(identity, "chat_template_hash"))
     throw Error("job.bytes_mismatch", "the prompt check rendered with chat template " +
                                           used.dump() + " but the fingerprint hashed " +
-                                          identity.value("chat_template_hash", Json()).dump());
-  if (output.value("match", false) != true) {
-    const Json d = output.value("first_difference", Json::object());
+                                          at(identity, "chat_template_hash").dump());
+  if (at(output, "match") != true) {
+    const Json& d = at(output, "first_difference");
+    const Json& version = at(output, "transformers_version");
     throw Error("request.prompt_mismatch",
                 "request.prompt.token_ids differ from the model's chat template rendering of "
                 "request.prompt.messages (transformers " +
-                    output.value("transformers_version", std::string("?")) +
+                    (version.is_string() ? common::printable(version.get<std::string>(), 40)
+                                         : std::string("?")) +
                     " apply_chat_template, add_generation_prompt " +
-                    request.document["prompt"]["add_generation_prompt"].dump() + ", " +
-                    request.document["prompt"]["template_kwargs"].dump() + ") at index " +
-                    d.value("index", Json()).dump() + ": the request has " +
-                    id_and_text(d.value("request_id", Json()), d.value("request_text", Json())) +
-                    ", the rendering " +
-                    id_and_text(d.value("rendered_id", Json()), d.value("rendered_text", Json())) +
-                    "; " + std::to_string(request.document["prompt"]["token_ids"].size()) +
-                    " ids in the request, " + output.value("token_count", Json()).dump() +
-                    " rendered");
+                    at(at(request.document, "prompt"), "add_generation_prompt").dump() + ", " +
+                    at(at(request.document, "prompt"), "template_kwargs").dump() + ") at index " +
+                    at(d, "index").dump() + ": the request has " +
+                    id_and_text(at(d, "request_id"), at(d, "request_text")) + ", the rendering " +
+                    id_and_text(at(d, "rendered_id"), at(d, "rendered_text")) + "; " +
+                    std::to_string(at(at(request.document, "prompt"), "token_ids").size()) +
+                    " ids in the request, " + at(output, "token_count").dump() + " rendered");
   }
   out = Json{{"checked", true},
              {"renderer",
-              {{"transformers_version", output.value("transformers_version", Json())},
-               {"tokenizers_version", output.value("tokenizers_version", Json())},
-               {"tokenizer_class", output.value("tokenizer_class", Json())}}},
+              {{"transformers_version", at(output, "transformers_version")},
+               {"tokenizers_version", at(output, "tokenizers_version")},
+               {"tokenizer_class", at(output, "tokenizer_class")}}},
              {"files", files},
              {"chat_template_sha256", used},
-             {"rendered_text_sha256", output.value("rendered_text_sha256", Json())},
-             {"token_count", output.value("token_count", Json())},
-             {"token_ids_sha256", output.value("token_ids_sha256", Json())}};
+             {"rendered_text_sha256", at(output, "rendered_text_sha256")},
+             {"token_count", at(output, "token_count")},
+             {"token_ids_sha256", at(output, "token_ids_sha256")}};
 }
 
 }  // namespace

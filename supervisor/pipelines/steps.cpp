@@ -21,6 +21,7 @@
 #include "common/identity.h"
 #include "common/protocol.h"
 #include "common/result.h"
+#include "common/text.h"
 #include "common/time.h"
 
 namespace assay::supervisor {
@@ -177,11 +178,15 @@ Step fingerprint_step(const Config& config, const std::string& role, const std::
       {},
       [&out, expected, role, passed, cache, state_dir, model_dir](
           Json output, const contain::Evidence& evidence) {
-        if (output.value("schema", "") != protocol::kFingerprintOutput)
-          throw Error(
-              "worker.fingerprint_output",
-              role + " output.json has schema " + output.value("schema", std::string("(none)")));
+        // Read without trusting its shape (fuzz_worker_output: a model_identity that is a string).
+        const Json schema = output.is_object() ? output.value("schema", Json()) : Json();
+        if (schema != protocol::kFingerprintOutput)
+          throw Error("worker.fingerprint_output",
+                      role + " output.json has schema " + common::printable(schema.dump(), 80));
         const Json& identity = common::require(output, "model_identity", "fingerprint output");
+        if (!identity.is_object())
+          throw Error("worker.fingerprint_output",
+                      role + " output.json's model_identity is not an object");
         const Json got = identity.value("content_sha256", Json());
         if (!got.is_string())
           throw Error("worker.fingerprint_output",

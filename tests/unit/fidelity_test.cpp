@@ -191,3 +191,24 @@ TEST_CASE("threshold gates: max bounds pass at or below, min at or above, unmeas
   CHECK(finalize_gates({{"reproduction", nullptr}, {"thresholds", Json::array()}})["status"] ==
         "none");
 }
+
+TEST_CASE("finalize_gates refuses gates of the wrong shape by name, never another error") {
+  // fuzz_worker_output: a compare worker's threshold without "passed" reached a const
+  // operator[] (an assertion) in the daemon.
+  const std::vector<std::pair<Json, std::string>> cases{
+      {Json(5), "gates is 5, not an object"},
+      {Json{{"thresholds", Json::array({Json{{"name", "max_kl"}}})}},
+       "gates.thresholds[0] has no boolean \"passed\" and string \"name\""},
+      {Json{{"thresholds", Json::array({Json{{"name", "a"}, {"passed", true}}, 7})}},
+       "gates.thresholds[1] has no boolean \"passed\" and string \"name\""},
+      {Json{{"thresholds", "all"}}, "gates.thresholds is not a list"},
+      {Json{{"reproduction", "yes"}}, "gates.reproduction is not an object"},
+      {Json{{"reproduction", {{"weights_identity_equal", 1}}}},
+       "gates.reproduction.weights_identity_equal is neither true, false nor null"}};
+  for (const auto& [gates, why] : cases) {
+    CAPTURE(gates.dump());
+    CHECK_THROWS_WITH_AS(finalize_gates(gates), why.c_str(), assay::common::Error);
+  }
+  CHECK(finalize_gates({{"reproduction", {{"a", true}, {"b", nullptr}}}})["status"] ==
+        "incomplete");
+}

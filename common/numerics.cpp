@@ -129,7 +129,9 @@ Json numerics_verdict(const Json& members, const Json& candidates, const Json& f
     if (!members[m].is_object()) bad(where + " is not an object");
     argmax[m] = token(members[m], "argmax", where);
     top[m] = number(members[m], "argmax_logit", where);
-    any_tie = any_tie || members[m].value("top_tie", false);
+    const Json tie = members[m].value("top_tie", Json(false));
+    if (!tie.is_boolean()) bad(where + ".top_tie is not a boolean");
+    any_tie = any_tie || tie.get<bool>();
     unanimous = unanimous && argmax[m] == argmax[0];
     ++argmax_count[argmax[m]];
   }

@@ -6,6 +6,7 @@
 
 #include "common/error.h"
 #include "common/numerics.h"
+#include "common/text.h"
 #include "supervisor/pipelines/documents.h"
 
 namespace assay::supervisor {
@@ -23,8 +24,10 @@ void check_output(const Json& out, const Json& spec, const Json& states) {
   auto bad = [](const std::string& what) {
     throw Error("worker.numerics_output", "numerics output.json " + what);
   };
+  // Read without trusting its shape: every part is checked before it is read.
+  if (!out.is_object()) bad("is not a JSON object");
   if (out.value("schema", Json()) != kNumericsOutput)
-    bad("has schema " + out.value("schema", Json()).dump() + ", not " +
+    bad("has schema " + common::printable(out.value("schema", Json()).dump(), 80) + ", not " +
         std::string(kNumericsOutput));
   const Json& got = out.value("states", Json());
   if (!got.is_array() || got.size() != states.size())
@@ -33,15 +36,21 @@ void check_output(const Json& out, const Json& spec, const Json& states) {
   const std::vector<std::string> want = common::numerics_member_names(spec);
   for (std::size_t i = 0; i < got.size(); ++i) {
     const std::string where = "states[" + std::to_string(i) + "]";
+    if (!got[i].is_object()) bad(where + " is not an object");
     if (got[i].value("index", Json()) != states[i]["index"]) bad(where + " is another state");
     const Json& members = got[i].value("members", Json());
     std::vector<std::string> names;
     if (members.is_array())
-      for (const Json& m : members) names.push_back(m.value("name", std::string()));
+      for (const Json& m : members)
+        names.push_back(m.is_object() && m.value("name", Json()).is_string()
+                            ? m["name"].get<std::string>()
+                            : std::string());
     if (names != want)
       bad(where + " has members other than the " + std::to_string(want.size()) + " asked for");
     if (spec.value("fp32", true) != got[i].contains("fp32"))
       bad(where + (spec.value("fp32", true) ? " lacks" : " has") + " the fp32 figures");
+    if (got[i].contains("fp32") && !got[i]["fp32"].is_object())
+      bad(where + "'s fp32 figures are not an object");
   }
 }
 

@@ -527,6 +527,34 @@ def worker_output_target():
     write_request("next-token-both", dict(request, oracle={"backend": "both"}))
     job("next-token-both", [fingerprint, oracle, dict(oracle, backend="transformers")])
 
+    # next-token with the numerics envelope: the assay-hf-worker envelope run's output, its
+    # members a bf16 step around the oracle's figures.
+    spec = {"reduction_seeds": 2, "batch_sizes": [2], "sdpa": True, "kv_cache": True, "fp32": True}
+    write_request("next-token-numerics", dict(request, numerics=spec))
+
+    def envelope_member(name, shift):
+        cands = [{"token_id": c["token_id"], "logit": c["logit"] + (shift if c["is_argmax"] else 0),
+                  "rank": c["rank"]} for c in oracle["candidate_tokens"]]
+        top = [{"token_id": t["token_id"], "logit": t["logit"] + (shift if i == 0 else 0)}
+               for i, t in enumerate(oracle["top_tokens"][:5])]
+        return {"name": name, "argmax": oracle["argmax"], "argmax_logit": top[0]["logit"],
+                "top_tie": False, "margin": oracle["top_logit_margin"] + shift, "top": top,
+                "candidates": cands,
+                "logits_sha256": oracle["logits_sha256"] if name == "reference" else sha256_id(name)}
+    names = ["reference", "reduction:0", "reduction:1", "sdpa", "kv-cache", "batched:2"]
+    envelope = {"schema": "assay.numerics-output.v1", "bytes_used": bytes_used(mi, tokenizer=False),
+                "member_names": names,
+                "states": [{"index": 0,
+                            "members": [envelope_member(n, (i % 3 - 1) * 0.0078125)
+                                        for i, n in enumerate(names)],
+                            "fp32": dict(envelope_member("fp32", 0.0013), name="fp32")}],
+                "numerics_module_sha256": sha256_id("assay_numerics.py"), "threads": 2,
+                "load_seconds": 0.1, "forward_seconds": 0.4}
+    job("next-token-numerics", [fingerprint, oracle, envelope])
+    differs = json.loads(json.dumps(envelope))
+    differs["states"][0]["members"][0]["logits_sha256"] = sha256_id("transformers")
+    job("next-token-numerics", [fingerprint, oracle, differs], "reference-differs")
+
     # Kiln's real request: its identity, a prompt check that matches, an oracle output as Kiln's
     # real record reports it.
     kiln = load(KILN_REQUEST)

@@ -123,6 +123,17 @@ TEST_CASE("numerics: figures that are missing or inconsistent are refused by nam
   missing[0]["candidates"].erase(1);
   CHECK_THROWS_WITH_AS(numerics_verdict(missing, kCandidates, nullptr, {}),
                        doctest::Contains("no logit for candidate token 2"), Error);
+  // A top_tie that is not a boolean is refused by name, not with a JSON type error (a worker's
+  // output and a record under `assay verify` are read with this rule).
+  Json odd = Json::array({member("reference", 1, 5.0, 5.0, 4.0)});
+  odd[0]["top_tie"] = 5;
+  CHECK_THROWS_WITH_AS(numerics_verdict(odd, kCandidates, nullptr, {}),
+                       doctest::Contains("numerics.members[0].top_tie is not a boolean"), Error);
+  CHECK_THROWS_WITH_AS(numerics_verdict(missing, kCandidates, Json(7), {}),
+                       doctest::Contains("numerics.members[0] has no logit"), Error);
+  CHECK_THROWS_WITH_AS(numerics_verdict(Json::array({member("reference", 1, 5.0, 5.0, 4.0)}),
+                                        kCandidates, Json("fp32"), {}),
+                       doctest::Contains("numerics.fp32.argmax is not an integer"), Error);
   CHECK_THROWS_WITH_AS(numerics_policy(Json{{"spread_factor", 0.5}}, "request.numerics"),
                        doctest::Contains("request.numerics.spread_factor"), Error);
   CHECK(numerics_policy(Json::object(), "x").spread_factor == 3.0);

@@ -21,10 +21,7 @@ namespace {
 using common::Json;
 
 const Json& at(const Json& j, const char* key) {
-  static const Json kNull;
-  if (!j.is_object()) return kNull;
-  auto it = j.find(key);
-  return it == j.end() ? kNull : *it;
+  return common::member(j, key);
 }
 
 const Json& list(const Json& j, const char* key) {

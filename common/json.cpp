@@ -471,4 +471,11 @@ void reject_unknown_fields(const Json& object, std::initializer_list<std::string
   }
 }
 
+const Json& member(const Json& object, std::string_view key) {
+  static const Json kNull;
+  if (!object.is_object()) return kNull;
+  auto it = object.find(key);
+  return it == object.end() ? kNull : *it;
+}
+
 }  // namespace assay::common

@@ -40,6 +40,11 @@ std::string python_canonical(const Json& value);
 // least one fractional digit when the decimal exponent is in [-4, 16), else d.ddde+XX.
 std::string python_float_repr(double value);
 
+// The member `key` of `object`, or a null when `object` is not an object or has no such member.
+// Unlike Json::value and operator[], it neither throws nor asserts, whatever a document from
+// outside (a worker's output, a record under verification) holds.
+const Json& member(const Json& object, std::string_view key);
+
 // The value at `key` of an object, or throws Error(code, "<where>: missing/wrong type ...").
 const Json& require(const Json& object, std::string_view key, std::string_view where);
 std::string require_string(const Json& object, std::string_view key, std::string_view where);

@@ -27,15 +27,9 @@ std::string execution_dtype(const std::string& model_dir) {
         read_no_links(std::filesystem::path(model_dir) / "config.json", 4 << 20));
     // Whatever the document holds (fuzz_model_config: a number, a string, a torch_dtype that is
     // not a string), this reads it without throwing; read_model_config refuses it by name.
-    auto dtype_of = [](const Json& o) -> const Json* {
-      if (!o.is_object()) return nullptr;
-      auto it = o.find("torch_dtype");
-      return it == o.end() ? nullptr : &*it;
-    };
-    const Json* d =
-        cfg.is_object() && cfg.contains("text_config") ? dtype_of(cfg["text_config"]) : nullptr;
-    if (!d) d = dtype_of(cfg);
-    if (d && *d == "float32") dtype = "float32";
+    const Json& text = common::member(cfg, "text_config");
+    const Json& c = text.is_object() && text.contains("torch_dtype") ? text : cfg;
+    if (common::member(c, "torch_dtype") == "float32") dtype = "float32";
   } catch (const Error&) {
     // The oracle reports an unreadable config itself, naming the file.
   }

@@ -44,60 +44,56 @@ std::string id_and_text(const Json& id, const Json& text) {
   return id.dump() + " (" + common::printable(text.dump(), 80) + ")";
 }
 
-// The member `key` of `o`, or null: the worker's output is read without trusting its shape
-// (fuzz_worker_output: a first_difference or a files entry that is not an object).
-const Json& at(const Json& o, const char* key) {
-  static const Json kNull;
-  if (!o.is_object()) return kNull;
-  auto it = o.find(key);
-  return it == o.end() ? kNull : *it;
-}
+// The worker's output is read without trusting its shape (fuzz_worker_output: a
+// first_difference or a files entry that is not an object).
+using common::member;
 
 void accept_prompt(const Json& output, const FingerprintRun& fingerprint,
                    const common::NextTokenRequest& request, Json& out) {
   const Json& identity = fingerprint.identity();
-  const Json& files = at(output, "files");
+  const Json& files = member(output, "files");
   if (!files.is_object())
     throw Error("worker.prompt_output", "the prompt check's files is " +
                                             common::printable(files.dump(), 80) +
                                             ", not an object of the tokenizer files it read");
-  const Json& tokenizer = at(at(files, "tokenizer.json"), "sha256");
-  if (tokenizer != at(identity, "tokenizer_hash"))
+  const Json& tokenizer = member(member(files, "tokenizer.json"), "sha256");
+  if (tokenizer != member(identity, "tokenizer_hash"))
     throw Error("job.bytes_mismatch", "the prompt check rendered with tokenizer.json " +
                                           tokenizer.dump() + " but the fingerprint hashed " +
-                                          at(identity, "tokenizer_hash").dump());
-  const Json& used = at(output, "chat_template_sha256");
-  if (used != at(identity, "chat_template_hash"))
+                                          member(identity, "tokenizer_hash").dump());
+  const Json& used = member(output, "chat_template_sha256");
+  if (used != member(identity, "chat_template_hash"))
     throw Error("job.bytes_mismatch", "the prompt check rendered with chat template " +
                                           used.dump() + " but the fingerprint hashed " +
-                                          at(identity, "chat_template_hash").dump());
-  if (at(output, "match") != true) {
-    const Json& d = at(output, "first_difference");
-    const Json& version = at(output, "transformers_version");
+                                          member(identity, "chat_template_hash").dump());
+  if (member(output, "match") != true) {
+    const Json& d = member(output, "first_difference");
+    const Json& version = member(output, "transformers_version");
     throw Error("request.prompt_mismatch",
                 "request.prompt.token_ids differ from the model's chat template rendering of "
                 "request.prompt.messages (transformers " +
                     (version.is_string() ? common::printable(version.get<std::string>(), 40)
                                          : std::string("?")) +
                     " apply_chat_template, add_generation_prompt " +
-                    at(at(request.document, "prompt"), "add_generation_prompt").dump() + ", " +
-                    at(at(request.document, "prompt"), "template_kwargs").dump() + ") at index " +
-                    at(d, "index").dump() + ": the request has " +
-                    id_and_text(at(d, "request_id"), at(d, "request_text")) + ", the rendering " +
-                    id_and_text(at(d, "rendered_id"), at(d, "rendered_text")) + "; " +
-                    std::to_string(at(at(request.document, "prompt"), "token_ids").size()) +
-                    " ids in the request, " + at(output, "token_count").dump() + " rendered");
+                    member(member(request.document, "prompt"), "add_generation_prompt").dump() +
+                    ", " + member(member(request.document, "prompt"), "template_kwargs").dump() +
+                    ") at index " + member(d, "index").dump() + ": the request has " +
+                    id_and_text(member(d, "request_id"), member(d, "request_text")) +
+                    ", the rendering " +
+                    id_and_text(member(d, "rendered_id"), member(d, "rendered_text")) + "; " +
+                    std::to_string(member(member(request.document, "prompt"), "token_ids").size()) +
+                    " ids in the request, " + member(output, "token_count").dump() + " rendered");
   }
   out = Json{{"checked", true},
              {"renderer",
-              {{"transformers_version", at(output, "transformers_version")},
-               {"tokenizers_version", at(output, "tokenizers_version")},
-               {"tokenizer_class", at(output, "tokenizer_class")}}},
+              {{"transformers_version", member(output, "transformers_version")},
+               {"tokenizers_version", member(output, "tokenizers_version")},
+               {"tokenizer_class", member(output, "tokenizer_class")}}},
              {"files", files},
              {"chat_template_sha256", used},
-             {"rendered_text_sha256", at(output, "rendered_text_sha256")},
-             {"token_count", at(output, "token_count")},
-             {"token_ids_sha256", at(output, "token_ids_sha256")}};
+             {"rendered_text_sha256", member(output, "rendered_text_sha256")},
+             {"token_count", member(output, "token_count")},
+             {"token_ids_sha256", member(output, "token_ids_sha256")}};
 }
 
 }  // namespace

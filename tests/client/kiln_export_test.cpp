@@ -8,6 +8,8 @@
 #include <limits>
 #include <optional>
 
+#include <sys/stat.h>
+
 #include "client/kiln_export.h"
 #include "client/verify.h"
 #include "common/error.h"
@@ -387,4 +389,21 @@ TEST_CASE("kiln-v2 keeps Kiln's record exactly and puts the numerics envelope be
   std::ofstream(beside, std::ios::trunc) << forged.dump(2);
   r = client::verify_kiln(record);
   CHECK_FALSE(named_check(r, "kiln.numerics.reference")->ok);
+
+  // What sits beside the record is read as a regular file or refused by name, never followed
+  // nor waited on: a link to a good addendum, a dangling link, a FIFO.
+  fs::path good = tmp.path() / "good.json";
+  std::ofstream(good) << e.numerics.dump(2);
+  for (const char* what : {"link", "dangling", "fifo"}) {
+    CAPTURE(what);
+    fs::remove(beside);
+    if (std::string(what) == "link") fs::create_symlink(good, beside);
+    if (std::string(what) == "dangling") fs::create_symlink(tmp.path() / "gone.json", beside);
+    if (std::string(what) == "fifo") REQUIRE(::mkfifo(beside.c_str(), 0600) == 0);
+    client::VerifyReport refused;
+    CHECK_NOTHROW(refused = client::verify_kiln(record));
+    REQUIRE(named_check(refused, "kiln.numerics.addendum") != nullptr);
+    CHECK_FALSE(named_check(refused, "kiln.numerics.addendum")->ok);
+    CHECK(named_check(refused, "kiln.numerics.verdict") == nullptr);
+  }
 }

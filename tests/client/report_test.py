@@ -167,8 +167,7 @@ def numerics_result(directory, assay):
     r = subprocess.run([assay, "numerics", "classify", "-"], input=line, capture_output=True,
                        text=True)
     check(r.returncode == 0, f"assay numerics classify: {r.returncode} {r.stderr}")
-    verdict = json.loads(r.stdout.splitlines()[0])
-    verdict = verdict.get("verdict", verdict)
+    verdict = json.loads(r.stdout.splitlines()[0])  # the verdict itself, one line per envelope
     # Fields results carry since the fixture was recorded.
     fx["request"].setdefault("receipts", {"checked": False, "reason": "the request names none"})
     fx["request"].setdefault("prompt_check", {"checked": False, "reason": "the request gives ids"})
@@ -203,8 +202,7 @@ def audit_result(directory, assay):
     line = json.dumps({"members": members, "contexts": contexts, "policy": {"alpha": 0.01}})
     r = subprocess.run([assay, "numerics", "audit", "-"], input=line, capture_output=True, text=True)
     check(r.returncode == 0, f"assay numerics audit: {r.returncode} {r.stderr}")
-    stats = json.loads(r.stdout.splitlines()[0])
-    stats = stats.get("statistics", stats)
+    stats = json.loads(r.stdout.splitlines()[0])  # the statistics themselves, one line per audit
     doc = {
         "schema": "assay.engine-audit-result.v1", "created_at_utc": "2026-12-05T09:00:00.000Z",
         "duration_seconds": 41.0, "job_id": "j-audit-report-0001", "supervisor": fx["supervisor"],

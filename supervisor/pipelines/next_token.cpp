@@ -273,10 +273,11 @@ Admission admit_next_token(const Json& document, const SubmitContext& context) {
                 "model_dir \"" + dir + "\" is not normalised (as " + model_dir + ")");
   request.check_vocab(read_vocab_size(model_dir));
   // A dispute whose receipts were checked is another job than the same dispute unchecked.
-  // A Kiln request's request_sha256 leaves assay's additions out; the key keeps them.
-  Json key{{"request_sha256", request.request_sha256},
-           {"document_sha256", common::sha256_canonical_id(request.document)},
-           {"model_dir", model_dir}};
+  Json key{{"request_sha256", request.request_sha256}, {"model_dir", model_dir}};
+  // A Kiln request's request_sha256 leaves assay's additions out; the key keeps them (an assay
+  // request's request_sha256 is already its whole document's).
+  if (request.kind == common::RequestKind::kKiln)
+    key["document_sha256"] = common::sha256_canonical_id(request.document);
   std::string note;
   if (receipts["checked"] == true) {
     key["receipts_checked"] = true;

@@ -13,6 +13,9 @@ series:
                  lands inside the next one's time. This is the headline.
   back-to-back:  no pause: each run also competes with that teardown of the run before it,
                  and the CPUs never idle between runs.
+  loaded:        settled, while one busy loop per CPU (nice 0, started by this script and
+                 killed after) keeps every core busy: a contained start must not wait behind
+                 the machine's other work before its command runs.
 
 usage: bench/contain_overhead.py ASSAYD [RUNS] [OUT.md]
 Needs root (cgroups, namespaces), like assayd itself.
@@ -50,6 +53,11 @@ def series(commands, runs, settle, sink):
                 time.sleep(settle)
             times[name].append(spawn_ms(argv, sink))
     return times
+
+
+def busy_loops(n):
+    """n processes that spin at nice 0 until killed (one per CPU keeps every core busy)."""
+    return [subprocess.Popen(["/bin/sh", "-c", "while :; do :; done"]) for _ in range(n)]
 
 
 def med(v):
@@ -105,10 +113,19 @@ def main():
         }
         settled = series({**headline, **breakdown}, runs, SETTLE_S, null)
         back = series(headline, runs, 0, null)
+        loops = busy_loops(os.cpu_count())
+        try:
+            time.sleep(0.5)
+            loaded = series(headline, runs, SETTLE_S, null)
+        finally:
+            for loop in loops:
+                loop.kill()
+                loop.wait()
 
-    s, b = settled, back
+    s, b, ld = settled, back, loaded
     ratio = med(s["contain"]) / med(s["unshare"])
     ratio_b = med(b["contain"]) / med(b["unshare"])
+    ratio_l = med(ld["contain"]) / med(ld["unshare"])
     needed = [line.split("[")[1].rstrip("]") for line in subprocess.run(
         ["readelf", "-d", assayd], capture_output=True, text=True).stdout.splitlines()
               if "(NEEDED)" in line]
@@ -125,7 +142,8 @@ running the same program). Each run is timed from `posix_spawn` to `waitpid` in 
 process (no shell or `date` inside the measurement), {runs} runs of each, interleaved.
 **Settled**: a {SETTLE_S * 1000:.0f} ms pause before every run, so that the kernel's
 asynchronous teardown of the previous run's network namespace is not inside the next run's
-time. **Back-to-back**: no pause. Goal: ratio under 2x.
+time. **Back-to-back**: no pause. **Loaded**: settled, while {os.cpu_count()} busy loops at nice 0
+(one per CPU) keep every core busy. Goal: ratio under 2x, loaded or not.
 
 Last run: {datetime.datetime.utcnow().strftime('%Y-%m-%d %H:%M UTC')}, kernel {platform.release()},
 {os.cpu_count()} CPUs, backend `{evidence['mode']}` (spawn `{evidence['spawn']['method']}`),
@@ -147,6 +165,12 @@ load average at the end {os.getloadavg()[0]:.1f}; assayd {linked}.
 {row("`unshare -n /bin/true` (baseline)", b["unshare"])}
 {row("`assayd contain -- /bin/true`", b["contain"])}
 | **ratio** | **{ratio_b:.2f}x** | {p90(b["contain"]) / p90(b["unshare"]):.2f}x |
+
+| loaded | median ms | p90 ms |
+|---|---|---|
+{row("`unshare -n /bin/true` (baseline)", ld["unshare"])}
+{row("`assayd contain -- /bin/true`", ld["contain"])}
+| **ratio** | **{ratio_l:.2f}x** | {p90(ld["contain"]) / p90(ld["unshare"]):.2f}x |
 
 The contained run also makes a mount namespace, brings `lo` up, creates a leaf cgroup in each
 v1 hierarchy (memory, pids, freezer, cpuacct; or one v2 leaf), moves the child into it, reads

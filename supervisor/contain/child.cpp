@@ -79,6 +79,8 @@ const char* stage_name(int stage) {
       return "move itself into the cgroup (write 0 to)";
     case kStageAffinity:
       return "sched_setaffinity";
+    case kStagePriority:
+      return "sched_setscheduler/setpriority";
   }
   return "unknown step";
 }
@@ -191,14 +193,6 @@ int child_setup(const ChildPlan& p, int* op, int* old_sys) {
   if (::setrlimit(RLIMIT_CORE, &core) != 0 || ::setrlimit(RLIMIT_NOFILE, &nofile) != 0) {
     return kStageRlimit;
   }
-  // A worker yields the CPU to the supervisor, which must keep answering while it computes: a
-  // batch-class, niced process (lowering one's own priority needs no privilege and cannot fail
-  // for a valid value; the cgroup backends add their own lower weight where they can).
-  struct sched_param batch {};
-  batch.sched_priority = 0;
-  if (::sched_setscheduler(0, SCHED_BATCH, &batch) != 0 ||
-      ::setpriority(PRIO_PROCESS, 0, kWorkerNice) != 0)
-    return kStageRlimit;
   sigset_t none;
   sigemptyset(&none);
   if (::sigprocmask(SIG_SETMASK, &none, nullptr) != 0) return kStageSignals;
@@ -314,6 +308,15 @@ int worker_main(void* arg) {
   std::memcpy(msg + sizeof head, &held, sizeof held);
   ssize_t ignored = ::write(p.report_write, msg, sizeof msg);
   (void)ignored;
+  // A worker yields the CPU to the supervisor, which must keep answering while it computes: a
+  // batch-class, niced process (lowering one's own priority needs no privilege and cannot fail
+  // for a valid value; the cgroup backends add their own lower weight where they can). The last
+  // step before the exec: set-up done at a lower priority waits behind every busy process of a
+  // loaded machine (a 32 ms stall was traced in the capability checks).
+  struct sched_param batch {};
+  batch.sched_priority = 0;
+  if (::sched_setscheduler(0, SCHED_BATCH, &batch) != 0) child_fail(p, kStagePriority);
+  if (::setpriority(PRIO_PROCESS, 0, kWorkerNice) != 0) child_fail(p, kStagePriority);
   ::execve(p.exe, p.argv, p.envp);
   child_fail(p, kStageExec);
 }

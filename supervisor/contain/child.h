@@ -48,6 +48,7 @@ enum Stage : int {
   kStageExec,
   kStageAttach,
   kStageAffinity,
+  kStagePriority,
 };
 
 struct ChildReport {

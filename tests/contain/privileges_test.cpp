@@ -12,8 +12,10 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "common/error.h"
 #include "common/identity.h"
@@ -242,6 +244,30 @@ TEST_CASE("the contained mount and unshare tools fail with EPERM, and util-linux
   CHECK(out.find("unshare=1\n") != std::string::npos);
   CHECK(out.find("mount=0") == std::string::npos);
   CHECK(slurp(spec.stderr_path).find("Operation not permitted") != std::string::npos);
+}
+
+TEST_CASE(
+    "the worker runs batch-class at nice 10; its init, which only reaps, keeps its priority") {
+  // Fields 19 (nice) and 41 (policy) of /proc/PID/stat, counted after the command's ")".
+  auto nice_and_policy = [](const std::string& stat) {
+    std::istringstream in(stat.substr(stat.rfind(')') + 2));
+    std::vector<std::string> fields(2);  // fields 1 and 2 are before the ")"
+    for (std::string f; in >> f;) fields.push_back(f);
+    REQUIRE(fields.size() > 41);
+    return std::make_pair(fields[19 - 1], fields[41 - 1]);
+  };
+  TempDir dir;
+  auto rt = runtime();
+  auto spec =
+      make_spec("priority", {"/bin/sh", "-c", "cat /proc/self/stat; cat /proc/1/stat"}, dir.path);
+  Evidence e = rt->run(spec);
+  REQUIRE(e.succeeded());
+  std::istringstream lines(slurp(spec.stdout_path));
+  std::string worker, init;
+  std::getline(lines, worker);
+  std::getline(lines, init);
+  CHECK(nice_and_policy(worker) == std::make_pair(std::string("10"), std::string("3")));
+  CHECK(nice_and_policy(init).second == "0");  // SCHED_OTHER
 }
 
 TEST_CASE("pass_fds become fds 3, 4 in order, close-on-exec cleared; no other fd survives") {

@@ -68,22 +68,26 @@ std::string sha256_id(const void* data, std::size_t size) {
   return identity(sha256(data, size));
 }
 
-std::string sha256_file_id(const std::filesystem::path& path) {
-  // A regular file only, opened without following a symlink or waiting on a FIFO.
-  UniqueFd fd = open_regular(path);
-  posix_fadvise(fd.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
+std::string sha256_fd_id(int fd, const std::string& what) {
+  posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
   std::vector<char> buf(4 << 20);
   Sha256 h;
   for (;;) {
-    ssize_t n = ::read(fd.get(), buf.data(), buf.size());
+    ssize_t n = ::read(fd, buf.data(), buf.size());
     if (n < 0) {
       if (errno == EINTR) continue;
-      throw_errno("fs.read", "read " + path.string(), errno);
+      throw_errno("fs.read", "read " + what, errno);
     }
     if (n == 0) break;
     h.update(buf.data(), static_cast<std::size_t>(n));
   }
   return identity(h.finish());
+}
+
+std::string sha256_file_id(const std::filesystem::path& path) {
+  // A regular file only, opened without following a symlink or waiting on a FIFO.
+  UniqueFd fd = open_regular(path);
+  return sha256_fd_id(fd.get(), path.string());
 }
 
 std::string sha256_canonical_id(const Json& value) {

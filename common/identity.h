@@ -40,6 +40,8 @@ std::string sha256_id(const void* data, std::size_t size);
 // Streams the file with large reads; a regular file only (opened with O_NOFOLLOW and O_NONBLOCK:
 // a symlink or a FIFO is refused with Error("fs.open"/"fs.not_regular"), never waited on).
 std::string sha256_file_id(const std::filesystem::path& path);
+// Streams an open descriptor from its current offset to its end; `what` names it in errors.
+std::string sha256_fd_id(int fd, const std::string& what);
 // sha256 of canonical(value).
 std::string sha256_canonical_id(const Json& value);
 // True for "sha256:" followed by exactly 64 lowercase hex digits.

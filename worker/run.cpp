@@ -1,6 +1,8 @@
 #include "worker/run.h"
 
+#include <fcntl.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 
 #include <cstdlib>
 #include <fstream>
@@ -11,6 +13,7 @@
 #include <torch/version.h>
 
 #include "common/error.h"
+#include "common/fs.h"
 #include "common/identity.h"
 #include "common/protocol.h"
 #include "common/safetensors.h"
@@ -123,8 +126,20 @@ std::map<std::string, std::string> logits_metadata(const Forward& f, const ExecO
 }
 
 namespace {
-std::string executable_sha256() {
-  return common::sha256_file_id(std::filesystem::read_symlink("/proc/self/exe"));
+// Hashed once per process: /proc/self/exe opens the very file that was executed (its path may
+// name another file by now), and the kernel refuses writes to a file while it is being executed
+// (ETXTBSY), so its bytes cannot change while this process runs. A resident worker's jobs
+// then no longer re-read the 45 MB binary each.
+const std::string& executable_sha256() {
+  static const std::string digest = [] {
+    common::UniqueFd fd(::open("/proc/self/exe", O_RDONLY | O_CLOEXEC));
+    struct stat st {};
+    if (fd.get() < 0 || ::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) {
+      throw Error("oracle.internal", "cannot open /proc/self/exe as a regular file to hash it");
+    }
+    return common::sha256_fd_id(fd.get(), "/proc/self/exe");
+  }();
+  return digest;
 }
 }  // namespace
 

@@ -5,6 +5,14 @@ the engine's rows file of a layer-attribution request.
     engine_rows.py --model DIR --token-ids 1,2,3 --rows last|all --dtype F32|BF16 --out FILE
                    [--perturb BOUNDARY=KIND] [--metadata] [--model-content-sha256 ID]
                    [--threads N]
+    engine_rows.py --model DIR --screen N [--length L] --perturb BOUNDARY=KIND
+
+--screen finds ids on which the change flips the engine's next token, by one fixed rule: the
+first of the sequences seeded 0, 1, ..., N-1 (L ids each, default 24, drawn uniformly from the
+vocabulary by Python's random.Random(seed)) whose argmax with the change differs from the
+argmax without it, each sequence run alone. It prints {"token_ids", "screened", "next_token_id",
+"changed_token_id"} (token_ids null when none of the N flips), so that a test finds its case on
+the machine it runs on: which sequences flip depends on the CPU's kernels.
 
 The model is loaded with from_pretrained (eager attention, bfloat16; RoPE's inv_freq stays
 float32) under assay-hf-worker's deterministic settings and captured with its hooks, so that
@@ -26,6 +34,7 @@ import importlib.util
 import inspect
 import json
 import pathlib
+import random
 import sys
 
 import torch
@@ -122,6 +131,24 @@ def engine_rows(model, ids, rows, perturb=None):
     return {name: store[name] for name, _ in modules}, logits[0, -1].float().contiguous()
 
 
+def screen(model, count, length, perturb):
+    """The first seeded sequence whose argmax the change flips (see --screen)."""
+    modules = worker.boundary_modules(model)
+    vocab = model.config.vocab_size
+    for seed in range(count):
+        rng = random.Random(seed)
+        ids = [rng.randrange(vocab) for _ in range(length)]
+        with torch.inference_mode():
+            plain = model(input_ids=torch.tensor([ids]), use_cache=False).logits[0, -1].float()
+            with perturbed(modules, perturb):
+                changed = model(input_ids=torch.tensor([ids]), use_cache=False).logits[0, -1].float()
+        a, b = worker.last_argmax(plain.contiguous()), worker.last_argmax(changed.contiguous())
+        if a != b:
+            return {"token_ids": ids, "screened": seed + 1, "next_token_id": a,
+                    "changed_token_id": b}
+    return {"token_ids": None, "screened": count, "next_token_id": None, "changed_token_id": None}
+
+
 def write_rows(path, captured, dtype, metadata):
     entries = []
     for name, t in captured.items():
@@ -133,15 +160,26 @@ def write_rows(path, captured, dtype, metadata):
 def main(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True)
-    parser.add_argument("--token-ids", required=True, help="comma-separated")
-    parser.add_argument("--rows", choices=["last", "all"], required=True)
-    parser.add_argument("--dtype", choices=["F32", "BF16"], required=True)
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--token-ids", help="comma-separated")
+    parser.add_argument("--rows", choices=["last", "all"])
+    parser.add_argument("--dtype", choices=["F32", "BF16"])
+    parser.add_argument("--out")
+    parser.add_argument("--screen", type=int, metavar="N", help="find ids the change flips")
+    parser.add_argument("--length", type=int, default=24, help="ids per screened sequence")
     parser.add_argument("--perturb", help="BOUNDARY=KIND (bf16-rmsnorm, bf16-softmax)")
     parser.add_argument("--metadata", action="store_true")
     parser.add_argument("--model-content-sha256")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv[1:])
+    if args.screen is not None:
+        if not args.perturb or args.screen < 1 or args.length < 1:
+            parser.error("--screen needs --perturb, N >= 1 and --length >= 1")
+        model = load_model(args.model, args.threads)
+        print(json.dumps(screen(model, args.screen, args.length, args.perturb)))
+        return 0
+    for name in ("token_ids", "rows", "dtype", "out"):
+        if getattr(args, name) is None:
+            parser.error(f"--{name.replace('_', '-')} is required")
 
     ids = [int(t) for t in args.token_ids.split(",")]
     model = load_model(args.model, args.threads)

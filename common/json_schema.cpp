@@ -105,10 +105,12 @@ void check_keyword(const std::string& key, const Json& value, const std::string&
   } else if (key == "additionalProperties" || key == "items") {
     need(is_schema(value), "a schema");
     check_schema(value, id, at);
-  } else if (key == "prefixItems" || key == "allOf") {
+  } else if (key == "prefixItems" || key == "allOf" || key == "oneOf") {
     need(is_array_of(value, is_schema) && !value.empty(), "a non-empty array of schemas");
     for (std::size_t i = 0; i < value.size(); ++i)
       check_schema(value[i], id, at + "/" + std::to_string(i));
+  } else if (key == "uniqueItems") {
+    need(value.is_boolean(), "a boolean");
   } else if (key == "type") {
     need(is_type_name(value) || (is_array_of(value, is_type_name) && !value.empty()),
          "a type name or an array of them");
@@ -256,6 +258,7 @@ class Validator {
     if (auto ref = schema.find("$ref"); ref != schema.end()) check_ref(doc, *ref, base, at);
     if (auto all = schema.find("allOf"); all != schema.end())
       for (const auto& sub : *all) check(doc, sub, base, at);
+    if (auto one = schema.find("oneOf"); one != schema.end()) check_one_of(doc, *one, base, at);
     check_type(doc, schema, at);
     check_equality(doc, schema, at);
     if (doc.is_number()) check_number(doc, schema, at);
@@ -285,6 +288,41 @@ class Validator {
                   base + ": $ref \"" + ref + "\" loops at " + (at.empty() ? "/" : at));
     check(doc, sub, target.id, at);
     in_progress_.erase({&sub, &doc});
+  }
+
+  // Exactly one of the alternatives: each is checked into errors of its own; when none holds,
+  // the errors of the one that came nearest are reported under it: fewest errors, and an
+  // alternative of another type than the value's only when all are.
+  void check_one_of(const Json& doc, const Json& one_of, const std::string& base,
+                    const std::string& at) {
+    std::vector<std::size_t> valid;
+    std::vector<SchemaError> nearest;
+    std::size_t nearest_index = 0, nearest_distance = 0;
+    auto distance = [&](const std::vector<SchemaError>& errors) {
+      bool other_type = std::any_of(errors.begin(), errors.end(), [&](const SchemaError& e) {
+        return e.pointer == at && e.message.rfind("type:", 0) == 0;
+      });
+      return errors.size() + (other_type ? std::size_t{1} << 20 : 0);
+    };
+    for (std::size_t i = 0; i < one_of.size(); ++i) {
+      std::vector<SchemaError> mine;
+      Validator sub(schemas_, mine);
+      sub.in_progress_ = in_progress_;
+      sub.check(doc, one_of[i], base, at);
+      if (mine.empty())
+        valid.push_back(i);
+      else if (nearest.empty() || distance(mine) < nearest_distance)
+        nearest_distance = distance(mine), nearest = std::move(mine), nearest_index = i;
+    }
+    if (valid.size() == 1) return;
+    if (valid.empty()) {
+      fail(at, "oneOf: matches none of the " + std::to_string(one_of.size()) +
+                   " alternatives; nearest, alternative " + std::to_string(nearest_index) + ":");
+      for (auto& e : nearest) errors_.push_back(std::move(e));
+      return;
+    }
+    fail(at, "oneOf: matches alternatives " + std::to_string(valid[0]) + " and " +
+                 std::to_string(valid[1]) + ", expected exactly one");
   }
 
   void check_type(const Json& doc, const Json& schema, const std::string& at) {
@@ -366,6 +404,19 @@ class Validator {
         it != schema.end() && doc.size() > it->get<std::size_t>())
       fail(at, "maxItems: expected at most " + show(*it) + " items, found " +
                    std::to_string(doc.size()));
+    if (auto it = schema.find("uniqueItems"); it != schema.end() && *it == true) {
+      // Sorted, so that a long array costs n log n; nlohmann's < orders numbers by value, as
+      // its == compares them (1 == 1.0).
+      std::vector<const Json*> sorted;
+      for (const auto& v : doc) sorted.push_back(&v);
+      std::stable_sort(sorted.begin(), sorted.end(),
+                       [](const Json* a, const Json* b) { return *a < *b; });
+      for (std::size_t i = 1; i < sorted.size(); ++i)
+        if (*sorted[i - 1] == *sorted[i]) {
+          fail(at, "uniqueItems: " + show(*sorted[i - 1]) + " occurs more than once");
+          break;
+        }
+    }
     std::size_t prefix = 0;
     if (auto it = schema.find("prefixItems"); it != schema.end()) {
       prefix = it->size();
@@ -407,6 +458,25 @@ void SchemaSet::add(Json schema) {
   if (schemas_.contains(id)) throw Error("schema.invalid", id + " is already in the set");
   check_schema(schema, id, id + "#", true);
   schemas_.emplace(id, std::move(schema));
+}
+
+SchemaCatalog::SchemaCatalog(const std::pair<const char*, const char*>* files, std::size_t count) {
+  for (std::size_t i = 0; i < count; ++i) {
+    auto [file, text] = files[i];
+    Json schema = parse_strict(text);
+    Json name = schema.value(Json::json_pointer("/properties/schema/const"), Json());
+    if (!name.is_null() && !name.is_string())
+      throw Error("schema.invalid",
+                  std::string(file) + ": /properties/schema/const is not a string");
+    if (name.is_string()) ids_.emplace(name.get<std::string>(), member(schema, "$id"));
+    schemas_.add(std::move(schema));
+  }
+}
+
+std::optional<std::string> SchemaCatalog::id_for(std::string_view document_schema) const {
+  auto it = ids_.find(document_schema);
+  if (it == ids_.end()) return std::nullopt;
+  return it->second;
 }
 
 std::vector<SchemaError> SchemaSet::validate(const Json& document,

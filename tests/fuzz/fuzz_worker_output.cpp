@@ -1,9 +1,9 @@
 // The workers' output.json documents as assayd reads them: a job of each kind is run through its
 // real pipeline (supervisor/pipelines/) the way the engine runs it (jobs/engine.cpp): plan(), then
-// per step input() and move_in(), the output parsed as step_ended parses it and handed to
-// accept(); after the last step assemble() and seal(). Only the workers are missing: their
-// outputs are the input. A worker runs contained, but it computes over files from outside (a
-// checkpoint, an engine's rows), so its output is not trusted either.
+// per step input() and move_in(), the output parsed and checked against its schema as step_ended
+// does and handed to accept(); after the last step assemble() and seal(). Only the workers are
+// missing: their outputs are the input. A worker runs contained, but it computes over files from
+// outside (a checkpoint, an engine's rows), so its output is not trusted either.
 //
 // The input is the kind's name on the first line, then each step's output.json in plan order,
 // cut by the part separator (tests/fuzz/worker_output/ has the requests, the model's config.json
@@ -25,6 +25,7 @@
 #include "common/identity.h"
 #include "common/sign.h"
 #include "common/time.h"
+#include "common/worker_schemas.h"
 #include "supervisor/config.h"
 #include "supervisor/jobs/store.h"
 #include "supervisor/pipelines/documents.h"
@@ -168,7 +169,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       return 0;  // worker.<role>_output
     }
     outputs.push_back(output);
-    if (!fuzz::as_the_engine_does([&] { step.accept(std::move(output), evidence); })) return 0;
+    if (!fuzz::as_the_engine_does([&] {
+          common::check_worker_output(output, "worker." + step.role + "_output", step.role);
+          step.accept(std::move(output), evidence);
+        }))
+      return 0;
   }
 
   // assemble() takes the artifact the last worker left, as the engine's complete() does.

@@ -13,6 +13,7 @@
 #include "common/fs.h"
 #include "common/json_schema.h"
 #include "common/kiln_schemas.h"
+#include "common/worker_schemas.h"
 
 namespace {
 
@@ -314,6 +315,66 @@ TEST_CASE("prefixItems, items and additionalProperties apply to what they cover"
   CHECK(errors_against(Json{{"a", "x"}, {"b/c", "y"}}, kTestId, map) ==
         std::vector<std::string>{"/b~1c: type: expected integer, found string \"y\""});
   CHECK(valid(one({{"minItems", 1}}), Json("not an array")));
+}
+
+TEST_CASE("oneOf holds when exactly one alternative does; none reports the nearest one's errors") {
+  auto either = one({{"oneOf", {{{"type", "integer"}}, {{"type", "string"}, {"minLength", 2}}}}});
+  CHECK(valid(either, Json(3)));
+  CHECK(valid(either, Json("ab")));
+  CHECK(errors_against(Json("a"), kTestId, either) ==
+        std::vector<std::string>{
+            ": oneOf: matches none of the 2 alternatives; nearest, alternative 1:",
+            ": minLength: expected at least 2 characters, found 1 in \"a\""});
+  auto both = one({{"oneOf", {{{"type", "number"}}, {{"type", "integer"}}}}});
+  CHECK(valid(both, Json(1.5)));
+  CHECK(errors_against(Json(2), kTestId, both) ==
+        std::vector<std::string>{": oneOf: matches alternatives 0 and 1, expected exactly one"});
+  CHECK(add_error({{"$id", kTestId}, {"oneOf", Json::array()}}).find("non-empty array") !=
+        std::string::npos);
+}
+
+TEST_CASE("uniqueItems compares JSON values (1 equals 1.0) and names the repeated one") {
+  auto unique = one({{"uniqueItems", true}});
+  CHECK(valid(unique, Json::array({1, "1", Json::array({1}), Json{{"a", 1}}})));
+  CHECK(errors_against(Json::array({2, 1, 1.0}), kTestId, unique) ==
+        std::vector<std::string>{": uniqueItems: 1 occurs more than once"});
+  CHECK(errors_against(Json::array({Json{{"a", 1}, {"b", 2}}, Json{{"b", 2}, {"a", 1}}}), kTestId,
+                       unique)
+            .size() == 1);
+  CHECK(valid(one({{"uniqueItems", false}}), Json::array({1, 1})));
+  CHECK(add_error({{"$id", kTestId}, {"uniqueItems", 1}}).find("uniqueItems must be") !=
+        std::string::npos);
+}
+
+TEST_CASE("every worker-output schema is compiled in under its document's schema name") {
+  const auto& catalog = common::worker_output_schemas();
+  for (const char* name :
+       {"assay.fingerprint-output.v1", "assay.oracle-output.v1", "assay.oracle-capture-output.v1",
+        "assay.oracle-layers-output.v1", "assay.compare-output.v1",
+        "assay.compare-trajectory-output.v1", "assay.numerics-output.v1", "assay.audit-output.v1",
+        "assay.prompt-check-output.v1"})
+    CHECK_MESSAGE(catalog.id_for(name).has_value(), name);
+  CHECK_FALSE(catalog.id_for("assay.next-token-request.v1").has_value());
+}
+
+TEST_CASE("check_worker_output fails by the caller's code, naming the schema and the pointers") {
+  auto message = [](const Json& output) -> std::string {
+    try {
+      common::check_worker_output(output, "worker.oracle_output", "oracle's output.json");
+      return "";
+    } catch (const common::Error& e) {
+      CHECK(e.code() == "worker.oracle_output");
+      return e.what();
+    }
+  };
+  CHECK(message(Json::array({1, 2})).find("is not a JSON object with a string \"schema\"") !=
+        std::string::npos);
+  CHECK(message(Json{{"schema", 5}}).find("with a string \"schema\"") != std::string::npos);
+  // A schema assay publishes no file for is left to the step's own checks.
+  CHECK(message(Json{{"schema", "assay.compare-layers-output.v1"}}) == "");
+  std::string m = message(Json{{"schema", "assay.oracle-layers-output.v1"}, {"hidden_size", "x"}});
+  CHECK_MESSAGE(m.find("is not a valid assay.oracle-layers-output.v1:") != std::string::npos, m);
+  CHECK_MESSAGE(m.find(" more") != std::string::npos, m);
 }
 
 TEST_CASE("format date-time is asserted as RFC 3339") {

@@ -494,6 +494,23 @@ def with_configuration(doc):
     return doc
 
 
+# What a report leaves out of the oracle's output.json and its schema requires: the execution
+# fields below, so that every seed is valid against its schema (assayd checks each worker's
+# output against it before a step reads it: an invalid seed would never reach the steps).
+# No libraries: the supervisor would hash each named file on every execution.
+LIBRARIES = []
+
+
+def with_execution(doc, runtime):
+    doc = dict(doc)
+    for k, v in {"deterministic_algorithms": True, "tf32_allowed": False,
+                 "executable_sha256": "sha256:" + "3" * 64, "load_seconds": 0.1,
+                 "forward_seconds": 0.2, "duration_seconds": 0.4, "runtime": runtime,
+                 "loaded_libraries": LIBRARIES}.items():
+        doc.setdefault(k, v)
+    return doc
+
+
 def bytes_used(identity, tokenizer=True):
     return {"weight_files": identity["weight_files"], "config_hash": identity["config_hash"],
             "tokenizer_hash": identity["tokenizer_hash"] if tokenizer else None}
@@ -518,6 +535,8 @@ def worker_output_target():
     mi = result["model_identity"]
     fingerprint = fingerprint_output(mi, result["model_fingerprint"]["files"])
     oracle = {k: v for k, v in result["oracle"].items() if k != "process"}
+    runtime = oracle["runtime"]
+    oracle = with_execution(oracle, runtime)
     request = {"schema": "assay.next-token-request.v1", "id": "demo-dispute-1", "model_dir": "MODEL_DIR",
                "input_token_ids": [9, 8, 7, 6, 5, 4, 3, 2, 1, 10],
                "candidates": [{"engine": c["engine"], "token_id": c["token_id"], "text": c["text"]}
@@ -572,8 +591,10 @@ def worker_output_target():
               "token_ids_sha256": token_ids_sha256(kiln["prompt"]["token_ids"]), "match": True,
               "first_difference": None, "duration_seconds": 1.5}
     record = load(next(r for r in RECORDS if "next-token" in r.name))
-    koracle = with_configuration(dict(oracle, bytes_used=bytes_used(kmi), argmax=record["oracle"]["argmax"],
-                                      candidate_tokens=record["oracle"]["candidate_tokens"]))
+    kargmax = record["oracle"]["argmax"]
+    koracle = with_configuration(dict(oracle, bytes_used=bytes_used(kmi), argmax=kargmax,
+                                      candidate_tokens=[dict(c, is_argmax=c["token_id"] == kargmax)
+                                                        for c in record["oracle"]["candidate_tokens"]]))
     job("kiln-next-token", [fingerprint_output(kmi, files), prompt, koracle])
     mismatch = dict(prompt, match=False, first_difference={
         "index": 3, "request_id": 5, "rendered_id": 6, "request_text": "a", "rendered_text": "b"})
@@ -596,17 +617,19 @@ def worker_output_target():
         c["schema"] = "assay.oracle-capture-output.v1"
         c["peak_rss_bytes"] = 100000000
         c["captures"] = [dict(x, file="capture-%d.safetensors" % i) for i, x in enumerate(c["captures"])]
-        return c
+        return with_execution(c, runtime)
 
     def fp(side):
         return fingerprint_output(fr[side]["model_identity"], fr[side]["model_fingerprint"]["files"])
 
     cmp = {k: v for k, v in fr["comparison"].items() if k != "process"}
-    cmp.update(schema="assay.compare-output.v1", kl_file_sha256=artifact,
+    cmp.update(schema="assay.compare-output.v1", kl_file="kl.safetensors", kl_file_sha256=artifact,
+               vocab_size=fr["reference"]["capture"]["vocab_size"], kernel="avx2",
                reproduction={k: v for k, v in fr["reproduction"].items() if k != "capture"},
-               gates={"reproduction": {k: v for k, v in fr["gates"]["reproduction"].items()
-                                       if k not in ("capture_content_digest_equal",
-                                                    "weights_identity_equal")},
+               # assay-compare leaves the two digest gates to the supervisor: null, incomplete.
+               gates={"status": "incomplete", "failed": [],
+                      "reproduction": dict(fr["gates"]["reproduction"], capture_content_digest_equal=None,
+                                           weights_identity_equal=None),
                       "thresholds": fr["gates"]["thresholds"]})
     for k in ("comparison_kind", "metric", "scope", "comparator"):
         cmp[k] = fr[k]
@@ -630,7 +653,9 @@ def worker_output_target():
                           "positions": [[start, start + len(c["token_ids"])]],
                           "scored_positions": len(c["token_ids"]), "logits_sha256": logits}],
             "device": "cpu", "dtype": "bfloat16", "torch_version": "2.13.0", "threads": 1,
-            "bytes_used": bytes_used(mi, tokenizer=False), "peak_rss_bytes": 100000000}))
+            "bytes_used": bytes_used(mi, tokenizer=False), "peak_rss_bytes": 100000000,
+            "lm_head_seconds": 0.01}))
+        captures[-1] = with_execution(captures[-1], runtime)
         departure = None if i == 0 else {"index": 1, "position": 6, "argmax_token_id": 8,
                                          "engine_token_id": 10, "engine_token_rank": 3}
         engines.append({"engine": c["engine"], "continuation_length": len(c["token_ids"]),
@@ -675,9 +700,13 @@ def worker_output_target():
     rows = []
     for i, n in enumerate(names):
         present = n in given
+        metric = (lambda v: v if present else None)
         rows.append({"index": i, "name": n, "present": present, "bitwise_equal": False if present else None,
-                     "cosine_similarity": 0.999 if present else None,
-                     "relative_root_mean_square_error": 0.02 if present else None,
+                     "cosine_similarity": metric(0.999), "max_abs_error": metric(0.5),
+                     "mean_abs_error": metric(0.01), "root_mean_square_error": metric(0.02),
+                     "reference_root_mean_square": metric(1.0),
+                     "relative_root_mean_square_error": metric(0.02),
+                     "relative_rmse_growth": metric(0.0) if i else None,
                      "reference_sha256": sha256_id("row-" + n),
                      "engine_sha256": sha256_id("engine-" + n) if present else None,
                      "engine_dtype": "BF16" if present else None})

@@ -352,7 +352,7 @@ TEST_CASE("every worker-output schema is compiled in under its document's schema
        {"assay.fingerprint-output.v1", "assay.oracle-output.v1", "assay.oracle-capture-output.v1",
         "assay.oracle-layers-output.v1", "assay.compare-output.v1",
         "assay.compare-trajectory-output.v1", "assay.numerics-output.v1", "assay.audit-output.v1",
-        "assay.prompt-check-output.v1"})
+        "assay.prompt-check-output.v1", "assay.compare-layers-output.v1"})
     CHECK_MESSAGE(catalog.id_for(name).has_value(), name);
   CHECK_FALSE(catalog.id_for("assay.next-token-request.v1").has_value());
 }
@@ -371,7 +371,7 @@ TEST_CASE("check_worker_output fails by the caller's code, naming the schema and
         std::string::npos);
   CHECK(message(Json{{"schema", 5}}).find("with a string \"schema\"") != std::string::npos);
   // A schema assay publishes no file for is left to the step's own checks.
-  CHECK(message(Json{{"schema", "assay.compare-layers-output.v1"}}) == "");
+  CHECK(message(Json{{"schema", "assay.oracle-batch-output.v1"}}) == "");
   std::string m = message(Json{{"schema", "assay.oracle-layers-output.v1"}, {"hidden_size", "x"}});
   CHECK_MESSAGE(m.find("is not a valid assay.oracle-layers-output.v1:") != std::string::npos, m);
   CHECK_MESSAGE(m.find(" more") != std::string::npos, m);

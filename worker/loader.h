@@ -25,8 +25,8 @@ common::Json read_config(const std::filesystem::path& model_dir);
 std::string declared_dtype(const common::Json& config);
 
 // Reads the weight files (every shard named in the index must exist and hold the tensors the
-// index puts there) whole into this process's memory (`read_threads` files at a time), hashed
-// in the background while the model is built (ModelFiles::read_large). Tensors are views of that
+// index puts there) whole into this process's memory (`read_threads` files at a time), each
+// hashed as it is read (ModelFiles::read_large). Tensors are views of that
 // memory when the stored dtype is the execution dtype on CPU (each view keeps its file's memory
 // alive), converted copies otherwise. Throws common::Error naming the file or tensor
 // ("model.no_weights", "model.bad_index", "model.missing_tensor", "model.bad_shape",

@@ -26,7 +26,6 @@ using common::Json;
 // Small files hash each chunk right after the kernel copied it, while it is still in cache.
 constexpr std::size_t kChunk = 256 * 1024;
 // Background hashing checks for a stop request between chunks of this size.
-constexpr std::size_t kHashChunk = 4 << 20;
 
 struct Mapping {
   std::byte* data = nullptr;
@@ -174,46 +173,6 @@ std::shared_ptr<const FileImage> ModelFiles::read(const std::string& name, std::
   return image;
 }
 
-// Largest first, each to the thread with the fewest bytes so far. A stop request (this object
-// going away, e.g. after an error) ends the hashing at the next chunk.
-void ModelFiles::hash_in_background(const std::vector<std::shared_ptr<FileImage>>& images,
-                                    unsigned threads) {
-  struct Job {
-    std::shared_ptr<const FileImage> image;  // keeps the bytes alive until hashed
-    std::promise<std::string> digest;
-  };
-  std::vector<std::shared_ptr<FileImage>> order;
-  for (const auto& image : images)
-    if (!image->fsverity_) order.push_back(image);  // bound by the kernel, not hashed
-  if (order.empty()) return;
-  threads = std::clamp<unsigned>(threads, 1, static_cast<unsigned>(order.size()));
-  std::vector<std::vector<Job>> lists(threads);
-  std::vector<std::size_t> load(threads, 0);
-  std::stable_sort(order.begin(), order.end(),
-                   [](const auto& a, const auto& b) { return a->size_ > b->size_; });
-  for (auto& image : order) {
-    auto t = static_cast<std::size_t>(std::min_element(load.begin(), load.end()) - load.begin());
-    Job job{image, {}};
-    image->digest_ = job.digest.get_future().share();
-    load[t] += image->size_;
-    lists[t].push_back(std::move(job));
-  }
-  for (auto& list : lists) {
-    hashers_.emplace_back([jobs = std::move(list)](std::stop_token stop) mutable {
-      for (auto& job : jobs) {
-        common::Sha256 h;
-        auto bytes = job.image->bytes();
-        for (std::size_t at = 0; at < bytes.size(); at += kHashChunk) {
-          if (stop.stop_requested()) return;  // unset promises: their readers get broken_promise
-          h.update(bytes.data() + at, std::min(kHashChunk, bytes.size() - at));
-        }
-        job.digest.set_value(common::identity(h.finish()));
-        job.image.reset();
-      }
-    });
-  }
-}
-
 std::vector<std::shared_ptr<const FileImage>> ModelFiles::read_large(
     const std::vector<std::string>& names, unsigned threads) {
   for (const auto& n : names)
@@ -229,7 +188,10 @@ std::vector<std::shared_ptr<const FileImage>> ModelFiles::read_large(
       std::size_t i = next.fetch_add(1);
       if (i >= names.size() || failed.load()) return;
       try {
-        out[i] = fetch(names[i], SIZE_MAX, /*hash_now=*/false, /*may_map=*/true);
+        // Hashed as it is read, each chunk while it is in cache, so that every digest exists
+        // before the forward starts: a background hash during the forward took one of its
+        // cores (bench/oracle_hashing.md).
+        out[i] = fetch(names[i], SIZE_MAX, /*hash_now=*/true, /*may_map=*/true);
       } catch (...) {
         std::lock_guard lock(error_mutex);
         if (!first_error) first_error = std::current_exception();
@@ -245,7 +207,6 @@ std::vector<std::shared_ptr<const FileImage>> ModelFiles::read_large(
     worker();
   }
   if (first_error) std::rethrow_exception(first_error);
-  hash_in_background(out, threads);
   for (std::size_t i = 0; i < names.size(); ++i)
     records_[names[i]] = {out[i]->bytes().size(), out[i]->digest_, out[i]->fsverity_};
   return {out.begin(), out.end()};

@@ -18,7 +18,6 @@
 #include <span>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <vector>
 
 #include "common/fs.h"
@@ -39,8 +38,8 @@ class FileImage {
 
   std::span<const std::byte> bytes() const { return {data_, size_}; }
   std::string_view text() const { return {reinterpret_cast<const char*>(data_), size_}; }
-  // "sha256:<hex>" of exactly bytes(); waits while a background hash is still running. A mapped
-  // fs-verity file is never hashed here: Error("oracle.internal").
+  // "sha256:<hex>" of exactly bytes(), computed as they were read. A mapped fs-verity file is
+  // never hashed here: Error("oracle.internal").
   const std::string& sha256() const { return digest_.get(); }
   // Set when the file is mapped because it has fs-verity: its digest, as measure_fsverity says.
   const std::optional<std::string>& fsverity_digest() const { return fsverity_; }
@@ -78,11 +77,10 @@ class ModelFiles {
   // The file read whole and hashed the first time; the same image every later time. Throws
   // Error("fs.too_large") past max_bytes, Error("model.missing_fd") for a name not passed.
   std::shared_ptr<const FileImage> read(const std::string& name, std::size_t max_bytes);
-  // Large files (shards), read `threads` at a time; not kept here, so their memory goes with
-  // the last holder. Their digests are computed by up to `threads` background threads while
-  // the caller builds and runs the model on the bytes (which no one writes any more); a
-  // digest's reader waits for it. A file whose descriptor has fs-verity is mapped instead of
-  // read, and not hashed. Each name may be read once.
+  // Large files (shards), read `threads` at a time and each hashed as it is read, so that every
+  // digest is known when this returns (none competes with the forward for a core); not kept
+  // here, so their memory goes with the last holder. A file whose descriptor has fs-verity is
+  // mapped instead of read, and not hashed. Each name may be read once.
   std::vector<std::shared_ptr<const FileImage>> read_large(const std::vector<std::string>& names,
                                                            unsigned threads);
   // Size and digest of every file read so far, by name.
@@ -95,7 +93,6 @@ class ModelFiles {
   ModelFiles() = default;
   std::shared_ptr<FileImage> fetch(const std::string& name, std::size_t max_bytes, bool hash_now,
                                    bool may_map) const;
-  void hash_in_background(const std::vector<std::shared_ptr<FileImage>>& images, unsigned threads);
 
   std::filesystem::path dir_;
   common::UniqueFd dirfd_;
@@ -103,7 +100,6 @@ class ModelFiles {
   std::map<std::string, std::shared_ptr<const FileImage>> cache_;
   std::map<std::string, FileRecord> records_;
   VerityProbe measure_verity_;
-  std::vector<std::jthread> hashers_;  // stopped and joined first when this object goes
 };
 
 // CPUs this process may run on (its affinity mask), at most 8: read and hash threads.

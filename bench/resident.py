@@ -145,7 +145,7 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--many", type=int, default=100)
-    ap.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) - 1))
+    ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     ap.add_argument("--containment", default="auto")
     ap.add_argument("--python", default=sys.executable)
     args = ap.parse_args()

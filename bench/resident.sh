@@ -67,9 +67,9 @@ rows = json.load(open(sys.argv[1]))
 out, cpu, cap, lb, la, mode, damon, reporting = sys.argv[2:]
 md = ["# Resident oracle workers (`bench/resident.sh`)", "",
       "Run %s UTC. CPU: %s, %d CPUs, `ATEN_CPU_CAPABILITY` %s; containment `%s`; load average %s before, %s after. "
-      "Workers run with %d intra-op thread(s) (every CPU but one, left to assayd); transformers with the same." % (
+      "Workers run with %d intra-op thread(s) (every CPU of assayd's affinity, config worker_threads 0); transformers with the same." % (
           time.strftime("%Y-%m-%d %H:%M", time.gmtime()), cpu, os.cpu_count(), cap, mode, lb, la,
-          max(1, (os.cpu_count() or 2) - 1)),
+          len(os.sched_getaffinity(0))),
       "",
       "Host memory management seen: DAMON kdamonds `%s`; virtio free page reporting: %s. With a DAMON `pageout` scheme the page cache the script warms first is paged out again once idle, so \"page cache warm\" may not hold for every measurement (an import or a load that reads the disk shows in the details below)." % (damon.strip(), reporting),
       "",

@@ -109,6 +109,7 @@ void Config::load_file(const std::filesystem::path& path) {
                                  "max_event_streams",
                                  "max_buffered_bytes",
                                  "fingerprint_threads",
+                                 "worker_threads",
                                  "preflight_retry_ms",
                                  "executor",
                                  "slurm",
@@ -242,6 +243,12 @@ void Config::load_limits(const Json& j) {
   unsigned threads = fingerprint_threads;
   take_uint(j, "fingerprint_threads", threads);
   fingerprint_threads = static_cast<int>(threads);
+  unsigned intra = static_cast<unsigned>(worker_threads);
+  take_uint(j, "worker_threads", intra);
+  if (intra > 1024)
+    throw Error("config.invalid", "config.worker_threads must be 0 (every CPU) to 1024, got " +
+                                      std::to_string(intra));
+  worker_threads = static_cast<int>(intra);
   if (auto it = j.find("worker_timeout_seconds"); it != j.end()) {
     if (!it->is_number())
       throw Error("config.invalid", "config.worker_timeout_seconds must be a number");

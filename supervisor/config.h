@@ -59,6 +59,10 @@ struct Config {
   std::size_t max_event_streams = 256;            // open /events streams, all users together
   std::size_t max_buffered_bytes = 256ull << 20;  // request bodies in memory, all connections
   int fingerprint_threads = 2;
+  // Intra-op threads of a reference worker (OMP_NUM_THREADS and its input's "threads"); 0: every
+  // CPU assayd may run on. No core is kept back for assayd: a worker runs SCHED_BATCH at nice 10
+  // (contain/child.cpp), so assayd, at nice 0, gets a core whenever it wants one.
+  int worker_threads = 0;
   // Per-file digests kept in STATE/fingerprint-cache/ keyed by (device, inode, size, mtime,
   // ctime): an unchanged model is not hashed again. false: every job hashes every file.
   bool fingerprint_cache = true;

@@ -105,7 +105,8 @@ contain::SpawnSpec Engine::worker_spec(const JobRun& run, const Step& step,
   // Passive OpenMP waiting: torch's libgomp otherwise spins its idle threads, which starved
   // assayd's one thread on a 2-core host during long batches.
   spec.env = {"PATH=/usr/bin:/bin", "LANG=C.UTF-8", "HOME=" + ws.string(),
-              "OMP_NUM_THREADS=" + std::to_string(worker_threads()), "OMP_WAIT_POLICY=PASSIVE"};
+              "OMP_NUM_THREADS=" + std::to_string(worker_threads(config_)),
+              "OMP_WAIT_POLICY=PASSIVE"};
   spec.stdout_path = ws / protocol::kStdoutFile;
   spec.stderr_path = ws / protocol::kStderrFile;
   // The worker sees neither the state directory (other jobs, the signing key) nor the socket;

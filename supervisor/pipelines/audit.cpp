@@ -165,7 +165,7 @@ class AuditPipeline final : public Pipeline {
                 {"execution",
                  {{"device", config_.oracle_device},
                   {"dtype", execution_dtype(r_.model_dir)},
-                  {"threads", worker_threads()}}}};
+                  {"threads", worker_threads(config_)}}}};
   }
 
   // The worker measured what was asked: the request's contexts and members, every position, the

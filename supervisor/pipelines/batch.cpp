@@ -139,7 +139,7 @@ class BatchPipeline final : public Pipeline {
         config_, model_dir_,
         [this, first] {
           return supervisor::oracle_input(model_dir_, request_.states[first], Json::array(),
-                                          config_.oracle_device, worker_threads());
+                                          config_.oracle_device, worker_threads(config_));
         },
         spec, std::move(states), fingerprint_, numerics_, numerics_evidence_);
     // Each state gets the worker timeout of a single job's envelope.
@@ -201,7 +201,7 @@ class BatchPipeline final : public Pipeline {
         candidates.push_back(
             Json{{"engine", c.engine}, {"token_id", c.token_id}, {"text", c.text}});
       Json single = supervisor::oracle_input(model_dir_, r, candidates, config_.oracle_device,
-                                             worker_threads());
+                                             worker_threads(config_));
       Json state{{"index", i},
                  {"input_token_ids", single["input_token_ids"]},
                  {"candidate_tokens", single["candidate_tokens"]}};
@@ -209,8 +209,9 @@ class BatchPipeline final : public Pipeline {
         state["continuation_prefix"] = single["continuation_prefix"];
       states.push_back(std::move(state));
     }
-    Json input = supervisor::oracle_input(model_dir_, request_.states[running_.front()],
-                                          Json::array(), config_.oracle_device, worker_threads());
+    Json input =
+        supervisor::oracle_input(model_dir_, request_.states[running_.front()], Json::array(),
+                                 config_.oracle_device, worker_threads(config_));
     return Json{{"schema", protocol::kOracleBatchInput},
                 {"model_dir", model_dir_},
                 {"execution", input["execution"]},

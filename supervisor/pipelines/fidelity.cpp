@@ -32,19 +32,21 @@ namespace {
 constexpr const char* kCompareRole = "compare";
 
 Json capture_input(const std::string& model_dir, const common::FidelityRequest& r,
-                   const std::string& device) {
+                   const Config& config) {
+  const std::string& device = config.oracle_device;
   Json contexts = Json::array();
   for (const auto& c : r.panel)
     contexts.push_back(Json{{"id", c.id},
                             {"token_ids", c.token_ids},
                             {"positions", common::position_ranges_json(c.positions)}});
-  return Json{
-      {"schema", protocol::kOracleCaptureInput},
-      {"model_dir", model_dir},
-      {"contexts", contexts},
-      {"block_positions", r.block_positions},
-      {"execution",
-       {{"device", device}, {"dtype", execution_dtype(model_dir)}, {"threads", worker_threads()}}}};
+  return Json{{"schema", protocol::kOracleCaptureInput},
+              {"model_dir", model_dir},
+              {"contexts", contexts},
+              {"block_positions", r.block_positions},
+              {"execution",
+               {{"device", device},
+                {"dtype", execution_dtype(model_dir)},
+                {"threads", worker_threads(config)}}}};
 }
 
 // Checks a capture's output.json against what was asked; throws Error("worker.capture_output").
@@ -315,7 +317,7 @@ class FidelityPipeline final : public Pipeline {
                 "capture",
                 model_dir,
                 {},
-                [this, model_dir] { return capture_input(model_dir, r_, config_.oracle_device); },
+                [this, model_dir] { return capture_input(model_dir, r_, config_); },
                 {},
                 [this, side](Json output, const contain::Evidence& evidence) {
                   check_capture_output(output, r_, vocab_, side);

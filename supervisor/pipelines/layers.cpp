@@ -170,7 +170,7 @@ class LayersPipeline final : public Pipeline {
             {"execution",
              {{"device", config_.oracle_device},
               {"dtype", execution_dtype(r_.model_dir)},
-              {"threads", worker_threads()}}}};
+              {"threads", worker_threads(config_)}}}};
     // Step::open_files come first: the engine's file is fd 3.
     if (r_.patching)
       in["patch"] = Json{{"fd", 3},

@@ -62,7 +62,7 @@ class NextTokenPipeline final : public Pipeline {
         candidates.push_back(
             Json{{"engine", c.engine}, {"token_id", c.token_id}, {"text", c.text}});
       return oracle_input(model_dir_, request_, candidates, config_.oracle_device,
-                          worker_threads());
+                          worker_threads(config_));
     };
     // "both": the libtorch oracle makes the result; transformers runs the same input after it
     // and the result says whether their logits agree bit for bit.

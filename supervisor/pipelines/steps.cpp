@@ -13,6 +13,7 @@
 #include <tuple>
 
 #include <fcntl.h>
+#include <sched.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -42,10 +43,12 @@ Json read_checks(const fs::path& job_dir) {
                               {.max_bytes = 64 << 20});
 }
 
-int worker_threads() {
-  // One core is left to the supervisor (and the kernel) where there are several.
-  unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  return static_cast<int>(cores > 1 ? cores - 1 : 1);
+int worker_threads(const Config& config) {
+  if (config.worker_threads > 0) return config.worker_threads;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 }
 
 namespace {

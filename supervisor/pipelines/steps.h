@@ -19,8 +19,9 @@ namespace assay::supervisor {
 common::Json read_request(const std::filesystem::path& job_dir);
 // The job's checks.json (Admission::checks), or {} for a job without one.
 common::Json read_checks(const std::filesystem::path& job_dir);
-// Threads a worker may use: every CPU of the host but one, left to assayd (one on a 1-CPU host).
-int worker_threads();
+// Intra-op threads of a reference worker: config.worker_threads, or where that is 0 every CPU of
+// assayd's affinity mask (a cpuset or CPUAffinity= narrows it).
+int worker_threads(const Config& config);
 
 struct FingerprintRun {
   common::Json output;  // assay.fingerprint-output.v1

@@ -87,7 +87,7 @@ class TrajectoryPipeline final : public Pipeline {
                           {"execution",
                            {{"device", config_.oracle_device},
                             {"dtype", execution_dtype(r_.model_dir)},
-                            {"threads", worker_threads()}}}};
+                            {"threads", worker_threads(config_)}}}};
             },
             r_.numerics,
             Json::array({Json{{"index", d->index},
@@ -194,7 +194,7 @@ class TrajectoryPipeline final : public Pipeline {
                 {"execution",
                  {{"device", config_.oracle_device},
                   {"dtype", execution_dtype(r_.model_dir)},
-                  {"threads", worker_threads()}}}};
+                  {"threads", worker_threads(config_)}}}};
   }
 
   void check_capture_output(const Json& out, std::size_t i) const {

@@ -1,6 +1,7 @@
 // End-to-end tests of assayd through its real unix socket.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
+#include <sched.h>
 
 #include <sys/stat.h>
 #include <atomic>
@@ -275,6 +276,46 @@ TEST_CASE("a job whose model differs from the expected identity fails naming bot
     // The fingerprint worker refused this hand-made directory; its reason is in the error.
     CHECK(job["error"]["code"] == "worker.fingerprint_failed");
   }
+}
+
+TEST_CASE(
+    "a reference worker gets every CPU of assayd's affinity by default, worker_threads where "
+    "configured; a value past 1024 is refused by name") {
+  if (!have(kFingerprint) || !have(kOracle)) {
+    MESSAGE("skipped: assay-fingerprint or assay-oracle was not built");
+    return;
+  }
+  TempDir tmp;
+  fs::path model = fixture_model(tmp.path / "llama-tiny");
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  REQUIRE(::sched_getaffinity(0, sizeof(set), &set) == 0);
+  const int cpus = CPU_COUNT(&set);
+  auto threads_of_a_job = [&](const std::string& name, const std::string& config) {
+    spit(tmp.path / (name + ".json"), config);
+    Daemon d(tmp.path / ("state-" + name), tmp.path / (name + ".sock"),
+             {"--containment", containment(), "--fingerprint-worker", kFingerprint,
+              "--oracle-worker", kOracle, "--config", (tmp.path / (name + ".json")).string()});
+    REQUIRE_MESSAGE(d.start(), d.log());
+    auto sub = request(d.socket(), "POST", "/v1/jobs", next_token_request(name, model).dump());
+    REQUIRE_MESSAGE(sub.status == 201, sub.body);
+    Json job = wait_job(d.socket(), sub.json()["id"], terminal, 300);
+    REQUIRE_MESSAGE(job["state"] == "succeeded", job.dump(2) << "\n" << d.log());
+    auto reply = request(d.socket(), "GET", "/v1/jobs/" + job["id"].get<std::string>() + "/result");
+    REQUIRE(reply.status == 200);
+    return reply.json()["oracle"]["threads"];
+  };
+  // No core is kept back for assayd: the worker runs SCHED_BATCH at nice 10.
+  CHECK(threads_of_a_job("default", "{}") == cpus);
+  CHECK(threads_of_a_job("one", R"({"worker_threads": 1})") == 1);
+
+  spit(tmp.path / "bad.json", R"({"worker_threads": 5000})");
+  Daemon bad(tmp.path / "state-bad", tmp.path / "bad.sock",
+             {"--containment", "none", "--config", (tmp.path / "bad.json").string()});
+  CHECK_FALSE(bad.start());
+  CHECK_MESSAGE(bad.log().find("config.worker_threads must be 0 (every CPU) to 1024, got 5000") !=
+                    std::string::npos,
+                bad.log());
 }
 
 TEST_CASE("a real job runs both contained workers and returns a verifiable signed result") {

@@ -17,6 +17,7 @@
 #include "common/identity.h"
 #include "common/protocol.h"
 #include "common/safetensors.h"
+#include "common/worker_document.h"
 #include "compare/kernel.h"
 #include "compare/logits.h"
 #include "compare/statistics.h"
@@ -403,7 +404,7 @@ void write_outputs(const Comparison& c, const std::filesystem::path& workdir,
   const std::filesystem::path kl_path = workdir / kl_file;
   common::atomic_write_file(kl_path, c.kl_artifact);
   try {
-    common::atomic_write_file(workdir / protocol::kOutputFile, c.document.dump(2) + "\n");
+    common::write_worker_document(workdir / protocol::kOutputFile, c.document.dump(2) + "\n");
   } catch (...) {
     std::error_code ec;
     std::filesystem::remove(kl_path, ec);

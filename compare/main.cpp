@@ -11,6 +11,7 @@
 #include "common/fidelity.h"
 #include "common/fs.h"
 #include "common/json.h"
+#include "common/worker_document.h"
 #include "compare/compare.h"
 #include "compare/layers.h"
 #include "compare/trajectory.h"
@@ -165,8 +166,8 @@ int main(int argc, char** argv) {
       // The reference is a file of the workspace, named relative to it.
       in.reference = (std::filesystem::path(lworkdir) / in.reference).string();
       Json out = cmp::compare_layers(in);
-      assay::common::atomic_write_file(std::filesystem::path(lworkdir) / "output.json",
-                                       out.dump(2) + "\n");
+      assay::common::write_worker_document(std::filesystem::path(lworkdir) / "output.json",
+                                           out.dump(2) + "\n");
       return 0;
     }
     std::optional<std::string> repro;

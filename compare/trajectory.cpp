@@ -13,6 +13,7 @@
 #include "common/identity.h"
 #include "common/safetensors.h"
 #include "common/trajectory.h"
+#include "common/worker_document.h"
 #include "compare/compare.h"
 
 namespace assay::compare {
@@ -414,7 +415,7 @@ void write_trajectory_outputs(const TrajectoryAnalysis& a, const std::filesystem
   const std::filesystem::path path = workdir / artifact_file;
   common::atomic_write_file(path, a.artifact);
   try {
-    common::atomic_write_file(workdir / "output.json", a.document.dump(2) + "\n");
+    common::write_worker_document(workdir / "output.json", a.document.dump(2) + "\n");
   } catch (...) {
     std::error_code ec;
     std::filesystem::remove(path, ec);

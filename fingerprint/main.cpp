@@ -17,6 +17,7 @@
 #include "common/identity.h"
 #include "common/json.h"
 #include "common/protocol.h"
+#include "common/worker_document.h"
 #include "fingerprint/fingerprint.h"
 
 namespace {
@@ -157,8 +158,8 @@ int main(int argc, char** argv) {
       Request r = parse_input(input);
       fp::Fingerprint f = fp::fingerprint_model(r.model_dir, r.id, r.options);
       Json doc = output_document(f, r.model_dir, r.options.max_read_mib_per_second);
-      assay::common::atomic_write_file(std::filesystem::path(workdir) / protocol::kOutputFile,
-                                       doc.dump(2) + "\n");
+      assay::common::write_worker_document(std::filesystem::path(workdir) / protocol::kOutputFile,
+                                           doc.dump(2) + "\n");
       return 0;
     }
     if (model.empty() || id.empty())

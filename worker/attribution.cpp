@@ -12,6 +12,7 @@
 #include "common/protocol.h"
 #include "common/request.h"
 #include "common/safetensors.h"
+#include "common/worker_document.h"
 #include "worker/run.h"
 
 namespace assay::oracle {
@@ -311,7 +312,7 @@ void run_layers(const LayersInput& in, const std::filesystem::path& dir) {
   out["forward_seconds"] = forward_seconds;
   out["peak_rss_bytes"] = peak_rss_bytes();
   out["duration_seconds"] = seconds_since(kStart);
-  common::atomic_write_file(dir / protocol::kOutputFile, out.dump(2) + "\n");
+  common::write_worker_document(dir / protocol::kOutputFile, out.dump(2) + "\n");
 }
 
 }  // namespace assay::oracle

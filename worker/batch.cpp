@@ -8,6 +8,7 @@
 #include "common/error.h"
 #include "common/fs.h"
 #include "common/protocol.h"
+#include "common/worker_document.h"
 #include "worker/run.h"
 
 namespace assay::oracle {
@@ -25,7 +26,7 @@ namespace {
 void write_state_error(const std::filesystem::path& dir, std::size_t index, const std::string& code,
                        const std::string& message) {
   Json out{{"index", index}, {"error", {{"code", code}, {"message", message}}}};
-  common::atomic_write_file(dir / batch_state_file(index, ".json"), out.dump(2) + "\n");
+  common::write_worker_document(dir / batch_state_file(index, ".json"), out.dump(2) + "\n");
 }
 
 }  // namespace
@@ -81,7 +82,7 @@ void run_batch_states(const OracleBatchInput& in, const std::filesystem::path& d
     out["batch_index"] = state.index;
     out["peak_rss_bytes"] = peak_rss_bytes();
     out["duration_seconds"] = seconds_since(started);
-    common::atomic_write_file(dir / batch_state_file(state.index, ".json"), out.dump(2) + "\n");
+    common::write_worker_document(dir / batch_state_file(state.index, ".json"), out.dump(2) + "\n");
     ++succeeded;
   }
   Json out{{"schema", protocol::kOracleBatchOutput},
@@ -93,7 +94,7 @@ void run_batch_states(const OracleBatchInput& in, const std::filesystem::path& d
            // What the supervisor hashes into every state's "implementation": named here too so
            // that it can hash them off its loop before it records the states.
            {"loaded_libraries", process["loaded_libraries"]}};
-  common::atomic_write_file(dir / protocol::kOutputFile, out.dump(2) + "\n");
+  common::write_worker_document(dir / protocol::kOutputFile, out.dump(2) + "\n");
 }
 
 }  // namespace assay::oracle

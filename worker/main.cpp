@@ -19,6 +19,7 @@
 #include "common/identity.h"
 #include "common/protocol.h"
 #include "common/safetensors.h"
+#include "common/worker_document.h"
 #include "worker/attribution.h"
 #include "worker/batch.h"
 #include "worker/capture.h"
@@ -109,7 +110,7 @@ int run_next_token(const std::string& input_path, const std::string& workdir) {
   out["forward_seconds"] = f.forward_seconds;
   out["peak_rss_bytes"] = peak_rss_bytes();
   out["duration_seconds"] = seconds_since(kStart);
-  common::atomic_write_file(dir / protocol::kOutputFile, out.dump(2) + "\n");
+  common::write_worker_document(dir / protocol::kOutputFile, out.dump(2) + "\n");
   return 0;
 }
 
@@ -206,7 +207,7 @@ int run_capture(const std::string& input_path, const std::string& workdir) {
   out["lm_head_seconds"] = head_seconds;
   out["peak_rss_bytes"] = peak_rss_bytes();
   out["duration_seconds"] = seconds_since(kStart);
-  common::atomic_write_file(dir / protocol::kOutputFile, out.dump(2) + "\n");
+  common::write_worker_document(dir / protocol::kOutputFile, out.dump(2) + "\n");
   return 0;
 }
 

@@ -12,6 +12,7 @@
 #include "common/fs.h"
 #include "common/protocol.h"
 #include "common/time.h"
+#include "common/worker_document.h"
 #include "worker/batch.h"
 #include "worker/loader.h"
 #include "worker/model_files.h"
@@ -116,7 +117,7 @@ void run_job(Resident& r, const fs::path& dir) {
   out["peak_rss_bytes"] = peak_rss_bytes();
   out["duration_seconds"] = seconds_since(t0);
   out["resident"] = resident_fields(r);
-  common::atomic_write_file(dir / protocol::kOutputFile, out.dump(2) + "\n");
+  common::write_worker_document(dir / protocol::kOutputFile, out.dump(2) + "\n");
 }
 
 void write_error(const fs::path& dir, const std::string& code, const std::string& message) {

@@ -14,6 +14,7 @@ the oracle (first: hashing the weights as they are read against hashing them on 
 their own during the forward, bench/oracle_hashing.md).
 """
 import argparse
+import json
 import os
 import random
 import subprocess
@@ -68,11 +69,14 @@ def main():
     capability = torch.backends.cpu.get_cpu_capability()
     gemm = gemm_gflops(torch.bfloat16, args.threads)
     warm_page_cache(args.model)
-    vocab = 100000
+    with open(os.path.join(args.model, "config.json")) as f:
+        config = json.load(f)
+    vocab = config.get("text_config", config)["vocab_size"]
     rows, log = [], []
     for t in (int(x) for x in args.lengths.split(",")):
         rng = random.Random(0)
-        ids = [rng.randrange(1000, vocab) for _ in range(t)]
+        # [1000, 100000) where the vocabulary has it (the recorded 4B run's ids), else within it.
+        ids = [rng.randrange(min(1000, vocab // 2), min(100000, vocab)) for _ in range(t)]
         best = {}
         for rep in range(args.repeat):
             outs = []

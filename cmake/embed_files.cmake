@@ -1,5 +1,6 @@
 # Writes OUT, a C++ source that defines NAME, an array of {file name, contents} for each file in
-# DIR matching GLOB (patterns separated by commas; sorted by name) as raw string literals, and NAMECount, its length. Run with
+# DIR matching GLOB (patterns separated by commas; sorted by name) as raw string literals, and
+# NAMECount, its length. Run with
 # cmake -P at build time.
 string(REPLACE "," ";" patterns "${GLOB}")
 set(FILES "")

@@ -468,8 +468,9 @@ SchemaCatalog::SchemaCatalog(const std::pair<const char*, const char*>* files, s
     if (!name.is_null() && !name.is_string())
       throw Error("schema.invalid",
                   std::string(file) + ": /properties/schema/const is not a string");
-    if (name.is_string()) ids_.emplace(name.get<std::string>(), member(schema, "$id"));
-    schemas_.add(std::move(schema));
+    std::string id = member(schema, "$id").is_string() ? schema["$id"].get<std::string>() : "";
+    schemas_.add(std::move(schema));  // throws for a missing $id, before it is indexed
+    if (name.is_string()) ids_.emplace(name.get<std::string>(), id);
   }
 }
 

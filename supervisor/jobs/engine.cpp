@@ -14,7 +14,6 @@
 #include "common/protocol.h"
 #include "common/text.h"
 #include "common/time.h"
-#include "common/worker_schemas.h"
 #include "supervisor/pipelines/admission.h"
 #include "supervisor/pipelines/documents.h"
 #include "supervisor/pipelines/steps.h"
@@ -280,11 +279,8 @@ void Engine::step_ended(const std::string& id, const std::string& role,
       throw Error("worker." + role + "_output",
                   role + " worker exited 0 but its output.json is unusable: " + e.what());
     }
-    // Its shape against its schema before any step reads it (fuzz_worker_output).
-    common::check_worker_output(output, "worker." + role + "_output",
-                                role + " worker's output.json");
     Json kept = slurm_ ? output : Json();
-    step.accept(std::move(output), evidence);
+    accept_output(step, std::move(output), evidence);
     if (slurm_) keep_step_record(id, role, kept, evidence);
   } catch (const Error& e) {
     return fail(id, e.code(), e.what());

@@ -8,7 +8,6 @@
 #include "common/error.h"
 #include "common/fs.h"
 #include "common/json.h"
-#include "common/worker_schemas.h"
 #include "supervisor/jobs/engine.h"
 
 namespace assay::supervisor {
@@ -83,10 +82,7 @@ bool Engine::resume_step(JobRun& run, Step& step) {
     set_phase(*store_.find(id), role,
               "the " + role + " step ended before the restart: collected, not run again");
     try {
-      // A record of an earlier assayd is checked as a fresh output would be.
-      common::check_worker_output(common::member(doc, "output"), "worker." + role + "_output",
-                                  role + " worker's recorded output");
-      step.accept(doc.at("output"), *evidence);
+      accept_output(step, doc.at("output"), *evidence, "recorded output");
     } catch (const Error& e) {
       fail(id, e.code(), e.what());
       return true;

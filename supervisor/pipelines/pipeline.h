@@ -19,6 +19,7 @@
 
 #include "common/json.h"
 #include "common/request.h"
+#include "common/worker_schemas.h"
 #include "supervisor/config.h"
 #include "supervisor/contain/evidence.h"
 
@@ -107,6 +108,16 @@ struct Step {
   std::optional<std::chrono::milliseconds> timeout_cap = std::nullopt;
   std::string timeout_cap_key = {};
 };
+
+// How every worker's output reaches its step, fresh or recorded by an earlier assayd: checked
+// against its published schema (common/worker_schemas.h) before accept() reads any of it. Throws
+// Error("worker.<role>_output") naming `what` and the JSON pointers, or what accept() throws.
+inline void accept_output(Step& step, common::Json output, const contain::Evidence& evidence,
+                          std::string_view what = "output.json") {
+  common::check_worker_output(output, "worker." + step.role + "_output",
+                              step.role + " worker's " + std::string(what));
+  step.accept(std::move(output), evidence);
+}
 
 // What the engine seals: the result document (without result_sha256) and its artifact.
 struct Sealed {

@@ -25,7 +25,6 @@
 #include "common/identity.h"
 #include "common/sign.h"
 #include "common/time.h"
-#include "common/worker_schemas.h"
 #include "supervisor/config.h"
 #include "supervisor/jobs/store.h"
 #include "supervisor/pipelines/documents.h"
@@ -169,10 +168,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       return 0;  // worker.<role>_output
     }
     outputs.push_back(output);
-    if (!fuzz::as_the_engine_does([&] {
-          common::check_worker_output(output, "worker." + step.role + "_output", step.role);
-          step.accept(std::move(output), evidence);
-        }))
+    if (!fuzz::as_the_engine_does(
+            [&] { supervisor::accept_output(step, std::move(output), evidence); }))
       return 0;
   }
 

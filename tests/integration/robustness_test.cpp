@@ -368,4 +368,40 @@ TEST_SUITE("robustness") {
     REQUIRE_MESSAGE(d.start(), d.log());
     CHECK(request_get(d, "/v1/jobs/" + id).json()["events"] == job["events"]);
   }
+
+  TEST_CASE(
+      "an oracle output.json that is not an object, or breaks its schema, fails the job by "
+      "worker.oracle_output naming the JSON pointer, before any step reads it") {
+    if (!have(kFingerprint)) {
+      MESSAGE("skipped: assay-fingerprint was not built");
+      return;
+    }
+    TempDir tmp;
+    fs::path model = fixture_model(tmp.path / "llama-tiny");
+    auto fails_with = [&](const std::string& name, const std::string& document) {
+      // A stand-in oracle that exits 0 having written `document`.
+      fs::path liar = tmp.path / ("oracle-" + name);
+      spit(liar, "#!/bin/sh\necho '" + document + "' > output.json\n");
+      ::chmod(liar.c_str(), 0755);
+      Daemon d(tmp.path / ("state-" + name), tmp.path / (name + ".sock"),
+               {"--containment", containment(), "--fingerprint-worker", kFingerprint,
+                "--oracle-worker", liar.string()});
+      REQUIRE_MESSAGE(d.start(), d.log());
+      auto sub = request_json(d, next_token_request(name, model));
+      REQUIRE_MESSAGE(sub.status == 201, sub.body);
+      Json job = wait_job(d.socket(), sub.json()["id"], terminal, 120);
+      CHECK(job["state"] == "failed");
+      CHECK(job["error"]["code"] == "worker.oracle_output");
+      return job["error"]["message"].get<std::string>();
+    };
+    std::string m = fails_with("array", "[1,2]");
+    CHECK_MESSAGE(m.find("is not a JSON object with a string \"schema\"") != std::string::npos, m);
+    m = fails_with("typed", R"({"schema":"assay.oracle-output.v1","argmax":"seven"})");
+    CHECK_MESSAGE(m.find("oracle worker's output.json is not a valid assay.oracle-output.v1:") !=
+                      std::string::npos,
+                  m);
+    // The first errors, by pointer (the rest counted).
+    CHECK_MESSAGE(m.find("/: required: \"architecture\" is missing;") != std::string::npos, m);
+    CHECK_MESSAGE(m.find(" more") != std::string::npos, m);
+  }
 }

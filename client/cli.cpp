@@ -72,6 +72,8 @@ constexpr const char* kExitCodesHelp =
     "  8  wait --timeout expired (the job goes on)\n"
     "  9  result --format kiln-v2: a field of Kiln's record would not be a fact of the run "
     "(nothing written)\n"
+    " 10  verify --kiln: a Kiln record of a kind assay does not check (neither verified nor "
+    "refused)\n"
     "\n"
     "The socket is --socket, else $ASSAY_SOCKET, else /run/assay/assayd.sock.";
 

@@ -19,6 +19,7 @@ enum Exit : int {
   kExitInvalidInput = 7,  // a local file is unreadable or invalid (request check, submit, verify)
   kExitWaitTimeout = 8,   // wait --timeout expired; the job goes on
   kExitNotAFact = 9,      // result --format kiln-v2: a field would be false; nothing written
+  kExitNotChecked = 10,   // verify --kiln: a Kiln record of a kind assay does not check
 };
 
 struct Environment {

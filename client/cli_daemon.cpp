@@ -28,6 +28,15 @@ int Cli::verify() {
     } catch (const common::Error& e) {
       throw ExitWith{kExitInvalidInput, std::string(e.what()) + " [" + e.code() + "]"};
     }
+    if (report.not_checked_kind) {
+      if (o_.json)
+        print_json(report.to_json());
+      else
+        out_ << "NOT CHECKED (Kiln record): " << o_.file << " is a " << *report.not_checked_kind
+             << " record, a kind assay does not check (it checks Kiln's next-token and "
+                "layer-attribution results); neither verified nor refused\n";
+      return kExitNotChecked;
+    }
     if (o_.json) {
       print_json(report.to_json());
     } else {

@@ -88,8 +88,10 @@ void implementation_section(Builder& b, bool transformers) {
     b.not_a_fact("/implementation/hf_worker_sha256", nullptr, why);
     b.not_a_fact("/implementation/python_sha256", nullptr, why);
   } else {
-    from_result(b, "/implementation/hf_worker_sha256", "/oracle/transformers/worker_sha256");
-    from_result(b, "/implementation/python_sha256", "/oracle/transformers/python_sha256");
+    // The worker's Python script (assay-hf-worker is a wrapper that execs it) and the
+    // interpreter, each as the worker hashed the file it ran from.
+    from_result(b, "/implementation/hf_worker_sha256", "/oracle/executable_sha256");
+    from_result(b, "/implementation/python_sha256", "/oracle/transformers/python/sha256");
   }
   b.fact("/implementation/process_runner_sha256",
          b.at("/implementation/executables/assayd-serve/sha256"));
@@ -145,10 +147,17 @@ void containment_section(Builder& b) {
 
 void oracle_section(Builder& b, bool transformers) {
   for (const char* k :
-       {"attention_implementation", "argmax", "argmax_text", "deterministic_algorithms", "device",
-        "dtype", "duration_seconds", "input_token_count", "input_token_ids_sha256", "logits_sha256",
+       {"attention_implementation", "argmax", "argmax_text", "deterministic_algorithms", "dtype",
+        "duration_seconds", "input_token_count", "input_token_ids_sha256", "logits_sha256",
         "tf32_allowed", "top_logit_margin"})
     b.fact(std::string("/oracle/") + k, b.at((std::string("/oracle/") + k).c_str()));
+  // Kiln's device is the accelerator's name ("AMD Radeon 8060S Graphics"); assay's `device` is
+  // the device spec (cpu, cuda:0) and `device_name` the name.
+  const Json& device_name = b.at("/oracle/device_name");
+  if (device_name.is_string() && !device_name.get_ref<const std::string&>().empty())
+    b.fact("/oracle/device", device_name);
+  else
+    b.not_a_fact("/oracle/device", nullptr, "the result records no device_name for the oracle");
   Json candidates = Json::array();
   for (const auto& c : b.at("/oracle/candidate_tokens"))
     candidates.push_back(Json{{"engine", c["engine"]},

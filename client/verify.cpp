@@ -56,7 +56,7 @@ const ResultKind* kind_of(const std::optional<std::string>& schema) {
 }  // namespace
 
 bool VerifyReport::ok() const {
-  return !checks.empty() &&
+  return !not_checked_kind && !checks.empty() &&
          std::all_of(checks.begin(), checks.end(), [](const Check& c) { return c.ok; });
 }
 
@@ -64,7 +64,9 @@ Json VerifyReport::to_json() const {
   Json list = Json::array();
   for (const Check& c : checks)
     list.push_back({{"name", c.name}, {"ok", c.ok}, {"detail", c.detail}});
-  return {{"ok", ok()}, {"checks", list}};
+  Json out{{"ok", ok()}, {"checks", list}};
+  if (not_checked_kind) out["not_checked"] = *not_checked_kind;
+  return out;
 }
 
 namespace {

@@ -26,8 +26,11 @@ struct Check {
 
 struct VerifyReport {
   std::vector<Check> checks;
+  // verify --kiln on a Kiln record of a kind assay has no rules for (its schema): nothing was
+  // checked, so it is neither verified nor refused.
+  std::optional<std::string> not_checked_kind;
   bool ok() const;
-  // {"ok": bool, "checks": [{"name","ok","detail"}]}
+  // {"ok": bool, "checks": [{"name","ok","detail"}]}, and "not_checked": kind when so.
   common::Json to_json() const;
 };
 

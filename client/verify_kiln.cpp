@@ -141,6 +141,41 @@ void check_kiln_next_token(const Json& doc, Checks& checks) {
   }
 }
 
+// Kiln's cross-field rules of a next-token record (rocm_hf_next_token_oracle.py validate_result,
+// v1 and v2): what each part says of another must agree, so that a record resealed after one of
+// them was changed is refused as Kiln refuses it.
+void check_kiln_bindings(const Json& doc, Checks& checks) {
+  auto at = [&](std::initializer_list<const char*> path) -> Json {
+    const Json* v = &doc;
+    for (const char* k : path) {
+      if (!v->is_object() || !v->contains(k)) return Json();
+      v = &(*v)[k];
+    }
+    return *v;
+  };
+  auto same = [&](const char* name, const Json& a, const char* a_name, const Json& b,
+                  const char* b_name) {
+    const bool ok = !a.is_null() && a == b;
+    checks.add(
+        name, ok,
+        std::string(a_name) + " " + a.dump() + (ok ? " = " : " != ") + b_name + " " + b.dump());
+  };
+  same("kiln.request_sha256", at({"oracle", "request_sha256"}), "oracle.request_sha256",
+       at({"request", "sha256"}), "request.sha256");
+  same("kiln.request_id", at({"oracle", "request_id"}), "oracle.request_id", at({"request", "id"}),
+       "request.id");
+  same("kiln.output_bytes", at({"reference_artifact", "bytes"}), "reference_artifact.bytes",
+       at({"oracle", "output_bytes"}), "oracle.output_bytes");
+  same("kiln.origin_main", at({"source", "commit"}), "source.commit", at({"source", "origin_main"}),
+       "source.origin_main");
+  // One interpreter ran the fingerprint and the worker. A v1 record may lack the fingerprint
+  // (Kiln's legacy records); where it has one, the rule holds.
+  if (doc.contains("model_fingerprint") || doc.value("schema", "") == kKilnNextTokenV2)
+    same("kiln.python_sha256", at({"model_fingerprint", "python_sha256"}),
+         "model_fingerprint.python_sha256", at({"implementation", "python_sha256"}),
+         "implementation.python_sha256");
+}
+
 // The document against Kiln's own published schema for its "schema" (common/kiln_schemas.h).
 void check_kiln_schema(const Json& doc, const std::string& schema, Checks& checks) {
   auto id = common::kiln_schema_id_for(schema);
@@ -321,6 +356,13 @@ VerifyReport verify_kiln(const std::filesystem::path& record,
   auto schema = string_at(doc, {"schema"});
   bool next_token = schema == kKilnNextTokenV1 || schema == kKilnNextTokenV2;
   bool layer = schema == kKilnLayerV1 || schema == kKilnLayerV2;
+  // Another of Kiln's record kinds (its path-attribution results): not a tampered record, but
+  // one whose rules assay does not apply; said so, and nothing is checked.
+  if (!next_token && !layer && schema && schema->starts_with("kiln.rocm-hf-")) {
+    VerifyReport out;
+    out.not_checked_kind = *schema;
+    return out;
+  }
   checks.add("kiln.schema", next_token || layer,
              "schema " + (schema ? "\"" + *schema + "\"" : std::string("missing")) +
                  (next_token || layer ? ""
@@ -342,6 +384,7 @@ VerifyReport verify_kiln(const std::filesystem::path& record,
                      : "record has no result_sha256 string (recomputed " + recomputed + ")");
   if (schema) check_kiln_schema(doc, *schema, checks);
   if (next_token) check_kiln_next_token(doc, checks);
+  if (next_token) check_kiln_bindings(doc, checks);
   if (artifact && next_token) check_kiln_artifact(doc, *artifact, checks);
   if (artifact && !next_token)
     checks.add("kiln.artifact", false, "--artifact applies to a next-token record's logits");

@@ -9,6 +9,9 @@ namespace assay::common {
 
 namespace {
 
+// The benchmark driver version Kiln's receipt checks accept (hf_next_token_contract.py).
+constexpr std::string_view kKilnDriverVersion = "7";
+
 // One receipt's checks, each throwing with the engine and the check's name.
 class ReceiptChecker {
  public:
@@ -53,6 +56,14 @@ class ReceiptChecker {
            "request.source." + slot_.key + " is the receipt of engine " + show(engine) + ", not " +
                slot_.engine);
 
+    // Kiln accepts receipts of one benchmark driver only (scripts/bench-concurrent-batch.py).
+    begin("driver_version");
+    expect("driver_version", at(receipt, {"driver_version"}) == Json(kKilnDriverVersion),
+           "driver_version is " + show(at(receipt, {"driver_version"})) +
+               ", Kiln's receipts come "
+               "from driver version \"" +
+               std::string(kKilnDriverVersion) + "\"");
+
     const Json& source = request_.source;
     begin("source_commit");
     const Json& repo = at(receipt, {"driver_environment", "repository"});
@@ -84,6 +95,10 @@ class ReceiptChecker {
     const Json& run = runs[0];
     expect("single_run", at(run, {"concurrency"}) == Json(1),
            "runs[0].concurrency is " + show(at(run, {"concurrency"})) + ", not 1");
+    // The measured run, not a warm-up (-1) or a later repeat; an integer, as Kiln writes it.
+    const Json& repeat = at(run, {"repeat"});
+    expect("single_run", repeat.is_number_integer() && repeat == Json(0),
+           "runs[0].repeat is " + show(repeat) + ", not 0 (the measured run)");
     check_prompt_tokens(run);
     check_output(run);
     return report_;
@@ -117,6 +132,12 @@ class ReceiptChecker {
   }
 
   static std::string show(const Json& v) { return printable(v.dump(), 200); }
+  static std::string keys_of(const Json& v) {
+    if (!v.is_object()) return show(v);
+    std::string out;
+    for (const auto& [k, x] : v.items()) out += (out.empty() ? "" : ", ") + printable(k, 80);
+    return "[" + out + "]";
+  }
   static std::string count(const Json& v) {
     return v.is_array() ? std::to_string(v.size()) : std::string(v.type_name());
   }
@@ -134,11 +155,12 @@ class ReceiptChecker {
     begin("prompt_token_count");
     const Json& want = at(request_.document, {"prompt", "token_count"});
     const Json& counts = at(run, {"prompt_token_counts"});
-    bool ok = counts.is_array() && !counts.empty();
-    for (const auto& c : counts) ok = ok && c == want;
+    // One request, one count: exactly [n], n the prompt's own tokens (without the prefix).
+    bool ok = counts.is_array() && counts.size() == 1 && counts[0].is_number_integer() &&
+              counts[0] == want;
     expect("prompt_token_count", ok,
-           "runs[0].prompt_token_counts is " + show(counts) + ", request.prompt.token_count is " +
-               show(want));
+           "runs[0].prompt_token_counts is " + show(counts) + ", not [" + show(want) +
+               "] (one request of request.prompt.token_count tokens)");
     for (const char* k : {"prompt_tokens_min", "prompt_tokens_max"})
       expect("prompt_token_count", at(run, {k}) == want,
              std::string("runs[0].") + k + " is " + show(at(run, {k})) +
@@ -152,6 +174,11 @@ class ReceiptChecker {
            "runs[0].output_evidence has " + count(rows) + " rows, not exactly one");
     const Json& row = rows[0];
     const Json& exact = at(row, {"exact_output"});
+    expect("single_output",
+           exact.is_object() && exact.size() == 2 && exact.contains("content_base64") &&
+               exact.contains("reasoning_content_base64"),
+           "output_evidence[0].exact_output has keys " + keys_of(exact) +
+               ", not exactly content_base64 and reasoning_content_base64");
     std::string content = decode(at(exact, {"content_base64"}), "content_base64");
     std::string reasoning =
         decode(at(exact, {"reasoning_content_base64"}), "reasoning_content_base64");

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 
 #include "client/format.h"
+#include "common/json.h"
 #include "support.h"
 
 namespace {
@@ -97,6 +98,29 @@ TEST_CASE("verify without --pubkey needs the daemon and says how to stay offline
   CHECK(r.err.find("give --pubkey FILE to verify offline") != std::string::npos);
 }
 
+TEST_CASE(
+    "verify --kiln on a Kiln path-attribution record says it is a kind assay does not check: "
+    "exit 10, neither verified nor refused (exit 6 is for a record that fails a check)") {
+  TempDir dir;
+  std::string record =
+      dir.write("path.json",
+                R"({"schema":"kiln.rocm-hf-path-attribution-result.v2","result_sha256":"sha256:)" +
+                    std::string(64, '0') + R"("})");
+  auto r = run({"verify", "--kiln", record});
+  CHECK(r.status == 10);
+  CHECK(r.out.find("NOT CHECKED (Kiln record): " + record +
+                   " is a kiln.rocm-hf-path-attribution-result.v2 record, a kind assay does not "
+                   "check") != std::string::npos);
+  auto j = run({"verify", "--kiln", record, "--json"});
+  CHECK(j.status == 10);
+  auto doc = assay::common::parse_strict(j.out);
+  CHECK(doc["ok"] == false);
+  CHECK(doc["not_checked"] == "kiln.rocm-hf-path-attribution-result.v2");
+  // Not a Kiln record at all: a check fails (exit 6), as before.
+  auto other = run({"verify", "--kiln", dir.write("x.json", R"({"schema":"something.else"})")});
+  CHECK(other.status == 6);
+}
+
 TEST_CASE("fidelity submit checks the request locally; fidelity show needs an id") {
   TempDir dir;
   assay::client::Environment env{.socket = "/nonexistent/assayd.sock"};
@@ -106,7 +130,8 @@ TEST_CASE("fidelity submit checks the request locally; fidelity show needs an id
                env);
   CHECK(r.status == 7);
   // A fidelity request with overlapping ranges is refused before any connection.
-  std::string bad = R"({"schema":"assay.fidelity-request.v1","id":"f","reference":{"model_dir":"/m"},
+  std::string bad =
+      R"({"schema":"assay.fidelity-request.v1","id":"f","reference":{"model_dir":"/m"},
     "candidate":{"model_dir":"/c"},"panel":{"contexts":[{"token_ids":[1,2,3],
     "positions":[[0,2],[1,3]]}]}})";
   r = run({"fidelity", "submit", dir.write("bad.json", bad)}, env);
@@ -114,7 +139,8 @@ TEST_CASE("fidelity submit checks the request locally; fidelity show needs an id
   CHECK(r.err.find("overlaps") != std::string::npos);
   CHECK(r.err.find("cannot connect") == std::string::npos);
   // A valid one gets as far as the (absent) daemon; --model does not apply to it.
-  std::string good = R"({"schema":"assay.fidelity-request.v1","id":"f","reference":{"model_dir":"/m"},
+  std::string good =
+      R"({"schema":"assay.fidelity-request.v1","id":"f","reference":{"model_dir":"/m"},
     "candidate":{"model_dir":"/c"},"panel":{"contexts":[{"token_ids":[1,2,3]}]}})";
   r = run({"fidelity", "submit", dir.write("good.json", good)}, env);
   CHECK(r.status == 3);
@@ -134,18 +160,21 @@ TEST_CASE("fidelity submit checks the request locally; fidelity show needs an id
 
 TEST_CASE("fidelity_report shows the metric table, per-context rows and the histogram") {
   using assay::common::Json;
-  Json stats = {{"mean", 0.5}, {"median", 0.25}, {"p95", 1.0}, {"p99", 1.5},
+  Json stats = {{"mean", 0.5},  {"median", 0.25}, {"p95", 1.0}, {"p99", 1.5},
                 {"p99_9", 1.9}, {"max", 2.0},     {"min", 0.0}};
   Json r = {
       {"job_id", "j-0123456789abcdef01234567"},
       {"request", {{"id", "q4"}}},
-      {"panel", {{"contexts", Json::array({Json::object(), Json::object()})},
-                 {"scored_positions", 40},
-                 {"vocab_size", 151936}}},
+      {"panel",
+       {{"contexts", Json::array({Json::object(), Json::object()})},
+        {"scored_positions", 40},
+        {"vocab_size", 151936}}},
       {"reference",
        {{"model_dir", "/models/ref"},
-        {"model_identity", {{"id", "qwen3"}, {"content_sha256", "sha256:" + std::string(64, 'a')}}}}},
-      {"candidate", {{"kind", "logits"}, {"label", "kiln int4"}, {"logits_files", Json::array({1, 2})}}},
+        {"model_identity",
+         {{"id", "qwen3"}, {"content_sha256", "sha256:" + std::string(64, 'a')}}}}},
+      {"candidate",
+       {{"kind", "logits"}, {"label", "kiln int4"}, {"logits_files", Json::array({1, 2})}}},
       {"reproduction",
        {{"confirmed", false}, {"digests_equal", false}, {"kl", stats}, {"top1_agreement", 0.9}}},
       {"comparison",
@@ -165,11 +194,11 @@ TEST_CASE("fidelity_report shows the metric table, per-context rows and the hist
       {"result_sha256", "sha256:" + std::string(64, 'f')}};
   std::string text = assay::client::fidelity_report(r);
   INFO(text);
-  for (const char* s : {"request \"q4\"", "kiln int4: logits supplied in 2 file(s)", "qwen3",
-                        "40 scored positions, vocab 151936", "p99.9", "1.9",
-                        "(context b, position 17)", "0.975  (39 of 40)", "NOT CONFIRMED",
-                        "per context", "0.95", "= 0", "[1e-03, 1e-02)", ">= 1e-01",
-                        "########################################  20"})
+  for (const char* s :
+       {"request \"q4\"", "kiln int4: logits supplied in 2 file(s)", "qwen3",
+        "40 scored positions, vocab 151936", "p99.9", "1.9", "(context b, position 17)",
+        "0.975  (39 of 40)", "NOT CONFIRMED", "per context", "0.95", "= 0", "[1e-03, 1e-02)",
+        ">= 1e-01", "########################################  20"})
     CHECK_MESSAGE(text.find(s) != std::string::npos, s);
   // Leading and trailing empty bins are left out.
   CHECK(text.find("(0, 1e-03)") == std::string::npos);

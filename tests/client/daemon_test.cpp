@@ -426,7 +426,7 @@ TEST_CASE("a Kiln request in Kiln's own format runs end to end on a fixture mode
   std::string with_id = common::parse_strict(with.out)["id"];
   Json with_result = common::parse_strict(run({"result", with_id}, d.env()).out);
   CHECK(with_result["request"]["receipts"]["checked"] == true);
-  CHECK(with_result["request"]["receipts"]["receipts"][0]["checks"].size() == 15);
+  CHECK(with_result["request"]["receipts"]["receipts"][0]["checks"].size() == 16);
   CHECK(with_result["request"]["receipts"]["receipts"][0]["engine"] == "kiln");
 
   // Kiln's v2 record of it: not written, each field that would be false listed (exit 9).
@@ -506,7 +506,7 @@ TEST_CASE("Kiln's real request with its real receipts passes assayd's receipt ch
   Json job = common::parse_strict(run({"status", id, "--json"}, d.env()).out);
   CAPTURE(job.dump(2));
   CHECK(job["events"][0]["message"] ==
-        "accepted; receipts checked: kiln (15 checks), vllm (15 checks)");
+        "accepted; receipts checked: kiln (16 checks), vllm (16 checks)");
   Json checks = common::parse_strict(
       common::read_file(d.dir() / "state" / "jobs" / id / "checks.json", 1 << 20));
   CHECK(checks["receipts"]["checked"] == true);

@@ -75,6 +75,15 @@ TEST_CASE("a CPU run of the libtorch backend is not Kiln's record: every false f
   CHECK(e.record["verdict"] == result["verdict"]);
   CHECK(e.record["oracle"]["memory_max_events"] == 0);
   CHECK(e.record["containment"]["network"] == "forbidden");
+  // Kiln's device is the accelerator's name, assay's device_name; never the spec "cpu".
+  CHECK(result["oracle"]["device"] == "cpu");
+  CHECK(e.record["oracle"]["device"] == result["oracle"]["device_name"]);
+  CHECK_FALSE(listed(e, "/oracle/device"));
+  Json unnamed = result;
+  unnamed["oracle"].erase("device_name");
+  client::KilnExport u = client::kiln_v2_record(unnamed);
+  CHECK(listed(u, "/oracle/device"));
+  CHECK(u.record["oracle"]["device"].is_null());
   CHECK(e.record["oracle"]["candidate_tokens"][0] == Json{{"engine", "kiln"},
                                                           {"token_id", 135},
                                                           {"text", "\ufffd"},
@@ -121,7 +130,20 @@ TEST_CASE("on Kiln's stack with checked receipts, only what no assay run records
   r["request"]["source"] = common::parse_strict(
       common::read_file(kFixtures + "kiln-request-v1.json", 1 << 20))["source"];
   r["request"]["receipts"] = {{"checked", true}, {"receipts", Json::array()}};
+  // The transformers run's worker script and interpreter, as the worker hashed them.
+  const std::string worker = "sha256:" + std::string(64, '5'),
+                    python = "sha256:" + std::string(64, '6');
+  r["oracle"]["executable_sha256"] = worker;
+  r["oracle"]["transformers"] = {
+      {"version", "5.13.1"},
+      {"python", {{"path", "/usr/bin/python3.11"}, {"sha256", python}, {"version", "3.11.2"}}}};
   client::KilnExport e = client::kiln_v2_record(r, {.contract_path = "requests/x.json"});
+  CHECK(e.record["implementation"]["hf_worker_sha256"] == worker);
+  CHECK(e.record["implementation"]["python_sha256"] == python);
+  CHECK_FALSE(listed(e, "/implementation/hf_worker_sha256"));
+  CHECK_FALSE(listed(e, "/implementation/python_sha256"));
+  // The fingerprint is assay's C++ program: Kiln's Python fingerprinter's hash stays listed.
+  CHECK(listed(e, "/model_fingerprint/python_sha256"));
   // What no assay run records stays listed: the tree, origin/main, the Python worker's hashes.
   std::vector<std::string> left = e.false_fields;
   for (const auto& f : left) MESSAGE("still not a fact: " << f);

@@ -54,10 +54,14 @@ std::pair<Json, std::string> resealed(const std::string& engine, auto edit) {
   return {doc, bytes};
 }
 
-const std::vector<std::string> kAllChecks = {
-    "file_sha256",        "json",          "receipt_sha256",  "content_sha256", "engine",
-    "source_commit",      "clean_tree",    "run_id",          "model_identity", "single_run",
-    "prompt_token_count", "single_output", "empty_reasoning", "output_sha256",  "continuation"};
+const std::vector<std::string> kAllChecks = {"file_sha256",    "json",
+                                             "receipt_sha256", "content_sha256",
+                                             "engine",         "driver_version",
+                                             "source_commit",  "clean_tree",
+                                             "run_id",         "model_identity",
+                                             "single_run",     "prompt_token_count",
+                                             "single_output",  "empty_reasoning",
+                                             "output_sha256",  "continuation"};
 
 }  // namespace
 
@@ -146,6 +150,50 @@ TEST_CASE("resealed receipts fail on the one fact that is false") {
     r["runs"][0]["output_evidence"][0]["reasoning_utf8_bytes"] = 3;
   });
   CHECK(refusal(reasoning.first, "vllm", reasoning.second).find("check empty_reasoning failed") !=
+        std::string::npos);
+}
+
+TEST_CASE(
+    "Kiln's four receipt rules: driver version 7, repeat 0, exact_output with its two keys only, "
+    "prompt_token_counts exactly [n]") {
+  auto driver = resealed("kiln", [](Json& r) { r["driver_version"] = "8"; });
+  CHECK(refusal(driver.first, "kiln", driver.second)
+            .find("check driver_version failed: driver_version is \"8\", Kiln's receipts come "
+                  "from driver version \"7\"") != std::string::npos);
+  auto driver_int = resealed("vllm", [](Json& r) { r["driver_version"] = 7; });
+  CHECK(refusal(driver_int.first, "vllm", driver_int.second).find("check driver_version failed") !=
+        std::string::npos);
+
+  auto repeat = resealed("vllm", [](Json& r) { r["runs"][0]["repeat"] = 1; });
+  CHECK(refusal(repeat.first, "vllm", repeat.second)
+            .find("check single_run failed: runs[0].repeat is 1, not 0") != std::string::npos);
+  auto warmup = resealed("kiln", [](Json& r) { r["runs"][0]["repeat"] = -1; });
+  CHECK(refusal(warmup.first, "kiln", warmup.second).find("runs[0].repeat is -1") !=
+        std::string::npos);
+  auto repeat_float = resealed("kiln", [](Json& r) { r["runs"][0]["repeat"] = 0.0; });
+  CHECK(refusal(repeat_float.first, "kiln", repeat_float.second).find("runs[0].repeat is 0.0") !=
+        std::string::npos);
+
+  auto extra = resealed("vllm", [](Json& r) {
+    r["runs"][0]["output_evidence"][0]["exact_output"]["tool_calls_base64"] = "";
+  });
+  CHECK(refusal(extra.first, "vllm", extra.second)
+            .find("check single_output failed: output_evidence[0].exact_output has keys "
+                  "[content_base64, reasoning_content_base64, tool_calls_base64], not exactly "
+                  "content_base64 and reasoning_content_base64") != std::string::npos);
+
+  const int n = request_doc()["prompt"]["token_count"].get<int>();
+  REQUIRE(n == 163);
+  auto twice = resealed("kiln", [&](Json& r) { r["runs"][0]["prompt_token_counts"] = {n, n}; });
+  CHECK(refusal(twice.first, "kiln", twice.second)
+            .find("check prompt_token_count failed: runs[0].prompt_token_counts is [163,163], "
+                  "not [163]") != std::string::npos);
+  auto none =
+      resealed("kiln", [](Json& r) { r["runs"][0]["prompt_token_counts"] = Json::array(); });
+  CHECK(refusal(none.first, "kiln", none.second).find("check prompt_token_count failed") !=
+        std::string::npos);
+  auto as_float = resealed("vllm", [&](Json& r) { r["runs"][0]["prompt_token_counts"] = {163.0}; });
+  CHECK(refusal(as_float.first, "vllm", as_float.second).find("check prompt_token_count failed") !=
         std::string::npos);
 }
 

@@ -406,7 +406,7 @@ TEST_CASE("request check --receipts runs assayd's receipt checks offline on Kiln
   CHECK(report["request_sha256"] == kKilnRequestSha256);
   CHECK(report["receipts"]["checked"] == true);
   CHECK(report["receipts"]["receipts"][0]["engine"] == "kiln");
-  CHECK(report["receipts"]["receipts"][0]["checks"].size() == 15);
+  CHECK(report["receipts"]["receipts"][0]["checks"].size() == 16);
   CHECK(report["receipts"]["receipts"][1]["receipt_sha256"] ==
         "sha256:7b9985dd155eca98e64b58e2f3b094fd9e8dd7510c587305309779e320c3001f");
 

@@ -5,6 +5,8 @@
 
 #include <doctest/doctest.h>
 
+#include <functional>
+
 #include "client/verify.h"
 #include "common/error.h"
 #include "common/fs.h"
@@ -393,6 +395,44 @@ TEST_CASE("verify --kiln fails a one-field change to each real result, naming wh
     CHECK_FALSE(check_named(r, "kiln.verdict.argmax_candidate")->ok);
     CHECK(check_named(r, "kiln.verdict.argmax_candidate")->detail.find("\"vllm\"") !=
           std::string::npos);
+  }
+  SUBCASE("Kiln's cross-field rules, each broken alone in a resealed record") {
+    struct Case {
+      const char* check;
+      std::function<void(Json&)> edit;
+    };
+    for (const Case& c : std::vector<Case>{
+             {"kiln.request_sha256",
+              [](Json& d) { d["oracle"]["request_sha256"] = "sha256:" + std::string(64, '0'); }},
+             {"kiln.request_id", [](Json& d) { d["oracle"]["request_id"] = "another-request"; }},
+             {"kiln.output_bytes",
+              [](Json& d) {
+                d["oracle"]["output_bytes"] = d["oracle"]["output_bytes"].get<std::int64_t>() + 1;
+              }},
+             {"kiln.origin_main",
+              [](Json& d) { d["source"]["origin_main"] = std::string(40, 'a'); }},
+             {"kiln.python_sha256", [](Json& d) {
+                d["model_fingerprint"] = {
+                    {"implementation_sha256", "sha256:" + std::string(64, '1')},
+                    {"python_sha256", "sha256:" + std::string(64, '2')},
+                    {"thermal", Json::object()}};
+              }}}) {
+      Json doc = next;
+      // Unchanged, each rule holds on the real record.
+      if (std::string(c.check) != "kiln.python_sha256") {
+        auto fine = client::verify_kiln(write_kiln(tmp, doc, true));
+        REQUIRE(check_named(fine, c.check) != nullptr);
+        CHECK(check_named(fine, c.check)->ok);
+      }
+      c.edit(doc);
+      auto r = client::verify_kiln(write_kiln(tmp, doc, true));
+      CAPTURE(c.check);
+      CAPTURE(r.to_json().dump(2));
+      CHECK(check_named(r, "kiln.result_sha256")->ok);
+      CHECK_FALSE(r.ok());
+      REQUIRE(check_named(r, c.check) != nullptr);
+      CHECK_FALSE(check_named(r, c.check)->ok);
+    }
   }
   SUBCASE("a top token's logit raised above the argmax's, hash recomputed") {
     Json doc = next;

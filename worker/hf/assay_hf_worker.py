@@ -283,7 +283,27 @@ def loaded_libraries():
     return sorted(seen)[:128]
 
 
-def configuration(torch, device, dtype, attention):
+def linear_attention_implementation(model):
+    """What the model's linear-attention layers run, read from the layers themselves: Kiln's
+    "transformers_torch_fallback" when every Gated DeltaNet layer binds transformers' own torch
+    gated delta rule and its plain Conv1d (no causal-conv1d kernel); the bound kernels' names
+    otherwise; "none" for a model without linear-attention layers."""
+    kernels = set()
+    for module in model.modules():
+        rule = getattr(module, "chunk_gated_delta_rule", None)
+        if rule is None:
+            continue
+        conv = getattr(module, "causal_conv1d_fn", None)
+        kernels.add((getattr(rule, "__name__", repr(rule)),
+                     None if conv is None else getattr(conv, "__name__", repr(conv))))
+    if not kernels:
+        return "none"
+    if all(rule.startswith("torch_") and conv is None for rule, conv in kernels):
+        return "transformers_torch_fallback"
+    return ",".join(sorted(rule + "+" + (conv or "conv1d") for rule, conv in kernels))
+
+
+def configuration(torch, device, dtype, attention, linear="none"):
     return {
         "dtype": dtype, "device": device,
         "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
@@ -301,7 +321,7 @@ def configuration(torch, device, dtype, attention):
         "cublas_workspace_config": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
         "inference_mode": True,
         "attention_implementation": attention,
-        "linear_attention_implementation": "none",
+        "linear_attention_implementation": linear,
     }
 
 
@@ -425,7 +445,8 @@ def execution_fields(built):
 
     model = built.model
     attention = getattr(model.config, "_attn_implementation", "eager")
-    conf = configuration(torch, built.device, built.dtype_name, attention)
+    linear = linear_attention_implementation(model)
+    conf = configuration(torch, built.device, built.dtype_name, attention, linear)
     modeling_file, modeling_sha = source_sha256(sys.modules[type(model).__module__])
     config_file, config_sha = source_sha256(sys.modules[type(built.config).__module__])
     return {
@@ -433,7 +454,8 @@ def execution_fields(built):
         "transformers": {"version": transformers.__version__, "model_class": type(model).__name__,
                          "modeling_file": modeling_file, "modeling_sha256": modeling_sha,
                          "configuration_file": config_file,
-                         "configuration_sha256": config_sha},
+                         "configuration_sha256": config_sha,
+                         "python": python_identity()},
         "architecture": type(model).__name__,
         "model_type": built.config_dict.get("model_type"),
         "bytes_used": built.bytes_used,
@@ -445,13 +467,25 @@ def execution_fields(built):
         "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
         "tf32_allowed": False,
         "attention_implementation": attention,
-        "linear_attention_implementation": "none",
+        "linear_attention_implementation": linear,
         "executable_sha256": sha256_id(open(__file__, "rb").read()),
         "configuration": conf,
         "configuration_sha256": canonical_sha256(conf),
         "runtime": runtime_facts(torch),
         "loaded_libraries": loaded_libraries(),
     }
+
+
+def python_identity():
+    """The interpreter that ran this worker: its path as exec resolved it and the sha256 of
+    that file (Kiln's python_sha256)."""
+    path = os.path.realpath(sys.executable)
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return {"path": path, "sha256": "sha256:" + digest.hexdigest(),
+            "version": sys.version.split()[0]}
 
 
 def peak_rss_bytes():

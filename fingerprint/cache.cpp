@@ -120,8 +120,10 @@ Json to_json(const FileDigest& f) {
          {"size", s.size},
          {"mtime_ns", std::to_string(s.mtime_ns)},
          {"ctime_ns", std::to_string(s.ctime_ns)},
-         {"sha256", s.sha256},
-         {"source", f.from_cache ? "cache" : "computed"},
+         {"sha256", f.deferred ? Json(nullptr) : Json(s.sha256)},
+         {"source", f.from_cache ? "cache"
+                    : f.deferred ? "deferred"
+                                 : "computed"},
          {"job", f.from_cache ? Json(s.job) : Json(nullptr)},
          {"at", f.from_cache ? Json(s.at) : Json(nullptr)}};
   // Absent rather than null without fs-verity: the documents of such files stay as they were.

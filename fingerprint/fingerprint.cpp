@@ -188,6 +188,7 @@ struct Job {
   // hashed again. The small files are hashed every time.
   bool cacheable = false;
   const CacheEntry* from_cache = nullptr;
+  bool deferred = false;  // Options::defer_shards: left to the worker that reads it next
 };
 
 std::vector<Job> jobs_for(ModelFiles& m) {
@@ -209,9 +210,13 @@ unsigned hash_all(ModelReader& reader, const Options& options, std::vector<Job>&
     reader.measure_fsverity(*j.file);
     if (j.cacheable) reader.write_back(*j.file);
     j.from_cache = j.cacheable ? cached(options.cache, *j.file) : nullptr;
+    // Deferred only where a cache entry would be sound: whoever reads it next can then tell
+    // from the same state whether these are still its bytes.
+    j.deferred = !j.from_cache && options.defer_shards && j.cacheable && !j.file->fsverity &&
+                 storable(*j.file);
     if (j.from_cache)
       j.digest = j.from_cache->sha256;
-    else
+    else if (!j.deferred)
       order.push_back(&j);
   }
   std::stable_sort(order.begin(), order.end(), [](const Job* a, const Job* b) {
@@ -259,13 +264,17 @@ void assemble(const ModelFiles& m, const std::vector<Job>& jobs, Fingerprint& ou
   }
   for (const auto& j : jobs) {
     auto size = static_cast<std::uint64_t>(j.file->before.st_size);
-    FileDigest d{state_of(*j.file), j.from_cache != nullptr, j.cacheable && storable(*j.file)};
+    FileDigest d{state_of(*j.file), j.from_cache != nullptr, j.cacheable && storable(*j.file),
+                 j.deferred};
     d.state.sha256 = j.digest;
     if (j.from_cache) {
       d.state.job = j.from_cache->job;
       d.state.at = j.from_cache->at;
       out.stats.cached_bytes += size;
       ++out.stats.cached_files;
+    } else if (j.deferred) {
+      out.stats.deferred_bytes += size;
+      ++out.stats.deferred_files;
     } else {
       bytes += size;
     }
@@ -276,10 +285,13 @@ void assemble(const ModelFiles& m, const std::vector<Job>& jobs, Fingerprint& ou
   if (m.jinja) out.identity.chat_template_hash = jobs[shards.size() + 2].digest;
   std::sort(out.identity.weight_files.begin(), out.identity.weight_files.end(),
             [](const WeightFile& a, const WeightFile& b) { return a.path < b.path; });
-  out.identity.content_sha256 = content_sha256(out.identity);
+  const bool complete =
+      std::none_of(jobs.begin(), jobs.end(), [](const Job& j) { return j.deferred; });
+  if (complete) out.identity.content_sha256 = content_sha256(out.identity);
 
   out.stats.bytes = bytes;
-  out.stats.files = jobs.size() - out.stats.cached_files + m.small_files;
+  out.stats.files = m.small_files;
+  for (const auto& j : jobs) out.stats.files += !j.from_cache && !j.deferred;
 }
 
 }  // namespace

@@ -75,6 +75,12 @@ struct Options {
   // kernel): lets tests on a host without fs-verity stand in for it.
   std::function<std::optional<std::string>(int fd, const std::string& shown)> measure_fsverity =
       common::measure_fsverity;
+  // One pass over the weights in a cold job: a shard that is not in the cache, has no fs-verity
+  // and whose state is a sound key older than its writeback (FileDigest::storable) is not read.
+  // Its digest is left to the worker that reads it next, which checks that its descriptor keeps
+  // exactly this state before and after reading it (the supervisor completes the identity from
+  // that worker's bytes_used: supervisor/pipelines/steps.h complete_fingerprint).
+  bool defer_shards = false;
 };
 
 // How one hashed file's digest was obtained, with the file's state (its cache key).
@@ -84,6 +90,8 @@ struct FileDigest {
   // A later run may reuse this digest: a weight shard whose state was a sound key, older than
   // the writeback of its dirty pages that came before it was read (reader.h, storable()).
   bool storable = false;
+  // Not read here (Options::defer_shards): state.sha256 is empty.
+  bool deferred = false;
 };
 
 struct Stats {
@@ -91,11 +99,14 @@ struct Stats {
   std::size_t files = 0;
   std::uint64_t cached_bytes = 0;  // bytes of files whose digest came from the cache (not read)
   std::size_t cached_files = 0;
+  std::uint64_t deferred_bytes = 0;  // bytes of shards left to the next reader (not read)
+  std::size_t deferred_files = 0;
   double seconds = 0;
   unsigned threads = 0;  // threads that actually hashed
 };
 
 struct Fingerprint {
+  // With deferred shards, their weight_files sha256 and content_sha256 are empty.
   ModelIdentity identity;
   // Shards in the order the index names them (first occurrence), else in identity order.
   std::vector<std::string> shard_order;
@@ -117,8 +128,9 @@ Fingerprint fingerprint_model(const std::filesystem::path& model_dir, std::strin
 // content_sha256}.
 common::Json to_json(const ModelIdentity& identity);
 // {name, dev, ino, size, mtime_ns, ctime_ns, [fsverity_digest], sha256, source:
-// "computed"|"cache", job, at}; dev, ino and the times as decimal strings; fsverity_digest only
-// for a file with fs-verity; job and at are null for a digest computed in this run.
+// "computed"|"cache"|"deferred", job, at} (a deferred file's sha256 is null); dev, ino and the
+// times as decimal strings; fsverity_digest only for a file with fs-verity; job and at are null for
+// a digest computed in this run.
 common::Json to_json(const FileDigest& file);
 
 // sha256 of the canonical form of {id, config_hash, tokenizer_hash, chat_template_hash,

@@ -54,21 +54,35 @@ Json output_document(const fp::Fingerprint& f, const std::string& model_dir, dou
     files.push_back(fp::to_json(d));
     if (d.storable) cacheable.push_back(d.state.name);
   }
-  return {{"schema", protocol::kFingerprintOutput},
-          {"model_dir", model_dir},
-          {"model_identity", fp::to_json(f.identity)},
-          {"stats",
-           {{"bytes", f.stats.bytes},
-            {"files", f.stats.files},
-            {"seconds", f.stats.seconds},
-            {"mib_per_second", f.stats.seconds > 0 ? mib / f.stats.seconds : 0.0},
-            {"threads", f.stats.threads},
-            {"cached_files", f.stats.cached_files},
-            {"cached_bytes", f.stats.cached_bytes},
-            {"max_read_mib_per_second", max_rate > 0 ? Json(max_rate) : Json(nullptr)}}},
-          {"files", files},
-          {"cacheable", cacheable},
-          {"implementation_sha256", implementation_sha256()}};
+  // With deferred shards the identity is not complete: their digests and content_sha256 are the
+  // supervisor's to fill from the next reader's bytes_used.
+  Json identity = fp::to_json(f.identity);
+  const bool pending = f.stats.deferred_files > 0;
+  if (pending) {
+    identity.erase("content_sha256");
+    for (Json& w : identity["weight_files"])
+      if (w["sha256"] == "") w["sha256"] = nullptr;
+  }
+  Json doc{{"schema", protocol::kFingerprintOutput},
+           {"model_dir", model_dir},
+           {pending ? "pending_identity" : "model_identity", std::move(identity)},
+           {"stats",
+            {{"bytes", f.stats.bytes},
+             {"files", f.stats.files},
+             {"seconds", f.stats.seconds},
+             {"mib_per_second", f.stats.seconds > 0 ? mib / f.stats.seconds : 0.0},
+             {"threads", f.stats.threads},
+             {"cached_files", f.stats.cached_files},
+             {"cached_bytes", f.stats.cached_bytes},
+             {"max_read_mib_per_second", max_rate > 0 ? Json(max_rate) : Json(nullptr)}}},
+           {"files", files},
+           {"cacheable", cacheable},
+           {"implementation_sha256", implementation_sha256()}};
+  if (pending) {
+    doc["stats"]["deferred_files"] = f.stats.deferred_files;
+    doc["stats"]["deferred_bytes"] = f.stats.deferred_bytes;
+  }
+  return doc;
 }
 
 struct Request {
@@ -83,7 +97,9 @@ Request parse_input(const std::filesystem::path& input) {
   std::string where = input.string();
   if (!j.is_object()) throw Error("fingerprint.bad_input", where + " is not a JSON object");
   assay::common::reject_unknown_fields(
-      j, {"schema", "model_dir", "id", "threads", "max_read_mib_per_second", "model_fds", "cache"},
+      j,
+      {"schema", "model_dir", "id", "threads", "max_read_mib_per_second", "model_fds", "cache",
+       "defer_shards"},
       where);
   std::string schema = assay::common::require_string(j, "schema", where);
   if (schema != protocol::kFingerprintInput)
@@ -111,6 +127,12 @@ Request parse_input(const std::filesystem::path& input) {
   }
   if (j.contains("cache"))
     r.options.cache = fp::parse_cache(j["cache"], where, "fingerprint.bad_input");
+  if (j.contains("defer_shards")) {
+    if (!j["defer_shards"].is_boolean())
+      throw Error("fingerprint.bad_input",
+                  where + ": defer_shards " + j["defer_shards"].dump() + " is not a boolean");
+    r.options.defer_shards = j["defer_shards"].get<bool>();
+  }
   if (j.contains("model_fds"))
     r.options.model_fds = fp::parse_model_fds(j["model_fds"], where, "fingerprint.bad_input");
   return r;

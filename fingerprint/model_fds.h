@@ -3,6 +3,9 @@
 // model_dir, so it reads exactly what the submitter was allowed to read.
 #pragma once
 
+#include <sys/stat.h>
+
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -25,5 +28,24 @@ std::vector<ModelFd> parse_model_fds(const common::Json& value, const std::strin
 
 // The descriptor given for `name`, or -1.
 int find_model_fd(const std::vector<ModelFd>& fds, std::string_view name);
+
+// A file's state as the fingerprint saw it (its cache key without the digest): a worker given it
+// for a file whose digest the fingerprint left to it (input "unchanged_files") checks that its
+// descriptor has exactly this state before and after reading the file.
+struct FileState {
+  std::string name;  // relative to model_dir
+  std::uint64_t dev = 0, ino = 0, size = 0;
+  std::int64_t mtime_ns = 0, ctime_ns = 0;
+  bool operator==(const FileState&) const = default;
+};
+
+// [{"name", "dev", "ino", "size", "mtime_ns", "ctime_ns"}, ...]: dev, ino and the times as
+// decimal strings (they exceed 2^53), each name once. Throws common::Error(code) naming the entry.
+std::vector<FileState> parse_file_states(const common::Json& value, const std::string& where,
+                                         const std::string& code);
+// `name`'s state from fstat.
+FileState file_state(std::string name, const struct stat& st);
+// What differs between `want` and `got` ("inode 12 is now 13; mtime ... is now ..."), or "".
+std::string state_difference(const FileState& want, const FileState& got);
 
 }  // namespace assay::fingerprint

@@ -92,6 +92,7 @@ int run_next_token(const std::string& input_path, const std::string& workdir) {
   Json doc = common::parse_strict(common::read_file(input_path, 64u << 20));
   OracleInput in = parse_oracle_input(doc);
   ModelFiles files = open_model_files(in.model_dir, in.model_fds);
+  files.expect_unchanged(in.unchanged_files);
   ExecOptions options = prepare_execution(in.execution, files);
 
   Tokenizer tokenizer = Tokenizer::load(files);

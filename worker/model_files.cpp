@@ -61,6 +61,10 @@ ModelFiles ModelFiles::from_fds(const std::filesystem::path& dir,
   return f;
 }
 
+void ModelFiles::expect_unchanged(std::vector<fingerprint::FileState> states) {
+  for (auto& s : states) unchanged_[s.name] = std::move(s);
+}
+
 bool ModelFiles::has(const std::string& name) const {
   if (fds_) return fingerprint::find_model_fd(*fds_, name) >= 0;
   struct stat st {};
@@ -104,6 +108,19 @@ std::shared_ptr<FileImage> ModelFiles::fetch(const std::string& name, std::size_
   if (size > max_bytes)
     throw Error("fs.too_large", shown + " has " + std::to_string(size) + " bytes, more than " +
                                     std::to_string(max_bytes));
+  // A file the fingerprint left to this reader: exactly the state it saw, before and after.
+  const auto expected = unchanged_.find(name);
+  auto check_unchanged = [&](const struct stat& now, const char* when) {
+    if (expected == unchanged_.end()) return;
+    std::string diff =
+        fingerprint::state_difference(expected->second, fingerprint::file_state(name, now));
+    if (!diff.empty())
+      throw Error("model.file_changed", shown + " is not as the fingerprint saw it " + when +
+                                            " it was read (" + diff +
+                                            "): its digest would not be the model's");
+  };
+  check_unchanged(st, "before");
+  may_map = may_map && expected == unchanged_.end();
 
   Mapping m;
   m.size = static_cast<std::size_t>(size);
@@ -154,6 +171,11 @@ std::shared_ptr<FileImage> ModelFiles::fetch(const std::string& name, std::size_
   if (more > 0)
     throw Error("model.file_changed",
                 shown + " grew past " + std::to_string(m.size) + " bytes while it was read");
+  if (expected != unchanged_.end()) {
+    struct stat after {};
+    if (::fstat(fd, &after) != 0) common::throw_errno("fs.stat", "fstat " + shown, errno);
+    check_unchanged(after, "after");
+  }
   if (m.data) ::mprotect(m.data, m.size, PROT_READ);  // the image is never written again
   auto image = std::make_shared<FileImage>(m.data, m.size);
   m.data = nullptr;

@@ -88,6 +88,11 @@ class ModelFiles {
   // Replaces how read_large asks whether a file has fs-verity (by default the kernel, through
   // FS_IOC_MEASURE_VERITY): lets tests on a host without fs-verity take the mapped path.
   void measure_verity_with(VerityProbe probe) { measure_verity_ = std::move(probe); }
+  // Files whose digest the fingerprint left to this reader (input "unchanged_files"): each is
+  // read and hashed (never mapped), and its descriptor must have exactly the given state before
+  // and after the read, else Error("model.file_changed"). So its digest here is the content of
+  // the state the fingerprint saw, and the supervisor may complete the identity with it.
+  void expect_unchanged(std::vector<fingerprint::FileState> states);
 
  private:
   ModelFiles() = default;
@@ -100,6 +105,7 @@ class ModelFiles {
   std::map<std::string, std::shared_ptr<const FileImage>> cache_;
   std::map<std::string, FileRecord> records_;
   VerityProbe measure_verity_;
+  std::map<std::string, fingerprint::FileState> unchanged_;
 };
 
 // CPUs this process may run on (its affinity mask), at most 8: read and hash threads.

@@ -93,10 +93,11 @@ void parse_dispute(const Json& doc, const std::string& where, Dispute& d) {
 OracleInput parse_oracle_input(const Json& doc) {
   const std::string where = "input.json";
   if (!doc.is_object()) throw Error("input.invalid", where + ": not an object");
-  common::reject_unknown_fields(doc,
-                                {"schema", "model_dir", "model_fds", "input_token_ids",
-                                 "candidate_tokens", "continuation_prefix", "execution"},
-                                where);
+  common::reject_unknown_fields(
+      doc,
+      {"schema", "model_dir", "model_fds", "unchanged_files", "input_token_ids", "candidate_tokens",
+       "continuation_prefix", "execution"},
+      where);
   std::string schema = common::require_string(doc, "schema", where);
   if (schema != protocol::kOracleInput) {
     throw Error("input.invalid", where + ": schema \"" + schema + "\" is not \"" +
@@ -109,6 +110,9 @@ OracleInput parse_oracle_input(const Json& doc) {
                 where + ": model_dir \"" + in.model_dir.string() + "\" must be an absolute path");
   }
   in.model_fds = parse_optional_model_fds(doc, where);
+  if (doc.contains("unchanged_files"))
+    in.unchanged_files = fingerprint::parse_file_states(
+        doc["unchanged_files"], where + ": unchanged_files", "input.invalid");
   parse_dispute(doc, where, in);
   in.execution = parse_execution(common::require(doc, "execution", where), where + " execution");
   return in;

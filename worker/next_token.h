@@ -44,6 +44,8 @@ struct Dispute {
 struct OracleInput : Dispute {
   std::filesystem::path model_dir;
   ModelFds model_fds;
+  // Shards whose digest the fingerprint left to this worker (ModelFiles::expect_unchanged).
+  std::vector<fingerprint::FileState> unchanged_files;
   Execution execution;
 };
 

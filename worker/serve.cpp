@@ -104,6 +104,10 @@ void run_job(Resident& r, const fs::path& dir) {
     return;
   }
   OracleInput in = parse_oracle_input(doc);
+  if (!in.unchanged_files.empty())
+    throw Error("input.invalid",
+                "input.json: unchanged_files names files to read, but a resident worker read "
+                "its model when it loaded (their digests are in loaded.json)");
   check_job_fits(r, in.model_dir, in.model_fds.has_value(), in.execution);
   check_candidates(in.candidates, *r.tokenizer, r.loaded.model->vocab_size());
   check_prefix_texts(in.continuation_prefix, *r.tokenizer);

@@ -147,6 +147,7 @@ void Engine::open_step_files(JobRun& run, const Job& job, const Step& step, Json
   }
   if (!step.model_dir.empty()) {
     OpenedModel m = open_model_as(step.model_dir, peer);
+    if (step.opened_model) step.opened_model(m);
     Json listed = Json::array();
     for (std::size_t i = 0; i < m.files.size(); ++i) {
       listed.push_back(

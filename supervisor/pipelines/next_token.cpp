@@ -53,16 +53,25 @@ class NextTokenPipeline final : public Pipeline {
   std::vector<Step> plan() override {
     std::string name = request_.model_identity ? (*request_.model_identity)["id"].get<std::string>()
                                                : fs::path(model_dir_).filename().string();
-    Step fingerprint = fingerprint_step(config_, "fingerprint", model_dir_, name,
-                                        request_.model_identity, fingerprint_);
     const std::string backend = request_.backend.value_or(config_.oracle_backend);
+    // One pass over the weights: the libtorch oracle of a job of its own reads and hashes every
+    // shard anyway, so the fingerprint leaves the shards it would hash to it (a resident worker
+    // read them at load; on a Slurm node the files are read by path on another host).
+    const bool defer =
+        backend != "transformers" && !may_use_resident() && config_.executor == "local";
+    Step fingerprint = fingerprint_step(config_, "fingerprint", model_dir_, name,
+                                        request_.model_identity, fingerprint_, defer);
     auto input = [this] {
       Json candidates = Json::array();
       for (const auto& c : request_.candidates)
         candidates.push_back(
             Json{{"engine", c.engine}, {"token_id", c.token_id}, {"text", c.text}});
-      return oracle_input(model_dir_, request_, candidates, config_.oracle_device,
-                          worker_threads(config_));
+      Json in = oracle_input(model_dir_, request_, candidates, config_.oracle_device,
+                             worker_threads(config_));
+      // Only the first reader after the fingerprint gets them: it completes the identity.
+      if (Json deferred = deferred_files(fingerprint_); !deferred.empty())
+        in["unchanged_files"] = std::move(deferred);
+      return in;
     };
     // "both": the libtorch oracle makes the result; transformers runs the same input after it
     // and the result says whether their logits agree bit for bit.
@@ -70,6 +79,14 @@ class NextTokenPipeline final : public Pipeline {
         oracle_step("oracle", backend == "transformers" ? config_.hf_worker : config_.oracle_worker,
                     input, oracle_, oracle_evidence_);
     // The libtorch oracle may run on a resident worker that holds exactly this job's bytes.
+    // A shard left to the oracle must still be the file the fingerprint saw when the oracle's
+    // descriptors are opened (the oracle checks it again while it reads).
+    if (defer)
+      oracle.opened_model = [this](const OpenedModel& m) {
+        std::vector<struct stat> states;
+        for (const auto& f : m.files) states.push_back(f.st);
+        check_deferred_unchanged(fingerprint_, m.names, states, "oracle");
+      };
     if (may_use_resident())
       oracle.resident_bytes = [this](const Json& bytes_used) {
         check_bytes_used(Json{{"bytes_used", bytes_used}}, fingerprint_, "resident oracle");
@@ -128,6 +145,7 @@ class NextTokenPipeline final : public Pipeline {
                 .input = std::move(input),
                 .move_in = {},
                 .accept = [this, role, &output, &evidence](Json out, const contain::Evidence& e) {
+                  complete_fingerprint(fingerprint_, out, role);
                   check_bytes_used(out, fingerprint_, role);
                   check_configuration(out, role);
                   output = std::move(out);

@@ -59,6 +59,7 @@ struct SubmitContext {
 
 struct Part;
 struct RunFacts;
+struct OpenedModel;
 
 struct Step {
   std::string role;              // workspace name: "fingerprint", "capture-reference", ...
@@ -100,6 +101,10 @@ struct Step {
   // common::Error naming the first difference from this job's fingerprint, and the engine then
   // replaces that worker instead of using it. Unset: the step always runs a worker of its own.
   std::function<void(const common::Json& bytes_used)> resident_bytes = nullptr;
+  // Called with the model's files as the engine opened them for this step's worker, before it
+  // starts; throws common::Error to fail the job instead (a shard the fingerprint left to this
+  // worker that is no longer in the state the fingerprint saw).
+  std::function<void(const OpenedModel& opened)> opened_model = nullptr;
   // The worker's timeout is the configured (or requested) one times this (called after input();
   // unset: 1), e.g. per state of a batch.
   std::function<double()> timeout_factor = nullptr;

@@ -1,8 +1,9 @@
-// Pieces the job kinds share: the fingerprint step with its identity check, the request file,
-// moving an artifact into the job directory, and sealing a result.
+// Pieces the job kinds share: the request file, the fingerprint step (fingerprint_step.h), the
+// implementation's digests, moving an artifact into the job directory, and sealing a result.
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -11,6 +12,7 @@
 #include "common/json.h"
 #include "common/sign.h"
 #include "supervisor/jobs/store.h"
+#include "supervisor/pipelines/fingerprint_step.h"
 #include "supervisor/pipelines/pipeline.h"
 
 namespace assay::supervisor {
@@ -22,49 +24,6 @@ common::Json read_checks(const std::filesystem::path& job_dir);
 // Intra-op threads of a reference worker: config.worker_threads, or where that is 0 every CPU of
 // assayd's affinity mask (a cpuset or CPUAffinity= narrows it).
 int worker_threads(const Config& config);
-
-struct FingerprintRun {
-  common::Json output;  // assay.fingerprint-output.v1
-  std::optional<contain::Evidence> evidence;
-  const common::Json& identity() const { return output["model_identity"]; }
-};
-// A result's "model_fingerprint": {implementation_sha256, files (each computed in this job or
-// taken from the fingerprint cache, with the job and time that computed it), process}.
-common::Json fingerprint_section(const FingerprintRun& run);
-// Fingerprints `model_dir` into `out`; fails the job with Error("job.identity_mismatch") when
-// `expected` is given and its content_sha256 differs. `out` must outlive the step.
-Step fingerprint_step(const Config& config, const std::string& role, const std::string& model_dir,
-                      const std::string& name, const std::optional<common::Json>& expected,
-                      FingerprintRun& out);
-
-// The fingerprint cache: per model directory, STATE/fingerprint-cache/<sha256 of the path>.json
-// holds the per-file digests of the last successful fingerprint with each file's (dev, ino,
-// size, mtime, ctime). fingerprint_step passes them to the worker (which cannot see the state
-// directory), the worker reuses a digest only on an exact match, and after a successful step the
-// file is rewritten (common::replace_file_fast: losing it only costs a re-hash).
-bool fingerprint_cache_on(const Config& config);
-// The entries known for `model_dir` ([] when none, or when the file is unreadable or malformed).
-common::Json load_fingerprint_cache(const std::filesystem::path& state_dir,
-                                    const std::string& model_dir);
-// Stores the files of a successful fingerprint output: digests computed now under `job_id` and
-// `at`, reused ones with their original job and time; a file whose mtime or ctime is less than
-// 2 s old is left out (it could change again within the same timestamp tick).
-void store_fingerprint_cache(const std::filesystem::path& state_dir, const std::string& model_dir,
-                             const common::Json& fingerprint_output, const std::string& job_id,
-                             const std::string& at);
-// Forgets `model_dir`'s entries (`assay fingerprint --refresh`): its next fingerprint reads every
-// file. Returns whether there were any.
-bool drop_fingerprint_cache(const std::filesystem::path& state_dir, const std::string& model_dir);
-
-// The oracle's report of the bytes it computed with (output "bytes_used") must equal what the
-// fingerprint worker hashed: every weight file (path, bytes, sha256), config_hash and
-// tokenizer_hash. A weight file the oracle mapped under fs-verity ({path, bytes, fsverity_digest,
-// "bound_by": "fs-verity"}) matches when the fingerprint read the same path and bytes with that
-// same fs-verity digest (its output "files"); the fingerprint's sha256 then stands for it. Throws
-// Error("job.bytes_mismatch") naming the first difference, so that no result names one model and
-// carries another's logits.
-void check_bytes_used(const common::Json& oracle_output, const FingerprintRun& fingerprint,
-                      const std::string& role);
 
 // take_artifact, then the sha256 of what was moved, which must be what the worker reported
 // (`reported`, an "sha256:<hex>" or anything else): Error("worker.compare_output") naming both

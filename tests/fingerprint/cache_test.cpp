@@ -297,6 +297,65 @@ TEST_CASE(
   CHECK_FALSE(reads(entries_of(plain), std::nullopt));
 }
 
+TEST_CASE(
+    "defer_shards leaves a settled shard unread for the next reader; a fresh one, a cached one and "
+    "one with fs-verity are handled as without it") {
+  TempDir dir;
+  make_model(dir.path(), kShards);
+  Fingerprint full = fingerprint_model(dir.path(), "m");
+  Options defer;
+  defer.defer_shards = true;
+  std::set<std::string> read;
+  defer.after_read = [&read](const std::string& rel) { read.insert(rel); };
+  // Fresh files: their state is no sound key yet, so they are hashed here.
+  Fingerprint fresh = fingerprint_model(dir.path(), "m", defer);
+  CHECK(fresh.identity == full.identity);
+  CHECK(fresh.stats.deferred_files == 0);
+  CHECK(read.count("model-a.safetensors") == 1);
+
+  ::usleep(2'100'000);
+  read.clear();
+  Fingerprint deferred = fingerprint_model(dir.path(), "m", defer);
+  CHECK(read == std::set<std::string>{"config.json", "tokenizer.json"});
+  CHECK(deferred.stats.deferred_files == 2);
+  CHECK(deferred.stats.deferred_bytes == 300000 + 70000);
+  CHECK(deferred.stats.bytes ==
+        file(full, "config.json").state.size + file(full, "tokenizer.json").state.size);
+  CHECK(deferred.identity.content_sha256.empty());
+  CHECK(deferred.identity.config_hash == full.identity.config_hash);
+  for (const WeightFile& w : deferred.identity.weight_files) CHECK(w.sha256.empty());
+  const FileDigest& a = file(deferred, "model-a.safetensors");
+  CHECK(a.deferred);
+  CHECK(a.storable);
+  CHECK(a.state.ino == file(full, "model-a.safetensors").state.ino);
+  common::Json j = to_json(a);
+  CHECK(j["source"] == "deferred");
+  CHECK(j["sha256"].is_null());
+
+  // A cached shard keeps its digest from the cache; only the other one is deferred.
+  std::vector<CacheEntry> cache;
+  for (const CacheEntry& e : entries_of(full))
+    if (e.name == "model-b.safetensors") cache.push_back(e);
+  Options both = defer;
+  both.cache = cache;
+  Fingerprint mixed = fingerprint_model(dir.path(), "m", both);
+  CHECK(file(mixed, "model-b.safetensors").from_cache);
+  CHECK(file(mixed, "model-a.safetensors").deferred);
+  CHECK(mixed.stats.deferred_files == 1);
+
+  // A shard with fs-verity is hashed: its reader maps it and computes no sha256.
+  Options verity = defer;
+  verity.measure_fsverity = [](int, const std::string& shown) -> std::optional<std::string> {
+    if (shown.ends_with("/model-a.safetensors")) return "sha256:" + std::string(64, '1');
+    return std::nullopt;
+  };
+  Fingerprint mapped = fingerprint_model(dir.path(), "m", verity);
+  CHECK_FALSE(file(mapped, "model-a.safetensors").deferred);
+  CHECK(file(mapped, "model-a.safetensors").state.sha256 ==
+        file(full, "model-a.safetensors").state.sha256);
+  CHECK(file(mapped, "model-b.safetensors").deferred);
+}
+
 TEST_CASE("cache entries are parsed strictly") {
   common::Json ok = common::Json::array({{{"name", "config.json"},
                                           {"dev", "1"},

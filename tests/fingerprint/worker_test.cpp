@@ -1,9 +1,12 @@
 // The assay-fingerprint binary: worker protocol, command line, and its documents' schemas.
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
 #include "common/fs.h"
 #include "common/identity.h"
 #include "common/json.h"
+#include "common/request.h"
 #include "fingerprint/fingerprint.h"
 #include "tests/fingerprint/util.h"
 
@@ -56,6 +59,54 @@ TEST_CASE("worker run writes output.json that matches its schema and the library
   CHECK(out["stats"]["bytes"].get<std::uint64_t>() ==
         12000 + fs::file_size(model / "config.json") + fs::file_size(model / "tokenizer.json") +
             fs::file_size(model / "chat_template.jinja"));
+}
+
+TEST_CASE(
+    "worker run with defer_shards writes pending_identity for settled shards, valid against the "
+    "schema; completed with the shards' digests it is the library's identity") {
+  TempDir model, work;
+  make_model(model.path(), {{"model-00001-of-00002.safetensors", 5000},
+                            {"model-00002-of-00002.safetensors", 7000}});
+  ::usleep(2'100'000);  // settled: both times over 2 s older than the fingerprint's writeback
+  common::Json input = {{"schema", "assay.fingerprint-input.v1"},
+                        {"model_dir", model.path().string()},
+                        {"id", "org/m"},
+                        {"defer_shards", true}};
+  auto r = run_worker(work.path(), input.dump());
+  INFO(r.out);
+  REQUIRE(r.status == 0);
+  CHECK(validate("fingerprint-input.schema.json", work / "input.json").status == 0);
+  auto v = validate("fingerprint-output.schema.json", work / "output.json");
+  INFO(v.out);
+  CHECK(v.status == 0);
+  common::Json out = read_json(work / "output.json");
+  REQUIRE(out.contains("pending_identity"));
+  CHECK_FALSE(out.contains("model_identity"));
+  CHECK(out["stats"]["deferred_files"] == 2);
+  CHECK(out["stats"]["deferred_bytes"] == 12000);
+  CHECK(out["stats"]["bytes"].get<std::uint64_t>() ==
+        fs::file_size(model / "config.json") + fs::file_size(model / "tokenizer.json"));
+  common::Json pending = out["pending_identity"];
+  CHECK_FALSE(pending.contains("content_sha256"));
+  for (common::Json& w : pending["weight_files"]) {
+    CHECK(w["sha256"].is_null());
+    w["sha256"] =
+        common::sha256_id(common::read_file(model / w["path"].get<std::string>(), 1 << 20));
+  }
+  for (const common::Json& f : out["files"])
+    CHECK(f["source"] ==
+          (f["name"].get<std::string>().ends_with(".safetensors") ? "deferred" : "computed"));
+  pending["content_sha256"] = common::model_content_sha256(pending);
+  CHECK(pending == to_json(fingerprint_model(model.path(), "org/m").identity));
+  // Without it, the same directory is hashed whole.
+  input.erase("defer_shards");
+  REQUIRE(run_worker(work.path(), input.dump()).status == 0);
+  CHECK(read_json(work / "output.json")["model_identity"] == pending);
+  // Strictly a boolean.
+  input["defer_shards"] = "yes";
+  auto bad = run_worker(work.path(), input.dump());
+  CHECK(bad.status == 1);
+  CHECK(bad.out.find("defer_shards \"yes\" is not a boolean") != std::string::npos);
 }
 
 TEST_CASE("worker run refuses bad input.json, naming the value, and writes no output.json") {

@@ -73,6 +73,112 @@ TEST_SUITE("trust") {
     CHECK(request(d.socket(), "GET", "/v1/jobs/" + id + "/result").status == 409);
   }
 
+  TEST_CASE(
+      "a cold job reads a settled shard once: the fingerprint leaves it to the oracle, the result "
+      "names the whole identity, and the next job takes its digest from the cache") {
+    if (!have(kFingerprint) || !have(kOracle)) {
+      MESSAGE("skipped: assay-fingerprint or assay-oracle was not built");
+      return;
+    }
+    TempDir tmp;
+    ::chmod(tmp.path.c_str(), 0755);
+    fs::path model = seeded_fixture(tmp.path / "model", 1);
+    ::usleep(2'100'000);  // settled: its times are a sound cache key (fingerprint README)
+    // The identity of the whole directory, every byte hashed by the command.
+    std::string whole = run_capture("\"" + kFingerprint + "\" --model " + model.string() +
+                                    " --id model 2>/dev/null");
+    REQUIRE_MESSAGE(whole.rfind("0:", 0) == 0, whole);
+    Json identity = assay::common::parse_strict(whole.substr(2))["model_identity"];
+    Daemon d(tmp.path / "state", tmp.path / "assayd.sock",
+             {"--containment", containment(), "--fingerprint-worker", kFingerprint,
+              "--oracle-worker", kOracle});
+    REQUIRE_MESSAGE(d.start(), d.log());
+    auto run_job = [&](const std::string& name) {
+      auto sub = request(d.socket(), "POST", "/v1/jobs", next_token_request(name, model).dump());
+      REQUIRE_MESSAGE(sub.status == 201, sub.body);
+      std::string id = sub.json()["id"];
+      Json job = wait_job(d.socket(), id, terminal, 300);
+      CAPTURE(job.dump(2));
+      REQUIRE(job["state"] == "succeeded");
+      return id;
+    };
+    std::string first = run_job("cold");
+    fs::path jobs = d.state() / "jobs";
+    Json fp = assay::common::parse_strict(slurp(jobs / first / "fingerprint" / "output.json"));
+    CHECK(fp.contains("pending_identity"));
+    CHECK(fp["stats"]["deferred_files"] == 1);
+    Json oracle_in = assay::common::parse_strict(slurp(jobs / first / "oracle" / "input.json"));
+    REQUIRE(oracle_in["unchanged_files"].size() == 1);
+    CHECK(oracle_in["unchanged_files"][0]["name"] == "model.safetensors");
+    Json result = assay::common::parse_strict(slurp(jobs / first / "result.json"));
+    CHECK(result["model_identity"] == identity);
+    bool read_by_oracle = false;
+    for (const Json& f : result["model_fingerprint"]["files"])
+      if (f["name"] == "model.safetensors")
+        read_by_oracle = f["source"] == "reader" && f["reader"] == "oracle";
+    CHECK(read_by_oracle);
+
+    std::string second = run_job("warm");
+    Json fp2 = assay::common::parse_strict(slurp(jobs / second / "fingerprint" / "output.json"));
+    CHECK(fp2["model_identity"] == identity);
+    CHECK(fp2["stats"]["cached_files"] == 1);
+    Json oracle_in2 = assay::common::parse_strict(slurp(jobs / second / "oracle" / "input.json"));
+    CHECK_FALSE(oracle_in2.contains("unchanged_files"));
+    Json result2 = assay::common::parse_strict(slurp(jobs / second / "result.json"));
+    CHECK(result2["model_identity"] == identity);
+  }
+
+  TEST_CASE(
+      "a settled shard rewritten in place (same inode, same size) after the fingerprint left it "
+      "to the oracle fails the job naming the shard; nothing is signed or cached") {
+    if (!have(kFingerprint) || !have(kOracle)) {
+      MESSAGE("skipped: assay-fingerprint or assay-oracle was not built");
+      return;
+    }
+    TempDir tmp;
+    ::chmod(tmp.path.c_str(), 0755);
+    fs::path model = seeded_fixture(tmp.path / "model", 1);
+    fs::path other = seeded_fixture(tmp.path / "other", 2);
+    fs::path shard = model / "model.safetensors";
+    REQUIRE(fs::file_size(shard) == fs::file_size(other / "model.safetensors"));
+    ::chmod(shard.c_str(), 0666);  // the stand-in, as the worker user, writes it in place
+    ::chmod((other / "model.safetensors").c_str(), 0644);
+    struct stat before {};
+    REQUIRE(::stat(shard.c_str(), &before) == 0);
+    ::usleep(2'100'000);  // settled, so that the fingerprint defers the shard
+    fs::path wrapper = script(tmp.path / "fingerprint-then-rewrite",
+                              "\"" + kFingerprint + "\" \"$@\"; rc=$?\ncat \"" +
+                                  (other / "model.safetensors").string() + "\" > \"" +
+                                  shard.string() + "\" || exit 99\nexit $rc\n");
+    Daemon d(tmp.path / "state", tmp.path / "assayd.sock",
+             {"--containment", containment(), "--fingerprint-worker", wrapper.string(),
+              "--oracle-worker", kOracle});
+    REQUIRE_MESSAGE(d.start(), d.log());
+    auto sub = request(d.socket(), "POST", "/v1/jobs", next_token_request("rewrite", model).dump());
+    REQUIRE_MESSAGE(sub.status == 201, sub.body);
+    std::string id = sub.json()["id"];
+    Json job = wait_job(d.socket(), id, terminal, 300);
+    CAPTURE(job.dump(2));
+    struct stat after {};
+    REQUIRE(::stat(shard.c_str(), &after) == 0);
+    REQUIRE(after.st_ino == before.st_ino);  // rewritten in place, not replaced
+    REQUIRE(slurp(shard) == slurp(other / "model.safetensors"));
+    Json fp =
+        assay::common::parse_strict(slurp(d.state() / "jobs" / id / "fingerprint" / "output.json"));
+    CHECK(fp.contains("pending_identity"));  // the shard was left to the oracle
+    CHECK(job["state"] == "failed");
+    CHECK(job["error"]["code"] == "job.bytes_mismatch");
+    std::string message = job["error"]["message"];
+    CHECK(message.find("weight file model.safetensors changed after the fingerprint left it to "
+                       "the oracle worker (mtime_ns ") != std::string::npos);
+    CHECK_FALSE(fs::exists(d.state() / "jobs" / id / "oracle" / "output.json"));  // never ran
+    CHECK_FALSE(fs::exists(d.state() / "jobs" / id / "result.json"));
+    // Nothing of the rewritten model was kept as a digest of the fingerprinted one.
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(d.state() / "fingerprint-cache", ec))
+      CHECK(slurp(e.path()).find("model.safetensors") == std::string::npos);
+  }
+
   TEST_CASE("a hostile stand-in worker reaches neither the key, the socket, the model nor assayd") {
     TempDir tmp;
     ::chmod(tmp.path.c_str(), 0755);

@@ -217,6 +217,60 @@ TEST_CASE(
   for (int fd : {a, b, config}) ::close(fd);
 }
 
+TEST_CASE(
+    "a shard the fingerprint left to the oracle is read and hashed, never mapped, and only in the "
+    "state the fingerprint saw") {
+  TempDir d;
+  write(d / "a.safetensors", std::string(300000, 'a'));
+  write(d / "b.safetensors", std::string(5000, 'b'));
+  int a = ::open((d / "a.safetensors").c_str(), O_RDONLY | O_CLOEXEC);
+  int b = ::open((d / "b.safetensors").c_str(), O_RDONLY | O_CLOEXEC);
+  REQUIRE((a >= 3 && b >= 3));
+  auto state_of = [](const std::string& name, int fd) {
+    struct stat st {};
+    REQUIRE(::fstat(fd, &st) == 0);
+    return assay::fingerprint::file_state(name, st);
+  };
+  const auto sa = state_of("a.safetensors", a), sb = state_of("b.safetensors", b);
+  {
+    ModelFiles files =
+        ModelFiles::from_fds("/models/m", {{"a.safetensors", a}, {"b.safetensors", b}});
+    files.expect_unchanged({sa, sb});
+    // Even where the kernel would let it map the file: the digest is what completes the identity.
+    files.measure_verity_with([](int, const std::string&) -> std::optional<std::string> {
+      return "sha256:" + std::string(64, 'c');
+    });
+    auto images = files.read_large({"a.safetensors", "b.safetensors"}, 2);
+    CHECK_FALSE(images[0]->fsverity_digest().has_value());
+    CHECK(images[0]->sha256() == assay::common::sha256_id(std::string(300000, 'a')));
+    CHECK(images[1]->sha256() == assay::common::sha256_id(std::string(5000, 'b')));
+  }
+  // Written since the fingerprint saw it (same size, later times): refused before a byte counts.
+  ::usleep(20000);
+  write(d / "b.safetensors", std::string(5000, 'B'));
+  {
+    ModelFiles files = ModelFiles::from_fds("/models/m", {{"b.safetensors", b}});
+    files.expect_unchanged({sb});
+    std::string e = error_of([&] { files.read_large({"b.safetensors"}, 1); });
+    CHECK(
+        e.starts_with("model.file_changed: /models/m/b.safetensors is not as the fingerprint "
+                      "saw it before it was read ("));
+    CHECK(e.find("mtime_ns " + std::to_string(sb.mtime_ns) + " is now ") != std::string::npos);
+    CHECK(files.records().empty());
+  }
+  // Another file under the name: another inode.
+  auto other = sb;
+  other.ino += 1;
+  {
+    ModelFiles files = ModelFiles::from_fds("/models/m", {{"b.safetensors", b}});
+    files.expect_unchanged({other});
+    CHECK(error_of([&] { files.read_large({"b.safetensors"}, 1); }).find("inode ") !=
+          std::string::npos);
+  }
+  ::close(a);
+  ::close(b);
+}
+
 TEST_CASE("a failed fs-verity measurement fails the read, naming the file") {
   TempDir d;
   write(d / "model.safetensors", "x");

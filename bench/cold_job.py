@@ -15,14 +15,14 @@ Per case and round, interleaved, page cache warm, each job on a fresh assayd sta
   - one pass: the same job 2.1 s later, shards settled: the fingerprint leaves them to the
     oracle (unchanged_files), which hashes them once as it copies them.
 Both jobs' results must name the same model identity. A job's wall is from its POST to the
-first poll (every 5 ms) that shows it succeeded.
+first poll (every 5 ms) that shows it succeeded (bench/resident.py's Daemon); the fingerprint
+column is the fingerprint worker's own stats.seconds.
 """
-import argparse, datetime, json, os, platform, statistics, subprocess, sys, tempfile, time
+import argparse, datetime, itertools, json, os, platform, statistics, sys, tempfile, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from assayd_http import call, wait_healthy  # noqa: E402
 from oracle_vs_hf import HF_RUN, timed, warm_page_cache  # noqa: E402
-from resident import state  # noqa: E402
+from resident import Daemon, state  # noqa: E402
 
 
 def gemm_gflops(dtype, threads, n=1024, reps=3):
@@ -40,40 +40,20 @@ def gemm_gflops(dtype, threads, n=1024, reps=3):
     return 2 * n ** 3 / best / 1e9
 
 
+RUNS = itertools.count()
+
+
 def cold_job(args, model, t, name):
-    """A fresh assayd, one job; returns (wall, result)."""
-    d = tempfile.mkdtemp(dir=args.work, prefix=name + "-")
-    sock = os.path.join(d, "sock")
-    cfg = os.path.join(d, "config.json")
-    json.dump({"resident_models": {"count": 0}}, open(cfg, "w"))
-    b = args.build
-    proc = subprocess.Popen(
-        [b + "/supervisor/assayd", "serve", "--socket", sock, "--state-dir", d + "/state",
-         "--containment", args.containment, "--config", cfg,
-         "--fingerprint-worker", b + "/fingerprint/assay-fingerprint",
-         "--oracle-worker", b + "/worker/assay-oracle"],
-        stdout=open(d + "/assayd.log", "w"), stderr=subprocess.STDOUT)
+    """A fresh assayd (no resident worker, fingerprint cache cold), one job: its wall, its
+    result and the fingerprint's output.json."""
+    daemon = Daemon(args, args.work, "%s-%d" % (name, next(RUNS)), False)
     try:
-        wait_healthy(sock)
-        doc = dict(state(7, t), model_dir=model)
-        t0 = time.monotonic()
-        st, j = call(sock, "POST", "/v1/jobs", doc)
-        assert st == 201, j
-        while True:
-            s = call(sock, "GET", "/v1/jobs/" + j["id"])[1]
-            if s["state"] in ("succeeded", "failed", "cancelled"):
-                break
-            time.sleep(0.005)
-        wall = time.monotonic() - t0
-        if s["state"] != "succeeded":
-            sys.exit("%s: job %s: %s" % (name, s["state"], json.dumps(s.get("error"))))
-        result = call(sock, "GET", "/v1/jobs/%s/result" % j["id"])[1]
-        fp = json.load(open(os.path.join(d, "state", "jobs", j["id"], "fingerprint",
-                                         "output.json")))
-        return wall, result, fp
+        wall, result = daemon.job(dict(state(7, t), model_dir=model))
+        with open(os.path.join(daemon.dir, "state", "jobs", result["job_id"], "fingerprint",
+                               "output.json")) as f:
+            return wall, result, json.load(f)
     finally:
-        proc.terminate()
-        proc.wait()
+        daemon.stop()
 
 
 def shards(model):
@@ -97,9 +77,7 @@ def measure(args, name, model, t):
         wall, r, fp = cold_job(args, model, t, name + "-two")
         assert "model_identity" in fp and fp["stats"]["files"] >= len(shards(model)), fp["stats"]
         rows["two"].append(wall)
-        rows["two_fp"].append(r["model_fingerprint"]["process"]["duration_seconds"]
-                              if "duration_seconds" in r["model_fingerprint"]["process"]
-                              else fp["stats"]["seconds"])
+        rows["two_fp"].append(fp["stats"]["seconds"])
         rows["two_load"].append(r["oracle"]["load_seconds"])
         identity = identity or r["model_identity"]
         assert r["model_identity"] == identity
@@ -108,9 +86,7 @@ def measure(args, name, model, t):
         assert fp.get("stats", {}).get("deferred_files") == len(shards(model)), fp["stats"]
         assert r["model_identity"] == identity, "one pass names another identity"
         rows["one"].append(wall)
-        rows["one_fp"].append(r["model_fingerprint"]["process"]["duration_seconds"]
-                              if "duration_seconds" in r["model_fingerprint"]["process"]
-                              else fp["stats"]["seconds"])
+        rows["one_fp"].append(fp["stats"]["seconds"])
         rows["one_load"].append(r["oracle"]["load_seconds"])
         rows["forward"].append(r["oracle"]["forward_seconds"])
     return {k: statistics.median(v) for k, v in rows.items()} | {"all": rows, "case": name,

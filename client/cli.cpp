@@ -69,20 +69,40 @@ constexpr const char* kExitCodesHelp =
     "  5  the job ended failed or cancelled (wait, submit --wait)\n"
     "  6  verify: a check failed (the record is not what it claims)\n"
     "  7  a local file is unreadable or invalid (request check, submit, verify)\n"
-    "  8  wait --timeout expired (the job goes on)\n"
+    "  8  --wait-timeout expired (wait, submit --wait; the job goes on)\n"
     "  9  result --format kiln-v2: a field of Kiln's record would not be a fact of the run "
     "(nothing written)\n"
     " 10  verify --kiln: a Kiln record of a kind assay does not check (neither verified nor "
     "refused)\n"
+    " 11  a fidelity receipt's gates failed (fidelity submit --wait, fidelity show, wait): the "
+    "job succeeded, the engine did not pass\n"
     "\n"
     "The socket is --socket, else $ASSAY_SOCKET, else /run/assay/assayd.sock.";
+
+// What a command's own --help says after its options: the options every command takes, which
+// its own list does not show, and where the exit codes are.
+constexpr const char* kCommandFooter =
+    "Options of every command (before or after it): --socket PATH (assayd's unix socket, else "
+    "$ASSAY_SOCKET, else /run/assay/assayd.sock), --json (machine-readable output), --timeout "
+    "SECONDS (for one API request).\nExit status: see `assay --help`.";
+
+// A job id as assayd gives it ("j-" and 24 lowercase hex digits): a malformed one is a bad
+// command line (exit 2), not a request assayd refuses.
+const CLI::Validator kJobId(
+    [](std::string& id) -> std::string {
+      bool ok = id.size() == 26 && id.rfind("j-", 0) == 0 &&
+                id.find_first_not_of("0123456789abcdef", 2) == std::string::npos;
+      return ok ? std::string()
+                : "\"" + id + "\" is not a job id (\"j-\" and 24 lowercase hex digits)";
+    },
+    "JOB-ID");
 
 // The subcommands that run a command, to tell after parsing which one was given.
 struct Commands {
   CLI::App *submit, *fsubmit, *fshow, *tsubmit, *tshow, *lsubmit, *lshow, *fingerprint, *report;
   CLI::App* classify;
   CLI::App* audit;
-  CLI::App *wait, *status, *list, *result, *artifact, *cancel;
+  CLI::App *wait, *status, *show, *list, *result, *artifact, *cancel;
   CLI::App *verify, *keys, *health, *info, *check;
 };
 
@@ -131,7 +151,7 @@ void add_work_commands(CLI::App& app, cli::Options& o, Commands& c) {
       ->check(CLI::NonNegativeNumber);
   c.fshow = fidelity->add_subcommand(
       "show", "a fidelity job's metrics, per-context table and KL histogram (--json: the receipt)");
-  c.fshow->add_option("ID", o.id, "job id")->required();
+  c.fshow->add_option("ID", o.id, "job id")->required()->check(kJobId);
 
   auto* trajectory = app.add_subcommand(
       "trajectory",
@@ -144,7 +164,7 @@ void add_work_commands(CLI::App& app, cli::Options& o, Commands& c) {
       ->check(CLI::NonNegativeNumber);
   c.tshow = trajectory->add_subcommand(
       "show", "a trajectory job's departures and divergence (--json: the result)");
-  c.tshow->add_option("ID", o.id, "job id")->required();
+  c.tshow->add_option("ID", o.id, "job id")->required()->check(kJobId);
 
   auto* layer = app.add_subcommand(
       "layer",
@@ -166,7 +186,7 @@ void add_work_commands(CLI::App& app, cli::Options& o, Commands& c) {
       "RMSE, reference RMS, relative RMSE and its growth, with the first non-bitwise boundary, "
       "the first over tolerance, the largest growth and the patching bracket marked; the job's "
       "state while it is not done (--json: the result)");
-  c.lshow->add_option("ID", o.id, "job id")->required();
+  c.lshow->add_option("ID", o.id, "job id")->required()->check(kJobId);
 
   c.fingerprint = app.add_subcommand(
       "fingerprint",
@@ -178,24 +198,40 @@ void add_work_commands(CLI::App& app, cli::Options& o, Commands& c) {
   c.report = app.add_subcommand(
       "report",
       "write one self-contained HTML report (inline SVG and CSS, no script, no network) "
-      "of a result file; its artifact is read from beside it when there");
+      "of a result file after checking it (a record whose self-hash or, with --pubkey, "
+      "signature does not hold is refused, exit 6); its artifact is read from beside it when "
+      "there");
   c.report->add_option("RESULT", o.file, "result.json (next-token, fidelity or layer-attribution)")
       ->required()
       ->check(CLI::ExistingFile);
   c.report->add_option("-o,--output", o.output, "the HTML file to write")->required();
+  c.report->add_option("--pubkey", o.pubkey,
+                       "assayd's public key (PEM; `assay keys`): the signature is checked too, and "
+                       "the page says verified; without it the page says the signature was not "
+                       "checked");
+  c.report->add_option("--envelope", o.envelope,
+                       "DSSE envelope (default: <stem>.dsse.json beside RESULT)");
 }
 
 // wait, status, list, result, artifact and cancel: the commands about one job or all of them.
 void add_job_commands(CLI::App& app, cli::Options& o, Commands& c) {
   c.wait = app.add_subcommand("wait", "follow a job until it ends (live progress on a TTY)");
-  c.wait->add_option("ID", o.id, "job id")->required();
+  c.wait->add_option("ID", o.id, "job id")->required()->check(kJobId);
   c.wait
       ->add_option("--timeout-wait,--wait-timeout", o.wait_timeout_s,
                    "give up after SECONDS (exit 8)")
       ->check(CLI::NonNegativeNumber);
 
   c.status = app.add_subcommand("status", "show one job");
-  c.status->add_option("ID", o.id, "job id")->required();
+  c.status->add_option("ID", o.id, "job id")->required()->check(kJobId);
+
+  c.show = app.add_subcommand(
+      "show",
+      "a finished job's answer for people, whatever its kind (next-token: the verdict, each "
+      "candidate's text, logit, rank and gap to the argmax, the reference's top tokens, the "
+      "oracle's time and memory; fidelity, trajectory, layer, batch: as their own show); --json: "
+      "the result document; exit 11 when a fidelity gate failed");
+  c.show->add_option("ID", o.id, "job id")->required()->check(kJobId);
 
   c.list = app.add_subcommand("list", "list jobs");
   c.list->add_option("--state", o.state, "only jobs in this state");
@@ -204,7 +240,7 @@ void add_job_commands(CLI::App& app, cli::Options& o, Commands& c) {
                    "them, with \"batch\": {id, index})");
 
   c.result = app.add_subcommand("result", "fetch a job's result record");
-  c.result->add_option("ID", o.id, "job id")->required();
+  c.result->add_option("ID", o.id, "job id")->required()->check(kJobId);
   c.result->add_option("-o,--output", o.output,
                        "write the result here and its DSSE envelope beside it (<stem>.dsse.json); "
                        "default: the result bytes to stdout");
@@ -225,11 +261,11 @@ void add_job_commands(CLI::App& app, cli::Options& o, Commands& c) {
       "artifact",
       "fetch a job's artifact (logits; a fidelity job's token-wise KL vector; a layer job's "
       "reference rows)");
-  c.artifact->add_option("ID", o.id, "job id")->required();
+  c.artifact->add_option("ID", o.id, "job id")->required()->check(kJobId);
   c.artifact->add_option("-o,--output", o.output, "file to write (safetensors)")->required();
 
   c.cancel = app.add_subcommand("cancel", "cancel a queued or running job");
-  c.cancel->add_option("ID", o.id, "job id")->required();
+  c.cancel->add_option("ID", o.id, "job id")->required()->check(kJobId);
 }
 
 // verify, keys, health, info and request check: trust, the daemon, and offline checks.
@@ -305,6 +341,7 @@ int dispatch(const Commands& c, const cli::Options& o, cli::Cli& cli) {
   if (*c.fingerprint) return cli.fingerprint_refresh();
   if (*c.wait) return cli.wait(o.id);
   if (*c.status) return cli.status();
+  if (*c.show) return cli.show();
   if (*c.list) return cli.list();
   if (*c.result) return cli.result();
   if (*c.artifact) return cli.artifact();
@@ -352,6 +389,15 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   add_work_commands(app, o, commands);
   add_job_commands(app, o, commands);
   add_trust_commands(app, o, commands);
+  // Each command, nested ones too (fidelity submit), instead of the exit table it inherits.
+  std::vector<CLI::App*> todo = app.get_subcommands([](CLI::App*) { return true; });
+  while (!todo.empty()) {
+    CLI::App* sub = todo.back();
+    todo.pop_back();
+    sub->footer(kCommandFooter);
+    for (CLI::App* child : sub->get_subcommands([](CLI::App*) { return true; }))
+      todo.push_back(child);
+  }
 
   if (args.size() > 1 && !args[1].starts_with("-")) {
     const auto& subs = app.get_subcommands([](CLI::App*) { return true; });

@@ -17,9 +17,10 @@ enum Exit : int {
   kExitJobFailed = 5,     // the job ended failed or cancelled (wait, submit --wait)
   kExitVerifyFailed = 6,  // verify: a check failed
   kExitInvalidInput = 7,  // a local file is unreadable or invalid (request check, submit, verify)
-  kExitWaitTimeout = 8,   // wait --timeout expired; the job goes on
+  kExitWaitTimeout = 8,   // --wait-timeout expired; the job goes on
   kExitNotAFact = 9,      // result --format kiln-v2: a field would be false; nothing written
   kExitNotChecked = 10,   // verify --kiln: a Kiln record of a kind assay does not check
+  kExitGateFailed = 11,   // a fidelity job succeeded and its receipt's gates say "failed"
 };
 
 struct Environment {

@@ -77,6 +77,8 @@ class Cli {
   int artifact();
   int show_result(std::string_view schema, const char* kind,
                   std::string (*report)(const common::Json&));
+  // `show ID`: the report of the job's kind (next_token_report for a next-token job).
+  int show();
   int fidelity_show();
   int trajectory_show();
   int layer_show();
@@ -101,6 +103,8 @@ class Cli {
   Api api_;
 };
 
+// kExitGateFailed when a fidelity result's gates say "failed", else kExitOk (cli_results.cpp).
+int gates_status(const common::Json& result);
 // A local file's bytes, or ExitWith(kExitInvalidInput) naming `what` when it cannot be read.
 std::string read_local(const std::filesystem::path& path, std::size_t max_bytes, const char* what);
 // Percent-encodes all but unreserved characters and '/', for a query parameter.

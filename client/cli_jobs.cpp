@@ -241,14 +241,17 @@ int Cli::submit(std::string_view only) {
 // The job's final status: print it and turn it into the exit status.
 int Cli::finished(const Json& job) {
   bool ok = state_is_success(job_state(job));
+  // A fidelity job's gates decide its exit status, with --json too (CI gates on it).
+  const bool fidelity = ok && job.value("request_schema", "") == protocol::kFidelityRequest;
   if (o_.json) {
     print_json(job);
+    if (fidelity) return gates_status(api_.get_json(job_path(job_id(job), "result")));
   } else {
     Json shown = job;
-    if (ok && job.value("request_schema", "") == protocol::kFidelityRequest) {
-      out_ << describe_job(shown) << "\n"
-           << fidelity_report(api_.get_json(job_path(job_id(job), "result")));
-      return kExitOk;
+    if (fidelity) {
+      Json result = api_.get_json(job_path(job_id(job), "result"));
+      out_ << describe_job(shown) << "\n" << fidelity_report(result);
+      return gates_status(result);
     }
     if (ok && job.value("request_schema", "") == protocol::kNextTokenBatchRequest) {
       out_ << describe_job(shown) << "\n"

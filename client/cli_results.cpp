@@ -3,11 +3,13 @@
 // `layer show` (the job's report for people) and report (a result file as self-contained HTML).
 #include <filesystem>
 
+#include "client/batch.h"
 #include "client/cli_internal.h"
 #include "client/format.h"
 #include "client/kiln_export.h"
 #include "client/report.h"
 #include "client/verify.h"
+#include "common/audit.h"
 #include "common/error.h"
 #include "common/json.h"
 #include "common/layers.h"
@@ -23,8 +25,12 @@ int Cli::result() {
   Response r = api_.request("GET", job_path(o_.id, "result"));
   if (o_.format == "kiln-v2") return kiln_v2(r.body);
   if (o_.output.empty()) {
+    if (env_.stdout_is_tty && !o_.json) {
+      // For eyes: indented (the signed bytes are what -o writes, or a pipe gets).
+      out_ << common::parse_strict(r.body).dump(2) << "\n";
+      return kExitOk;
+    }
     out_ << r.body;  // the exact bytes: `assay result ID > r.json` stays verifiable
-    if (env_.stdout_is_tty) out_ << "\n";
     return kExitOk;
   }
   Response env = api_.request("GET", job_path(o_.id, "attestation"));
@@ -104,7 +110,24 @@ int Cli::show_result(std::string_view schema, const char* kind,
     print_json(result);
   else
     out_ << report(result);
-  return kExitOk;
+  return gates_status(result);
+}
+
+int gates_status(const Json& result) {
+  const Json& gates = common::member(result, "gates");
+  return common::member(gates, "status") == "failed" ? kExitGateFailed : kExitOk;
+}
+
+int Cli::show() {
+  Json job = api_.get_json(job_path(o_.id));
+  const std::string schema = job.value("request_schema", "");
+  std::string (*report)(const Json&) = &next_token_report;
+  if (schema == protocol::kFidelityRequest) report = &fidelity_report;
+  if (schema == common::kTrajectoryRequest) report = &trajectory_report;
+  if (schema == common::kLayerRequest) report = &layer_report;
+  if (schema == protocol::kNextTokenBatchRequest) report = &batch_report;
+  if (schema == common::kAuditRequest) report = &describe_object;
+  return show_result(schema, "", report);
 }
 
 int Cli::fidelity_show() {
@@ -127,15 +150,53 @@ int Cli::report() {
     if (e.code().rfind("json.", 0) != 0) throw;
     throw ExitWith{kExitInvalidInput, o_.file + " is not JSON: " + e.what()};
   }
+  // What the page may claim: checked first, refused when the record does not hold.
+  VerifyInputs in;
+  in.result = o_.file;
+  if (!o_.envelope.empty())
+    in.envelope = o_.envelope;
+  else if (fs::exists(default_envelope_path(in.result)))
+    in.envelope = default_envelope_path(in.result);
+  if (!o_.pubkey.empty()) in.public_key = read_local(o_.pubkey, 64 * 1024, "the public key");
+  VerifyReport checked;
+  try {
+    checked = verify_result(in);
+  } catch (const common::Error& e) {
+    throw ExitWith{kExitInvalidInput, std::string(e.what()) + " [" + e.code() + "]"};
+  }
+  // Without a key only what the record says of itself can be checked: its form, its self-hash
+  // and the figures it recomputes from its own members; the signature's checks are skipped.
+  auto intrinsic = [](const std::string& name) {
+    return name.rfind("result", 0) == 0 || name.rfind("numerics.", 0) == 0 ||
+           name.rfind("audit.", 0) == 0;
+  };
+  std::string failed;
+  for (const Check& c : checked.checks)
+    if (!c.ok && (!o_.pubkey.empty() || intrinsic(c.name)))
+      failed += "\n  " + c.name + ": " + c.detail;
+  std::string banner;
+  if (!o_.pubkey.empty())
+    banner =
+        "Verified: the self-hash and every figure the record recomputes hold, and the "
+        "signature verifies with the key in " +
+        o_.pubkey + " (" + std::to_string(checked.checks.size()) + " checks).";
+  else
+    banner =
+        "NOT VERIFIED: the self-hash holds, but no signature was checked (give --pubkey "
+        "with assayd's key, from `assay keys`): anyone could have written this record.";
   std::string html;
   try {
-    html = render_report(result, fs::absolute(o_.file).parent_path());
+    html = render_report(result, fs::absolute(o_.file).parent_path(), banner, !o_.pubkey.empty());
   } catch (const common::Error& e) {
     if (e.code() != "client.report") throw;
     throw ExitWith{kExitInvalidInput, o_.file + ": " + e.what()};
   }
+  // After the kind is known to have a page (another document is named as such), before saving.
+  if (!failed.empty())
+    throw ExitWith{kExitVerifyFailed, o_.file + " does not hold; no report written:" + failed};
   save(o_.output, html);
-  out_ << "wrote " << o_.output << " (" << html.size() << " bytes)\n";
+  out_ << "wrote " << o_.output << " (" << html.size() << " bytes; "
+       << (o_.pubkey.empty() ? "self-hash checked, signature NOT checked" : "verified") << ")\n";
   return kExitOk;
 }
 

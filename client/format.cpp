@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "common/json.h"
 
 namespace assay::client {
 
@@ -96,6 +97,37 @@ std::string format_seconds(double s) {
     std::snprintf(buf, sizeof buf, "%dh%02dm", static_cast<int>(s) / 3600,
                   static_cast<int>(s) / 60 % 60);
   }
+  return buf;
+}
+
+std::string format_bytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) {
+    b /= 1024;
+    ++u;
+  }
+  char buf[32];
+  if (u == 0)
+    std::snprintf(buf, sizeof buf, "%.0f B", b);
+  else
+    std::snprintf(buf, sizeof buf,
+                  b < 10    ? "%.2f %s"
+                  : b < 100 ? "%.1f %s"
+                            : "%.0f %s",
+                  b, units[u]);
+  return buf;
+}
+
+std::string format_duration(double s) {
+  if (s >= 60) return format_seconds(s);
+  char buf[32];
+  if (s < 1e-3)
+    std::snprintf(buf, sizeof buf, "%.0f us", s * 1e6);
+  else if (s < 1)
+    std::snprintf(buf, sizeof buf, "%.3g ms", s * 1e3);
+  else
+    std::snprintf(buf, sizeof buf, "%.3g s", s);
   return buf;
 }
 
@@ -470,6 +502,72 @@ std::string layer_report(const Json& r) {
         << "\n";
   }
   o << "\nresult_sha256 " << field(r, {"result_sha256"}) << "\n";
+  return o.str();
+}
+
+std::string next_token_report(const Json& r) {
+  using common::member;
+  const Json& oracle = member(r, "oracle");
+  const Json& verdict = member(r, "verdict");
+  // A token's text as a JSON string: quoted, control bytes visible (\u0019), never raw.
+  auto text = [](const Json& t) { return t.is_string() ? t.dump() : std::string("-"); };
+  auto exact = [](const Json& v) { return v.is_number() ? v.dump() : scalar(v); };
+  auto list = [](const Json& v) { return v.is_array() ? v : Json::array(); };
+  std::ostringstream o;
+  o << "next-token job " << field(r, {"job_id"}) << "  request \""
+    << field(member(r, "request"), {"id"}) << "\"\n";
+  const std::string winner = field(verdict, {"argmax_candidate"});
+  o << "verdict:    "
+    << (winner.empty() || winner == "neither" ? std::string("neither engine") : winner)
+    << " produced the reference argmax (token " << scalar(member(oracle, "argmax")) << " "
+    << text(member(oracle, "argmax_text")) << ")";
+  if (oracle.value("top_logit_tie", false)) o << "; the reference's top logits tie";
+  o << "\nmargin:     " << exact(member(oracle, "top_logit_margin"))
+    << " between the reference's top two logits\n";
+  const Json& identity = member(r, "model_identity");
+  o << "model:      " << field(identity, {"id"}) << "  " << field(identity, {"content_sha256"})
+    << "\n\n";
+
+  const Json top = list(member(oracle, "top_tokens"));
+  const Json& best = top.empty() ? Json() : member(top[0], "logit");
+  std::vector<std::vector<std::string>> rows{
+      {"ENGINE", "TOKEN", "TEXT", "LOGIT", "RANK", "GAP TO ARGMAX"}};
+  for (const Json& c : list(member(oracle, "candidate_tokens"))) {
+    const Json& logit = member(c, "logit");
+    const std::string gap = best.is_number() && logit.is_number()
+                                ? Json(logit.get<double>() - best.get<double>()).dump()
+                                : std::string("-");
+    rows.push_back({field(c, {"engine"}) + (c.value("is_argmax", false) ? " *" : ""),
+                    field(c, {"token_id"}), text(member(c, "text")), exact(logit),
+                    field(c, {"rank"}), gap});
+  }
+  o << render_table(rows) << "(* the reference argmax)\n\nreference top tokens\n";
+  std::vector<std::vector<std::string>> ranked{{"RANK", "TOKEN", "TEXT", "LOGIT"}};
+  for (std::size_t i = 0; i < top.size(); ++i)
+    ranked.push_back({std::to_string(i + 1), field(top[i], {"token_id"}),
+                      text(member(top[i], "text")), exact(member(top[i], "logit"))});
+  o << render_table(ranked);
+
+  const Json& norm = member(member(oracle, "process"), "normalised");
+  auto seconds = [](const Json& v) {
+    return v.is_number() ? format_duration(v.get<double>()) : std::string("-");
+  };
+  auto bytes = [](const Json& v) {
+    return v.is_number() ? format_bytes(v.get<double>()) : std::string("-");
+  };
+  o << "\noracle:     " << field(oracle, {"architecture"}) << ", " << field(oracle, {"dtype"})
+    << " on " << field(oracle, {"device"});
+  if (const std::string name = field(oracle, {"device_name"}); !name.empty())
+    o << " (" << name << ")";
+  o << ", " << field(oracle, {"threads"}) << " thread(s), torch "
+    << field(oracle, {"torch_version"}) << "\n            load "
+    << seconds(member(oracle, "load_seconds")) << ", forward "
+    << seconds(member(oracle, "forward_seconds")) << ", worker "
+    << seconds(member(norm, "elapsed_seconds")) << "; memory peak "
+    << bytes(member(norm, "memory_peak_bytes")) << " (cgroup), RSS "
+    << bytes(member(oracle, "peak_rss_bytes")) << "\n";
+  if (const Json& n = member(member(r, "numerics"), "verdict"); n.is_object())
+    o << "numerics:   " << field(n, {"class"}) << ": " << field(n, {"explanation"}) << "\n";
   return o.str();
 }
 

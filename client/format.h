@@ -32,10 +32,20 @@ std::string trajectory_report(const common::Json& result);
 // the first over tolerance, the largest growth and the patching bracket marked, then a summary.
 std::string layer_report(const common::Json& result);
 
+// A next-token result (assay.next-token-oracle-result.v1) for people: the verdict in words, the
+// candidates (engine, token, text with control bytes escaped, logit, rank, gap to the argmax),
+// the reference's top tokens, the margin, the model, and the oracle's device, times and memory,
+// humanised; a numerics envelope's class when present.
+std::string next_token_report(const common::Json& result);
+
 // One line per check: "ok  name  detail" / "FAIL  name  detail".
 std::string checks_table(const VerifyReport& report);
 // "0.42s", "1m03s", "2h05m".
 std::string format_seconds(double seconds);
+// "512 B", "3.4 KiB", "62.3 MiB", "7.45 GiB" (powers of 1024).
+std::string format_bytes(double bytes);
+// "850 us", "37.1 ms", "1.23 s", then as format_seconds from a minute.
+std::string format_duration(double seconds);
 
 // The last known phase of a job, from its status document and its events.
 struct Progress {

@@ -126,7 +126,14 @@ void fingerprint_section(Builder& b) {
          b.at("/model_fingerprint/implementation_sha256"));
   b.not_a_fact("/model_fingerprint/python_sha256", nullptr,
                "assay-fingerprint is a C++ program; no Python ran");
-  b.fact("/model_fingerprint/process", process_evidence(b.at("/model_fingerprint/process")));
+  const Json& reused = b.at("/model_fingerprint/reused");
+  if (reused.is_object())
+    b.not_a_fact("/model_fingerprint/process", process_evidence(nullptr),
+                 "no fingerprint process ran in this job: it reused the fingerprint job " +
+                     reused.value("job", Json()).dump() +
+                     " computed, every file of the model directory proven unchanged since");
+  else
+    b.fact("/model_fingerprint/process", process_evidence(b.at("/model_fingerprint/process")));
 }
 
 void containment_section(Builder& b) {

@@ -34,6 +34,8 @@ svg text{font:11px system-ui,sans-serif;fill:#3b4452}
 details{margin:6px 0}summary{cursor:pointer;color:#3b5b9a}
 .kv td:first-child{color:#5a6473;white-space:nowrap}
 tr.marked td{background:#fff4e0}table.layers td,table.layers th{padding:2px 5px;font-size:12px}
+.verified,.unverified{border-radius:6px;padding:8px 12px;margin:0 0 12px;font-weight:600}
+.verified{background:#e6f4ea;border:1px solid #8cc79c}.unverified{background:#fff4e0;border:1px solid #e0b25c}
 )";
 
 // Appends `j`'s leaves as (dotted key, text) rows.
@@ -123,7 +125,9 @@ std::string page(const std::string& title, const std::string& body) {
 
 }  // namespace html
 
-std::string render_report(const common::Json& result, const std::filesystem::path& artifact_dir) {
+namespace {
+
+std::string page_of(const common::Json& result, const std::filesystem::path& artifact_dir) {
   const std::string schema = result.is_object() ? result.value("schema", std::string()) : "";
   if (schema == "assay.next-token-oracle-result.v1")
     return html::next_token_page(result, artifact_dir);
@@ -136,6 +140,20 @@ std::string render_report(const common::Json& result, const std::filesystem::pat
                           std::string(common::kLayerResult) + " or " +
                           std::string(common::kAuditResult) + " document, not schema \"" + schema +
                           "\"");
+}
+
+}  // namespace
+
+std::string render_report(const common::Json& result, const std::filesystem::path& artifact_dir,
+                          const std::string& verification, bool verified) {
+  std::string out = page_of(result, artifact_dir);
+  // First thing in the body: what was checked before this page was drawn.
+  const std::string body = "<body>\n";
+  std::size_t at = out.find(body);
+  if (at == std::string::npos) throw common::Error("client.report", "page without a body");
+  out.insert(at + body.size(), std::string("<p class=\"") + (verified ? "verified" : "unverified") +
+                                   "\" role=\"status\">" + html::esc(verification) + "</p>\n");
+  return out;
 }
 
 }  // namespace assay::client

@@ -20,7 +20,9 @@ namespace assay::client {
 // which departure decides the token, relative RMSE against depth on a log axis (exact zeros on a
 // floor, omitted and undefined boundaries marked apart) with the first non-bitwise and the
 // decisive boundary marked, and the per-boundary table. Throws
-// Error("client.report") for a document of another schema.
-std::string render_report(const common::Json& result, const std::filesystem::path& artifact_dir);
+// Error("client.report") for a document of another schema. `verification` is shown at the top
+// of the page (what was checked of the record before it was rendered), as verified or not.
+std::string render_report(const common::Json& result, const std::filesystem::path& artifact_dir,
+                          const std::string& verification, bool verified);
 
 }  // namespace assay::client

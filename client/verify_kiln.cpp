@@ -145,13 +145,8 @@ void check_kiln_next_token(const Json& doc, Checks& checks) {
 // v1 and v2): what each part says of another must agree, so that a record resealed after one of
 // them was changed is refused as Kiln refuses it.
 void check_kiln_bindings(const Json& doc, Checks& checks) {
-  auto at = [&](std::initializer_list<const char*> path) -> Json {
-    const Json* v = &doc;
-    for (const char* k : path) {
-      if (!v->is_object() || !v->contains(k)) return Json();
-      v = &(*v)[k];
-    }
-    return *v;
+  auto at = [&](const char* part, const char* key) -> const Json& {
+    return member(member(doc, part), key);
   };
   auto same = [&](const char* name, const Json& a, const char* a_name, const Json& b,
                   const char* b_name) {
@@ -160,19 +155,19 @@ void check_kiln_bindings(const Json& doc, Checks& checks) {
         name, ok,
         std::string(a_name) + " " + a.dump() + (ok ? " = " : " != ") + b_name + " " + b.dump());
   };
-  same("kiln.request_sha256", at({"oracle", "request_sha256"}), "oracle.request_sha256",
-       at({"request", "sha256"}), "request.sha256");
-  same("kiln.request_id", at({"oracle", "request_id"}), "oracle.request_id", at({"request", "id"}),
+  same("kiln.request_sha256", at("oracle", "request_sha256"), "oracle.request_sha256",
+       at("request", "sha256"), "request.sha256");
+  same("kiln.request_id", at("oracle", "request_id"), "oracle.request_id", at("request", "id"),
        "request.id");
-  same("kiln.output_bytes", at({"reference_artifact", "bytes"}), "reference_artifact.bytes",
-       at({"oracle", "output_bytes"}), "oracle.output_bytes");
-  same("kiln.origin_main", at({"source", "commit"}), "source.commit", at({"source", "origin_main"}),
+  same("kiln.output_bytes", at("reference_artifact", "bytes"), "reference_artifact.bytes",
+       at("oracle", "output_bytes"), "oracle.output_bytes");
+  same("kiln.origin_main", at("source", "commit"), "source.commit", at("source", "origin_main"),
        "source.origin_main");
   // One interpreter ran the fingerprint and the worker. A v1 record may lack the fingerprint
   // (Kiln's legacy records); where it has one, the rule holds.
   if (doc.contains("model_fingerprint") || doc.value("schema", "") == kKilnNextTokenV2)
-    same("kiln.python_sha256", at({"model_fingerprint", "python_sha256"}),
-         "model_fingerprint.python_sha256", at({"implementation", "python_sha256"}),
+    same("kiln.python_sha256", at("model_fingerprint", "python_sha256"),
+         "model_fingerprint.python_sha256", at("implementation", "python_sha256"),
          "implementation.python_sha256");
 }
 

@@ -332,7 +332,9 @@ class Validator {
     bool ok = type->is_string() ? matches(*type) : std::any_of(type->begin(), type->end(), matches);
     if (!ok)
       fail(at, "type: expected " + (type->is_string() ? type->get<std::string>() : show(*type)) +
-                   ", found " + kind_of(doc) + " " + show(doc));
+                   ", found " +
+                   (doc.is_null() ? std::string("null")  // not "null null"
+                                  : kind_of(doc) + " " + show(doc)));
   }
 
   // nlohmann's == is JSON equality: numbers by value (1 == 1.0), objects regardless of key order.

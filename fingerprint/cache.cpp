@@ -24,15 +24,17 @@ std::int64_t ns(const struct timespec& t) {
 }  // namespace
 
 CacheEntry state_of(const FileRef& f) {
-  CacheEntry e;
-  e.name = f.rel;
-  e.dev = static_cast<std::uint64_t>(f.before.st_dev);
-  e.ino = static_cast<std::uint64_t>(f.before.st_ino);
-  e.size = static_cast<std::uint64_t>(f.before.st_size);
-  e.mtime_ns = ns(f.before.st_mtim);
-  e.ctime_ns = ns(f.before.st_ctim);
-  e.fsverity_digest = f.fsverity;
-  return e;
+  FileState s = file_state(f.rel, f.before);
+  return CacheEntry{.name = std::move(s.name),
+                    .dev = s.dev,
+                    .ino = s.ino,
+                    .size = s.size,
+                    .mtime_ns = s.mtime_ns,
+                    .ctime_ns = s.ctime_ns,
+                    .fsverity_digest = f.fsverity,
+                    .sha256 = {},
+                    .job = {},
+                    .at = {}};
 }
 
 const CacheEntry* cached(const std::vector<CacheEntry>& cache, const FileRef& f) {
@@ -70,30 +72,13 @@ std::vector<CacheEntry> parse_cache(const Json& value, const std::string& where,
         throw Error(code, w + "." + k + " is not a non-empty string");
       return v[k].get<std::string>();
     };
-    // dev, ino and the nanosecond times exceed 2^53: decimal strings, as in to_json().
-    auto decimal = [&](const char* k, bool allow_negative) {
-      std::string t = str(k);
-      std::size_t digits = t.size() - (allow_negative && t[0] == '-' ? 1 : 0);
-      if (digits < 1 || digits > 19 ||
-          !std::all_of(t.end() - static_cast<std::ptrdiff_t>(digits), t.end(),
-                       [](char c) { return c >= '0' && c <= '9'; }))
-        throw Error(code, w + "." + k + " \"" + t + "\" is not a decimal integer string");
-      return t;
-    };
-    auto u64 = [&](const char* k) { return std::stoull(decimal(k, false)); };
-    auto i64 = [&](const char* k) { return std::stoll(decimal(k, true)); };
-    auto size = [&] {
-      if (!v.contains("size") || !v["size"].is_number_integer() ||
-          v["size"].get<std::int64_t>() < 0)
-        throw Error(code, w + ".size is not a non-negative integer");
-      return v["size"].get<std::uint64_t>();
-    };
-    CacheEntry e{.name = str("name"),
-                 .dev = u64("dev"),
-                 .ino = u64("ino"),
-                 .size = size(),
-                 .mtime_ns = i64("mtime_ns"),
-                 .ctime_ns = i64("ctime_ns"),
+    FileState st = parse_file_state(v, w, code);
+    CacheEntry e{.name = std::move(st.name),
+                 .dev = st.dev,
+                 .ino = st.ino,
+                 .size = st.size,
+                 .mtime_ns = st.mtime_ns,
+                 .ctime_ns = st.ctime_ns,
                  .fsverity_digest = std::nullopt,
                  .sha256 = str("sha256"),
                  .job = str("job"),

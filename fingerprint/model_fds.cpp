@@ -1,9 +1,16 @@
 #include "fingerprint/model_fds.h"
 
+#include <fcntl.h>
+#include <sys/vfs.h>
+
 #include <climits>
 #include <set>
+#include <stdexcept>
+#include <string_view>
 
 #include "common/error.h"
+#include "common/fsverity.h"
+#include "fingerprint/reader.h"
 
 namespace assay::fingerprint {
 
@@ -65,6 +72,44 @@ int find_model_fd(const std::vector<ModelFd>& fds, std::string_view name) {
   return -1;
 }
 
+FileState parse_file_state(const Json& e, const std::string& w, const std::string& code) {
+  auto str = [&](const char* k) {
+    if (!e.contains(k) || !e[k].is_string() || e[k].get<std::string>().empty())
+      throw Error(code, w + "." + k + " is not a non-empty string");
+    return e[k].get<std::string>();
+  };
+  // dev, ino and the nanosecond times exceed 2^53: decimal strings of at most 19 digits, within
+  // the field's type (a 19-digit time may still overflow 64 bits).
+  auto decimal = [&](const char* k, bool negative_ok) -> std::string {
+    std::string t = str(k);
+    std::size_t start = negative_ok && t[0] == '-' ? 1 : 0;
+    if (t.size() == start || t.size() - start > 19 ||
+        t.find_first_not_of("0123456789", start) != std::string::npos)
+      throw Error(code, w + "." + k + " \"" + t + "\" is not a decimal integer string");
+    return t;
+  };
+  auto in_range = [&](const char* k, auto parse) {
+    std::string t = decimal(k, std::string_view(k).ends_with("_ns"));
+    try {
+      return parse(t);
+    } catch (const std::out_of_range&) {
+      throw Error(code, w + "." + k + " \"" + t + "\" is out of range");
+    }
+  };
+  auto u64 = [](const std::string& t) { return std::stoull(t); };
+  auto i64 = [](const std::string& t) { return std::stoll(t); };
+  FileState f;
+  f.name = str("name");
+  f.dev = in_range("dev", u64);
+  f.ino = in_range("ino", u64);
+  if (!e.contains("size") || !e["size"].is_number_integer() || e["size"].get<std::int64_t>() < 0)
+    throw Error(code, w + ".size is not a non-negative integer");
+  f.size = e["size"].get<std::uint64_t>();
+  f.mtime_ns = in_range("mtime_ns", i64);
+  f.ctime_ns = in_range("ctime_ns", i64);
+  return f;
+}
+
 std::vector<FileState> parse_file_states(const Json& value, const std::string& where,
                                          const std::string& code) {
   if (!value.is_array()) throw Error(code, where + " is not an array");
@@ -75,27 +120,10 @@ std::vector<FileState> parse_file_states(const Json& value, const std::string& w
     const Json& e = value[i];
     if (!e.is_object()) throw Error(code, w + " is not an object");
     common::reject_unknown_fields(e, {"name", "dev", "ino", "size", "mtime_ns", "ctime_ns"}, w);
-    // Decimal strings of at most 19 digits (a time may be negative): they exceed 2^53.
-    auto decimal = [&](const char* k, bool negative_ok) {
-      std::string t = common::require_string(e, k, w);
-      std::size_t start = negative_ok && !t.empty() && t[0] == '-' ? 1 : 0;
-      if (t.size() == start || t.size() - start > 19 ||
-          t.find_first_not_of("0123456789", start) != std::string::npos)
-        throw Error(code, w + "." + k + " \"" + t + "\" is not a decimal integer string");
-      return t;
-    };
-    FileState f;
-    f.name = common::require_string(e, "name", w);
+    FileState f = parse_file_state(e, w, code);
     if (!plain_relative(f.name))
       throw Error(code, w + ": name '" + f.name +
                             "' is not a relative path without empty, '.' or '..' components");
-    f.dev = std::stoull(decimal("dev", false));
-    f.ino = std::stoull(decimal("ino", false));
-    std::int64_t size = common::require_int(e, "size", w);
-    if (size < 0) throw Error(code, w + ".size " + std::to_string(size) + " is negative");
-    f.size = static_cast<std::uint64_t>(size);
-    f.mtime_ns = std::stoll(decimal("mtime_ns", true));
-    f.ctime_ns = std::stoll(decimal("ctime_ns", true));
     if (!names.insert(f.name).second)
       throw Error(code, w + ": name '" + f.name + "' appears twice");
     out.push_back(std::move(f));
@@ -127,6 +155,27 @@ std::string state_difference(const FileState& want, const FileState& got) {
   add("size", want.size, got.size);
   add("mtime_ns", want.mtime_ns, got.mtime_ns);
   add("ctime_ns", want.ctime_ns, got.ctime_ns);
+  return out;
+}
+
+bool SettledState::settled() const {
+  return state.mtime_ns < written_back_ns - kRacyNs && state.ctime_ns < written_back_ns - kRacyNs;
+}
+
+std::optional<SettledState> settled_state(int fd, std::string name) {
+  struct statfs fsinfo {};
+  if (::fstatfs(fd, &fsinfo) != 0 || !ctime_follows_mapped_writes(static_cast<long>(fsinfo.f_type)))
+    return std::nullopt;
+  SettledState out;
+  out.written_back_ns = realtime_ns();
+  if (::sync_file_range(
+          fd, 0, 0,
+          SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER) != 0)
+    return std::nullopt;
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return std::nullopt;
+  out.fsverity_digest = common::measure_fsverity(fd, name);
+  out.state = file_state(std::move(name), st);
   return out;
 }
 

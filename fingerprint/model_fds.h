@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -39,6 +40,11 @@ struct FileState {
   bool operator==(const FileState&) const = default;
 };
 
+// One state's fields of `entry` (a cache entry or an unchanged_files entry; other keys are the
+// caller's): name a non-empty string; dev, ino, mtime_ns and ctime_ns decimal strings within
+// their types; size a non-negative integer. Throws common::Error(code) naming `where`.field.
+FileState parse_file_state(const common::Json& entry, const std::string& where,
+                           const std::string& code);
 // [{"name", "dev", "ino", "size", "mtime_ns", "ctime_ns"}, ...]: dev, ino and the times as
 // decimal strings (they exceed 2^53), each name once. Throws common::Error(code) naming the entry.
 std::vector<FileState> parse_file_states(const common::Json& value, const std::string& where,
@@ -47,5 +53,20 @@ std::vector<FileState> parse_file_states(const common::Json& value, const std::s
 FileState file_state(std::string name, const struct stat& st);
 // What differs between `want` and `got` ("inode 12 is now 13; mtime ... is now ..."), or "".
 std::string state_difference(const FileState& want, const FileState& got);
+
+// An open file's state as a sound key (README: "What a hit trusts"), taken as the fingerprint
+// worker takes it before it looks a shard up: the file's dirty pages written back
+// (sync_file_range, which write-protects them in every mapping), then fstat and its fs-verity
+// digest. nullopt when the state is no sound key: a filesystem whose ctime does not follow
+// mapped writes, or a failed writeback. The supervisor reuses a whole fingerprint on such states.
+struct SettledState {
+  FileState state;
+  std::optional<std::string> fsverity_digest;
+  std::int64_t written_back_ns = 0;  // CLOCK_REALTIME just before the writeback
+  // Whether mtime and ctime are both older than the writeback by more than the coarse clock's
+  // tick: a write since the writeback would have moved them.
+  bool settled() const;
+};
+std::optional<SettledState> settled_state(int fd, std::string name);
 
 }  // namespace assay::fingerprint

@@ -55,6 +55,8 @@ bool same_file_state(const struct stat& a, const struct stat& b) {
 // (page_mkwrite calls file_update_time): once written back, no page can change unseen. tmpfs,
 // ramfs and network filesystems are not among them (tmpfs pages are never write-protected; an
 // NFS client does not see another host's writes).
+}  // namespace
+
 bool ctime_follows_mapped_writes(long type) {
   return type == EXT4_SUPER_MAGIC || type == XFS_SUPER_MAGIC || type == BTRFS_SUPER_MAGIC;
 }
@@ -64,8 +66,6 @@ std::int64_t realtime_ns() {
   ::clock_gettime(CLOCK_REALTIME, &t);
   return static_cast<std::int64_t>(t.tv_sec) * 1'000'000'000 + t.tv_nsec;
 }
-
-}  // namespace
 
 void require_plain_ascii(std::string_view what, std::string_view value) {
   if (value.empty()) throw Error("fingerprint.bad_name", std::string(what) + " is empty");

@@ -115,5 +115,10 @@ const CacheEntry* cached(const std::vector<CacheEntry>& cache, const FileRef& f)
 // (kRacyNs), so that no write since the writeback kept them.
 bool storable(const FileRef& f);
 constexpr std::int64_t kRacyNs = 2'000'000'000;
+// Whether the filesystem of this f_type moves a file's ctime on the first write through a mapping
+// after its pages were written back (ext2/3/4, XFS, Btrfs): there a file's state is a sound key.
+bool ctime_follows_mapped_writes(long type);
+// CLOCK_REALTIME in nanoseconds, the clock of st_mtim and st_ctim.
+std::int64_t realtime_ns();
 
 }  // namespace assay::fingerprint

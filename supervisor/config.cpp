@@ -1,5 +1,7 @@
 #include "supervisor/config.h"
 
+#include <algorithm>
+
 #include <unistd.h>
 
 #include "common/error.h"
@@ -71,50 +73,57 @@ std::filesystem::path find_worker(const std::string& name, const std::string& bu
 
 }  // namespace
 
+std::span<const std::string_view> config_keys() {
+  static constexpr std::string_view kKeys[] = {"socket",
+                                               "state_dir",
+                                               "socket_group",
+                                               "admin_group",
+                                               "fingerprint_worker",
+                                               "compare_worker",
+                                               "oracle_worker",
+                                               "hf_worker",
+                                               "oracle_backend",
+                                               "containment",
+                                               "base_cgroup",
+                                               "delegated",
+                                               "worker_user",
+                                               "allow_root_workers",
+                                               "fingerprint_cache",
+                                               "oracle_device",
+                                               "device_slots",
+                                               "max_queue",
+                                               "max_connections",
+                                               "max_body_bytes",
+                                               "max_header_bytes",
+                                               "read_timeout_ms",
+                                               "idle_timeout_ms",
+                                               "memory_reserve_bytes",
+                                               "worker_timeout_seconds",
+                                               "prompt_render_timeout_seconds",
+                                               "worker_memory_max",
+                                               "worker_memory_margin",
+                                               "memory_events",
+                                               "worker_pids_max",
+                                               "max_connections_per_user",
+                                               "max_event_streams",
+                                               "max_buffered_bytes",
+                                               "fingerprint_threads",
+                                               "worker_threads",
+                                               "preflight_retry_ms",
+                                               "executor",
+                                               "slurm",
+                                               "resident_models"};
+  return kKeys;
+}
+
 void Config::load_file(const std::filesystem::path& path) {
   Json j = common::parse_strict(common::read_file(path, 1 << 20));
   if (!j.is_object()) throw Error("config.invalid", path.string() + " must hold a JSON object");
-  common::reject_unknown_fields(j,
-                                {"socket",
-                                 "state_dir",
-                                 "socket_group",
-                                 "admin_group",
-                                 "fingerprint_worker",
-                                 "compare_worker",
-                                 "oracle_worker",
-                                 "hf_worker",
-                                 "oracle_backend",
-                                 "containment",
-                                 "base_cgroup",
-                                 "delegated",
-                                 "worker_user",
-                                 "allow_root_workers",
-                                 "fingerprint_cache",
-                                 "oracle_device",
-                                 "device_slots",
-                                 "max_queue",
-                                 "max_connections",
-                                 "max_body_bytes",
-                                 "max_header_bytes",
-                                 "read_timeout_ms",
-                                 "idle_timeout_ms",
-                                 "memory_reserve_bytes",
-                                 "worker_timeout_seconds",
-                                 "prompt_render_timeout_seconds",
-                                 "worker_memory_max",
-                                 "worker_memory_margin",
-                                 "memory_events",
-                                 "worker_pids_max",
-                                 "max_connections_per_user",
-                                 "max_event_streams",
-                                 "max_buffered_bytes",
-                                 "fingerprint_threads",
-                                 "worker_threads",
-                                 "preflight_retry_ms",
-                                 "executor",
-                                 "slurm",
-                                 "resident_models"},
-                                "config");
+  for (auto it = j.begin(); it != j.end(); ++it)
+    if (std::find(config_keys().begin(), config_keys().end(), it.key()) == config_keys().end())
+      throw Error("json.unknown_field", "unknown field config/" + it.key() + " in " +
+                                            path.string() +
+                                            " (assayd serve --help lists the keys)");
   std::string s;
   if (take_string(j, "socket", s = socket.string()), !s.empty()) socket = s;
   if (take_string(j, "state_dir", s = state_dir.string()), !s.empty()) state_dir = s;

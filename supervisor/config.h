@@ -6,7 +6,9 @@
 #include <cstdint>
 #include <filesystem>
 #include <optional>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -113,6 +115,10 @@ struct Config {
   void load_resident(const nlohmann::json& j);  // "resident_models": {...}
   void finalize_executor();
 };
+
+// The keys a config file may hold (Config::load_file refuses any other), for `assayd serve
+// --help`; each is described in supervisor/README.md, "Limits (config keys)".
+std::span<const std::string_view> config_keys();
 
 contain::Mode mode_from_name(const std::string& name);
 std::string_view mode_name(contain::Mode mode);

@@ -46,8 +46,14 @@ int serve_main(int argc, char** argv) {
   int resident = -1;
   app.add_option("--socket", socket, "unix socket path (default: systemd socket activation)");
   app.add_option("--state-dir", state_dir, "state directory (jobs, keys)");
+  std::string keys;
+  for (std::string_view k : config_keys()) keys += (keys.empty() ? "" : ", ") + std::string(k);
   app.add_option("--config", config_file,
-                 "JSON config file; keys are the field names of supervisor/config.h");
+                 "JSON config file (the packages install /etc/assay/assayd.json), an object with "
+                 "any of the keys " +
+                     keys +
+                     "; each key's meaning, unit and default: the \"Limits (config keys)\" "
+                     "table of supervisor/README.md. A flag below overrides its key");
   app.add_option("--containment", containment, "containment backend: auto|v2|v1|none");
   app.add_option("--fingerprint-worker", fingerprint_worker, "assay-fingerprint executable");
   app.add_option("--oracle-worker", oracle_worker, "assay-oracle executable");

@@ -122,6 +122,17 @@ Submitted Service::submit(const Json& document, const std::map<std::string, std:
                                          ", not a string naming the request's kind");
     const JobKind& kind =
         kind_for_schema(schema == document.end() ? "" : schema->get_ref<const std::string&>());
+    if (schema != document.end() && kind.request_schema.empty() &&
+        *schema != protocol::kNextTokenRequest && *schema != protocol::kKilnNextTokenRequest) {
+      // Every schema this endpoint takes, not only the next-token kind's own two.
+      std::string accepted = "\"" + std::string(protocol::kNextTokenRequest) + "\", \"" +
+                             std::string(protocol::kKilnNextTokenRequest) + "\"";
+      for (const JobKind& k : kinds())
+        if (!k.request_schema.empty()) accepted += ", \"" + std::string(k.request_schema) + "\"";
+      throw Error("request.unknown_schema", "request.schema \"" +
+                                                common::printable(schema->get<std::string>(), 80) +
+                                                "\" is not one this endpoint takes: " + accepted);
+    }
     SubmitContext context{
         .config = config_, .peer = peer, .query_model_dir = {}, .receipts_dir = {}};
     for (const auto& [k, v] : options) {
@@ -281,9 +292,12 @@ Json Service::health() const {
       {"status", "ok"}, {"queue_depth", engine_->queue_depth()}, {"running", engine_->running()}};
 }
 
-std::map<JobState, int> Service::job_counts() {
-  std::map<JobState, int> counts;
-  for (Job* job : store_.all()) counts[job->state]++;
+std::map<std::pair<std::string, JobState>, int> Service::job_counts() {
+  std::map<std::pair<std::string, JobState>, int> counts;
+  for (Job* job : store_.all())
+    counts[{job->batch ? std::string(kBatchStateKind)
+                       : std::string(kind_for_schema(job->request_schema).name),
+            job->state}]++;
   return counts;
 }
 

@@ -65,7 +65,9 @@ class Service {
   common::Json info() const;
   const Config& config() const { return config_; }
   Metrics& metrics() { return metrics_; }
-  std::map<JobState, int> job_counts();
+  // Jobs by (kind, state): the kind's name from kinds(), "next-token-batch-state" for the
+  // states of a batch (recorded as jobs of their own, but parts of one).
+  std::map<std::pair<std::string, JobState>, int> job_counts();
   std::size_t queue_depth() const { return engine_->queue_depth(); }
   std::string backend() const { return runtime_->backend(); }
   std::string key_id() const { return key_.key_id(); }

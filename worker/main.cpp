@@ -96,11 +96,13 @@ int run_next_token(const std::string& input_path, const std::string& workdir) {
   ExecOptions options = prepare_execution(in.execution, files);
 
   Tokenizer tokenizer = Tokenizer::load(files);
+  // What the tokenizer alone can refuse is refused before the weights are read.
+  check_candidate_texts(in.candidates, tokenizer);
+  check_prefix_texts(in.continuation_prefix, tokenizer);
   auto t0 = Clock::now();
   LoadedModel loaded = load_model(files, options, io_threads());
   double load_seconds = seconds_since(t0);
   check_candidates(in.candidates, tokenizer, loaded.model->vocab_size());
-  check_prefix_texts(in.continuation_prefix, tokenizer);
   Forward f = run_forward(in.model_dir, in.input_token_ids, options, loaded);
   std::filesystem::path dir(workdir);
   Json out = next_token_output(dir, "logits.safetensors", in.input_token_ids, in.candidates, f,
@@ -280,7 +282,14 @@ int main(int argc, char** argv) {
   serve->add_option("--input", serve_input, "input.json")->required();
   serve->add_option("--workdir", serve_workdir, "workspace directory")->required();
 
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help
+    // A bad command line is an error like any other: one line, exit 2 (not CLI11's 106).
+    std::cerr << "assay-oracle: error [usage]: " << e.what() << " (run assay-oracle --help)\n";
+    return 2;
+  }
   try {
     if (*serve) return run_serve(serve_input, serve_workdir);
     if (*layers) {

@@ -188,12 +188,26 @@ void check_token_ids(std::span<const std::int64_t> ids, std::int64_t vocab_size,
   }
 }
 
+namespace {
+
+std::string candidate_name(const std::vector<Candidate>& candidates, std::size_t i) {
+  return "candidate_tokens[" + std::to_string(i) + "] (" + candidates[i].engine + ")";
+}
+
+}  // namespace
+
 void check_candidates(const std::vector<Candidate>& candidates, const Tokenizer& tokenizer,
                       std::int64_t vocab_size) {
+  for (std::size_t i = 0; i < candidates.size(); ++i)
+    check_token_ids(std::span(&candidates[i].token_id, 1), vocab_size,
+                    candidate_name(candidates, i) + " token_id");
+  check_candidate_texts(candidates, tokenizer);
+}
+
+void check_candidate_texts(const std::vector<Candidate>& candidates, const Tokenizer& tokenizer) {
   for (std::size_t i = 0; i < candidates.size(); ++i) {
     const Candidate& c = candidates[i];
-    std::string what = "candidate_tokens[" + std::to_string(i) + "] (" + c.engine + ")";
-    check_token_ids(std::span(&c.token_id, 1), vocab_size, what + " token_id");
+    const std::string what = candidate_name(candidates, i);
     if (!tokenizer.knows(c.token_id)) {
       throw Error("request.candidate_text_mismatch",
                   what + ": token_id " + std::to_string(c.token_id) + " has no tokenizer entry");

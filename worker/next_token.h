@@ -80,6 +80,9 @@ void check_token_ids(std::span<const std::int64_t> ids, std::int64_t vocab_size,
 void check_prefix_texts(const std::vector<Candidate>& prefix, const Tokenizer& tokenizer);
 void check_candidates(const std::vector<Candidate>& candidates, const Tokenizer& tokenizer,
                       std::int64_t vocab_size);
+// The tokenizer's half of check_candidates, before the model is loaded: a wrong text is refused
+// in milliseconds, not after the weights were read.
+void check_candidate_texts(const std::vector<Candidate>& candidates, const Tokenizer& tokenizer);
 
 // argmax (lowest id among equal maxima), argmax_text, top_tokens (10, highest first, ties by
 // id), candidate_tokens with rank = 1 + count of strictly greater logits, top_logit_margin

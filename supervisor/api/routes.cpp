@@ -1,10 +1,12 @@
 #include "supervisor/api/routes.h"
 
+#include <set>
 #include <sstream>
 
 #include "common/error.h"
 #include "common/request.h"
 #include "common/text.h"
+#include "supervisor/pipelines/pipeline.h"
 
 namespace assay::supervisor::api {
 
@@ -220,8 +222,10 @@ Answer route(Service& service, const std::string& method, const std::string& tar
     a.allow = allow;
     return a;
   } catch (const Error& e) {
+    if (e.code() == "supervisor.internal") ++service.metrics().internal_errors;
     return error_answer(e);
   } catch (const std::exception& e) {
+    ++service.metrics().internal_errors;
     return internal_error(e);
   }
 }
@@ -232,10 +236,22 @@ std::string render_metrics(Service& service) {
     << "assay_build_info{version=\"" << ASSAY_VERSION << "\",backend=\"" << service.backend()
     << "\"} 1\n";
   auto counts = service.job_counts();
-  o << "# HELP assay_jobs Jobs by state.\n# TYPE assay_jobs gauge\n";
-  for (auto s : {JobState::kQueued, JobState::kRunning, JobState::kSucceeded, JobState::kFailed,
-                 JobState::kCancelled})
-    o << "assay_jobs{state=\"" << state_name(s) << "\"} " << counts[s] << "\n";
+  constexpr JobState kStates[] = {JobState::kQueued, JobState::kRunning, JobState::kSucceeded,
+                                  JobState::kFailed, JobState::kCancelled};
+  std::map<JobState, int> jobs;  // a batch is one job; its states are its parts
+  for (const auto& [key, n] : counts)
+    if (key.first != kBatchStateKind) jobs[key.second] += n;
+  o << "# HELP assay_jobs Jobs by state (a batch counts once; its states are in "
+       "assay_jobs_by_kind).\n# TYPE assay_jobs gauge\n";
+  for (auto s : kStates) o << "assay_jobs{state=\"" << state_name(s) << "\"} " << jobs[s] << "\n";
+  o << "# HELP assay_jobs_by_kind Jobs by kind and state; kind next-token-batch-state counts "
+       "the states of batches.\n# TYPE assay_jobs_by_kind gauge\n";
+  std::set<std::string> kind_names{std::string(kBatchStateKind)};
+  for (const JobKind& k : kinds()) kind_names.insert(std::string(k.name));
+  for (const std::string& kind : kind_names)
+    for (auto s : kStates)
+      o << "assay_jobs_by_kind{kind=\"" << kind << "\",state=\"" << state_name(s) << "\"} "
+        << (counts.count({kind, s}) ? counts.at({kind, s}) : 0) << "\n";
   o << "# HELP assay_queue_depth Jobs waiting for a device slot.\n# TYPE assay_queue_depth gauge\n"
     << "assay_queue_depth " << service.queue_depth() << "\n";
   const Metrics& m = service.metrics();
@@ -259,6 +275,10 @@ std::string render_metrics(Service& service) {
           m.connections_refused);
   counter("assay_store_write_failures_total", "Writes to the state directory that failed.",
           m.store_write_failures);
+  counter("assay_internal_errors_total",
+          "Internal errors (supervisor.internal): API requests answered 500 and jobs failed by "
+          "a fault of assayd's own.",
+          m.internal_errors);
   counter("assay_slurm_steps_submitted_total", "Worker steps submitted to Slurm (executor slurm).",
           m.slurm_submitted);
   std::map<std::string, int> slurm_states;

@@ -168,6 +168,20 @@ void Engine::start_step(JobRun& run, Step& step) {
     if (::access(step.worker.c_str(), X_OK) != 0)
       throw Error("worker.missing",
                   "worker executable " + step.worker.string() + " is missing or not executable");
+    if (step.reuse && !slurm_ && !step.model_dir.empty()) {
+      // Opened as for a worker (the submitter's rights, no links), and closed again.
+      OpenedModel opened = open_model_as(step.model_dir, submitter_of(job));
+      bool reused = false;
+      try {
+        reused = step.reuse(opened);
+      } catch (const Error& e) {
+        return fail(id, e.code(), e.what());
+      }
+      if (reused) {
+        set_phase(job, role, "the " + role + " of an earlier job stands: its files are unchanged");
+        return next_step(run);
+      }
+    }
     Json input = step.input();
     run.model_fds.clear();
     if (start_resident(run, step, job, input, ws)) return;
@@ -354,6 +368,7 @@ void Engine::finish(const std::string& id, JobState state, const std::string& me
 }
 
 void Engine::fail(const std::string& id, const std::string& code, const std::string& message) {
+  if (code == "supervisor.internal") ++metrics_.internal_errors;
   // Messages carry workers' and clients' bytes: always valid UTF-8 in the record.
   std::string text = common::printable(message, kMaxMessageBytes);
   spdlog::warn("job {} failed: {} ({})", id, text, code);

@@ -8,13 +8,11 @@
 #include <functional>
 #include <optional>
 #include <string>
-#include <vector>
-
-#include <sys/stat.h>
 
 #include "common/json.h"
 #include "supervisor/config.h"
 #include "supervisor/contain/evidence.h"
+#include "supervisor/pipelines/admission.h"
 #include "supervisor/pipelines/pipeline.h"
 
 namespace assay::supervisor {
@@ -34,9 +32,13 @@ struct FingerprintRun {
   // the completed digests are cached.
   std::optional<common::Json> expected;
   std::function<void(const common::Json& output)> store_cache;
+  // Set when no fingerprint worker ran because the fingerprint of an earlier job was reused
+  // (fingerprint_step): {"job", "at"} of the job that computed it; evidence is then empty.
+  std::optional<common::Json> reused;
 };
 // A result's "model_fingerprint": {implementation_sha256, files (each computed in this job or
-// taken from the fingerprint cache, with the job and time that computed it), process}.
+// taken from the fingerprint cache, with the job and time that computed it), process (null when
+// no worker ran), and "reused": {job, at} when the whole fingerprint was an earlier job's}.
 common::Json fingerprint_section(const FingerprintRun& run);
 // Fingerprints `model_dir` into `out`; fails the job with Error("job.identity_mismatch") when
 // `expected` is given and its content_sha256 differs. `out` must outlive the step.
@@ -44,6 +46,15 @@ common::Json fingerprint_section(const FingerprintRun& run);
 // left to the step that reads it next when its state is a sound cache key (fingerprint
 // README): `out` is then pending() until complete_fingerprint, the parts of `expected` that are
 // known are checked now and the rest at completion, and nothing is cached before then.
+//
+// With the cache on, no worker runs for a model directory whose fingerprint the supervisor can
+// prove unchanged (Step::reuse): the cache file also keeps the last complete fingerprint of the
+// directory with the state of every file at its top, each taken as the worker takes a shard's
+// (dirty pages written back, then fstat, on a filesystem whose ctime follows mapped writes; its
+// fs-verity digest), before the worker read it and again, equal and settled, when the
+// fingerprint completed. A later job whose opened files have exactly those names and states
+// (taken the same way), for the same model name and the same fingerprint executable (its
+// path's state), takes that fingerprint: a write since would have moved a ctime.
 Step fingerprint_step(const Config& config, const std::string& role, const std::string& model_dir,
                       const std::string& name, const std::optional<common::Json>& expected,
                       FingerprintRun& out, bool defer_shards = false);
@@ -51,11 +62,10 @@ Step fingerprint_step(const Config& config, const std::string& role, const std::
 // state the fingerprint saw ([] when none is deferred).
 common::Json deferred_files(const FingerprintRun& fingerprint);
 // Throws Error("job.bytes_mismatch") naming the first deferred shard whose file, as the engine
-// opened it for the next step (`names[i]`, `states[i]`), is missing or not in the state the
-// fingerprint saw: the model directory changed between the fingerprint and its reader.
-void check_deferred_unchanged(const FingerprintRun& fingerprint,
-                              const std::vector<std::string>& names,
-                              const std::vector<struct stat>& states, const std::string& role);
+// opened it for the next step, is missing or not in the state the fingerprint saw: the model
+// directory changed between the fingerprint and its reader.
+void check_deferred_unchanged(const FingerprintRun& fingerprint, const OpenedModel& opened,
+                              const std::string& role);
 // Fills the deferred shards' digests from `output`'s bytes_used (the worker was given
 // deferred_files() and checked that every such shard kept its state while it read and hashed
 // it), computes content_sha256, checks the expected identity and caches the digests. Throws
@@ -74,12 +84,16 @@ bool fingerprint_cache_on(const Config& config);
 // The entries known for `model_dir` ([] when none, or when the file is unreadable or malformed).
 common::Json load_fingerprint_cache(const std::filesystem::path& state_dir,
                                     const std::string& model_dir);
+// The whole-directory record kept beside the entries (fingerprint_step), or null.
+common::Json load_directory_record(const std::filesystem::path& state_dir,
+                                   const std::string& model_dir);
 // Stores the files of a successful fingerprint output: digests computed now under `job_id` and
 // `at`, reused ones with their original job and time; a file whose mtime or ctime is less than
-// 2 s old is left out (it could change again within the same timestamp tick).
+// 2 s old is left out (it could change again within the same timestamp tick). `directory`, when
+// not null, is kept as the whole-directory record.
 void store_fingerprint_cache(const std::filesystem::path& state_dir, const std::string& model_dir,
                              const common::Json& fingerprint_output, const std::string& job_id,
-                             const std::string& at);
+                             const std::string& at, const common::Json& directory = nullptr);
 // Forgets `model_dir`'s entries (`assay fingerprint --refresh`): its next fingerprint reads every
 // file. Returns whether there were any.
 bool drop_fingerprint_cache(const std::filesystem::path& state_dir, const std::string& model_dir);

@@ -83,9 +83,7 @@ class NextTokenPipeline final : public Pipeline {
     // descriptors are opened (the oracle checks it again while it reads).
     if (defer)
       oracle.opened_model = [this](const OpenedModel& m) {
-        std::vector<struct stat> states;
-        for (const auto& f : m.files) states.push_back(f.st);
-        check_deferred_unchanged(fingerprint_, m.names, states, "oracle");
+        check_deferred_unchanged(fingerprint_, m, "oracle");
       };
     if (may_use_resident())
       oracle.resident_bytes = [this](const Json& bytes_used) {

@@ -105,6 +105,11 @@ struct Step {
   // starts; throws common::Error to fail the job instead (a shard the fingerprint left to this
   // worker that is no longer in the state the fingerprint saw).
   std::function<void(const OpenedModel& opened)> opened_model = nullptr;
+  // Called, where set, with the model's files opened before anything else of the step: returns
+  // true when the step's outcome is already known without a worker (it then keeps it as
+  // `accept` would; fingerprint_step's reuse of an unchanged directory's fingerprint), and the
+  // engine goes on to the next step. Throws common::Error to fail the job.
+  std::function<bool(const OpenedModel& opened)> reuse = nullptr;
   // The worker's timeout is the configured (or requested) one times this (called after input();
   // unset: 1), e.g. per state of a batch.
   std::function<double()> timeout_factor = nullptr;
@@ -203,6 +208,8 @@ struct JobKind {
 const std::vector<JobKind>& kinds();
 // The kind a request document (or a stored request_schema) belongs to.
 const JobKind& kind_for_schema(std::string_view schema);
+// The kind a batch's state is counted under (/metrics): a job of its own, part of a batch job.
+inline constexpr std::string_view kBatchStateKind = "next-token-batch-state";
 
 std::unique_ptr<Pipeline> open_next_token(const Config&, const std::filesystem::path&,
                                           const std::string&);

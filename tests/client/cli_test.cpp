@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 
 #include "client/format.h"
+#include "common/fs.h"
 #include "common/json.h"
 #include "support.h"
 
@@ -23,8 +24,19 @@ TEST_CASE("help lists every command and the exit codes") {
   for (const char* cmd : {"submit", "wait", "status", "list", "result", "artifact", "cancel",
                           "verify", "keys", "health", "request", "fidelity"})
     CHECK_MESSAGE(r.out.find(std::string("  ") + cmd + " ") != std::string::npos, cmd);
-  CHECK(r.out.find("8  wait --timeout expired") != std::string::npos);
+  CHECK(r.out.find("8  --wait-timeout expired") != std::string::npos);
   CHECK(run({"verify", "--help"}).status == 0);
+  // A command's help names the options every command takes, not the whole exit table again.
+  for (std::vector<std::string> args :
+       {std::vector<std::string>{"status", "--help"}, {"fidelity", "submit", "--help"}}) {
+    auto h = run(args);
+    CAPTURE(h.out);
+    CHECK(h.status == 0);
+    CHECK(h.out.find("--socket PATH") != std::string::npos);
+    CHECK(h.out.find("--json") != std::string::npos);
+    CHECK(h.out.find("Exit status: see `assay --help`") != std::string::npos);
+    CHECK(h.out.find("4  assayd refused the request") == std::string::npos);
+  }
 }
 
 TEST_CASE("bad command lines exit 2 with a message and without contacting assayd") {
@@ -37,12 +49,15 @@ TEST_CASE("bad command lines exit 2 with a message and without contacting assayd
       {{}, "A subcommand is required"},
       {{"frobnicate"}, "unknown command \"frobnicate\""},
       {{"status"}, "ID is required"},
-      {{"artifact", "j1"}, "--output is required"},
+      {{"artifact", "j-000000000000000000000000"}, "--output is required"},
       {{"verify", "/nonexistent/result.json"}, "/nonexistent/result.json"},
       {{"request"}, "A subcommand is required"},
       {{"--timeout", "-1", "health"}, "--timeout"},
       {{"status", "../../etc"}, "is not a job id"},
       {{"status", "a/b"}, "is not a job id"},
+      {{"status", "j-123"}, "\"j-123\" is not a job id"},
+      {{"result", "J-0123456789ABCDEF01234567"}, "is not a job id"},
+      {{"cancel", "j-0123456789abcdef012345678"}, "is not a job id"},
   };
   for (const auto& c : cases) {
     CAPTURE(c.says);
@@ -61,7 +76,7 @@ TEST_CASE("an unreachable daemon exits 3 and names the socket from --socket or A
   CHECK(r.err.find("cannot connect to assayd at " + env_sock) != std::string::npos);
 
   std::string flag_sock = (dir / "from-flag.sock").string();
-  r = run({"status", "j1", "--socket", flag_sock}, {.socket = env_sock});
+  r = run({"status", "j-000000000000000000000000", "--socket", flag_sock}, {.socket = env_sock});
   CHECK(r.status == 3);
   CHECK(r.err.find(flag_sock) != std::string::npos);
 
@@ -202,4 +217,32 @@ TEST_CASE("fidelity_report shows the metric table, per-context rows and the hist
     CHECK_MESSAGE(text.find(s) != std::string::npos, s);
   // Leading and trailing empty bins are left out.
   CHECK(text.find("(0, 1e-03)") == std::string::npos);
+}
+
+TEST_CASE("next_token_report: the verdict, candidates with text, logit, rank and gap, humanised") {
+  using assay::common::Json;
+  Json r = assay::common::parse_strict(assay::common::read_file(
+      std::string(ASSAY_CLIENT_TEST_DIR) + "/fixtures/report/result.json", 1 << 20));
+  std::string text = assay::client::next_token_report(r);
+  CAPTURE(text);
+  CHECK(text.find("verdict:    kiln produced the reference argmax (token 135 \"\xef\xbf\xbd\")") !=
+        std::string::npos);
+  CHECK(text.find("ENGINE  TOKEN  TEXT") != std::string::npos);
+  CHECK(text.find("kiln *  135") != std::string::npos);
+  // vllm's token, its logit, rank 2 and its gap to the argmax's logit.
+  CHECK(text.find("vllm    34     \"\\\"\"") != std::string::npos);
+  CHECK(text.find("1.6328125  2     -0.03125") != std::string::npos);
+  CHECK(text.find("\"\\u0019\"") != std::string::npos);  // a control byte, visible
+  CHECK(text.find("memory peak 62.3 MiB (cgroup), RSS 130 MiB") != std::string::npos);
+  CHECK(text.find("forward 37.1 ms") != std::string::npos);
+  CHECK(text.find("(AMD EPYC)") != std::string::npos);
+  // Neither engine.
+  r["verdict"]["argmax_candidate"] = "neither";
+  CHECK(assay::client::next_token_report(r).find("verdict:    neither engine produced") !=
+        std::string::npos);
+  CHECK(assay::client::format_bytes(512) == "512 B");
+  CHECK(assay::client::format_bytes(268435456) == "256 MiB");
+  CHECK(assay::client::format_bytes(8.0 * (1ull << 30)) == "8.00 GiB");
+  CHECK(assay::client::format_duration(0.00085) == "850 us");
+  CHECK(assay::client::format_duration(1.234) == "1.23 s");
 }

@@ -92,6 +92,14 @@ TEST_CASE("a CPU run of the libtorch backend is not Kiln's record: every false f
   Json body = e.record;
   body.erase("result_sha256");
   CHECK(e.record["result_sha256"] == common::sha256_id(common::python_canonical(body)));
+  // A fingerprint reused from an earlier job: no fingerprint process ran in this one.
+  CHECK_FALSE(listed(e, "/model_fingerprint/process"));
+  Json reused = result;
+  reused["model_fingerprint"]["process"] = nullptr;
+  reused["model_fingerprint"]["reused"] = {{"job", "j-0123456789abcdef01234567"},
+                                           {"at", "2026-12-06T10:00:00.000Z"}};
+  client::KilnExport r = client::kiln_v2_record(reused);
+  CHECK(listed(r, "/model_fingerprint/process"));
 }
 
 TEST_CASE("every way the draft breaks Kiln's schema is among the listed fields") {

@@ -356,7 +356,7 @@ TEST_CASE("layer submit checks the request locally before it contacts assayd") {
   CHECK(run({"submit", dir / "good.json"}, env).status == 3);
   // show needs an id; --help describes both commands.
   CHECK(run({"layer", "show"}, env).status == 2);
-  r = run({"layer", "show", "j1"}, env);
+  r = run({"layer", "show", "j-000000000000000000000000"}, env);
   CHECK(r.status == 3);
   r = run({"layer", "--help"});
   CHECK(r.status == 0);
@@ -437,7 +437,7 @@ TEST_CASE("the layer report escapes every string it takes from the result") {
       spec, {.engine = "<script>alert(1)</script>", .job_id = "j-\"quoted\"&<b>", .flip = 3});
   check_valid(r);
   TempDir dir;
-  const std::string html = client::render_report(r, dir.path());
+  const std::string html = client::render_report(r, dir.path(), "not checked in this test", false);
   std::string lower = html;
   for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   CHECK(lower.find("<script") == std::string::npos);
@@ -453,7 +453,7 @@ TEST_CASE("the layer report escapes every string it takes from the result") {
 TEST_CASE("the log axis puts zeros on a floor and keeps omitted and undefined boundaries apart") {
   const Json r = layer_result(kTwoLayers, {.flip = 6});
   TempDir dir;
-  const std::string html = client::render_report(r, dir.path());
+  const std::string html = client::render_report(r, dir.path(), "not checked in this test", false);
   const std::size_t svg_begin = html.find("<svg"), svg_end = html.find("</svg>");
   REQUIRE(svg_begin != std::string::npos);
   const std::string svg = html.substr(svg_begin, svg_end - svg_begin);
@@ -499,7 +499,8 @@ TEST_CASE("the log axis puts zeros on a floor and keeps omitted and undefined bo
   CHECK(svg.find("decisive (first flip): 6 layers.1.input_layernorm") != std::string::npos);
   CHECK(svg.find("tolerance 0.01") != std::string::npos);
   // A result without a decisive boundary draws no such marker.
-  const std::string plain = client::render_report(layer_result(kTwoLayers), dir.path());
+  const std::string plain = client::render_report(layer_result(kTwoLayers), dir.path(),
+                                                  "not checked in this test", false);
   CHECK(plain.find("class=\"decisive\"") == std::string::npos);
   CHECK(plain.find("class=\"first-non-bitwise\"") != std::string::npos);
 }
@@ -562,4 +563,65 @@ TEST_CASE("assay verify accepts a sealed layer-attribution result with its envel
   sign(common::kLayerPredicateType);
   dir.write("layers.safetensors", "the reference rowz");
   CHECK(run({"verify", result, "--pubkey", pubkey, "--artifact", artifact}).status == 6);
+}
+
+TEST_CASE(
+    "assay report checks the record before it draws it: a changed record is refused and nothing "
+    "is written; without a key the page says the signature was not checked; with one, verified") {
+  TempDir dir;
+  common::SigningKey key = common::SigningKey::generate();
+  Json r = layer_result(kTwoLayers, {.flip = 6});
+  r["supervisor"]["key_id"] = key.key_id();
+  const std::string bytes = common::seal_result(r);
+  const std::string result = dir.write("result.json", bytes);
+  Json statement =
+      common::make_statement(common::kLayerPredicateType, bytes, common::kLayerArtifactFileName,
+                             r["layers_artifact"]["sha256"].get<std::string>());
+  const std::string envelope = common::canonical(common::dsse_sign(
+                                   common::kInTotoPayloadType, common::canonical(statement), key)) +
+                               "\n";
+  dir.write("result.dsse.json", envelope);
+  const std::string pubkey = dir.write("pubkey.pem", key.public_key_pem());
+  const std::string out = (dir / "report.html").string();
+  auto page = [&] { return common::read_file(out, 1 << 22); };
+
+  auto verified = run({"report", result, "-o", out, "--pubkey", pubkey});
+  CHECK_MESSAGE(verified.status == 0, verified.err);
+  CHECK(page().find("<p class=\"verified\" role=\"status\">Verified: ") != std::string::npos);
+  auto unsigned_check = run({"report", result, "-o", out});
+  CHECK_MESSAGE(unsigned_check.status == 0, unsigned_check.err);
+  CHECK(unsigned_check.out.find("signature NOT checked") != std::string::npos);
+  CHECK(page().find("<p class=\"unverified\" role=\"status\">NOT VERIFIED: the self-hash holds, "
+                    "but no signature was checked") != std::string::npos);
+
+  // The decisive boundary changed in the file, not resealed: refused, with or without a key.
+  Json changed = common::parse_strict(bytes);
+  changed["patching"]["first_flip"]["index"] = 5;
+  const std::string tampered = dir.write("tampered.json", common::canonical(changed));
+  for (bool with_key : {false, true}) {
+    CAPTURE(with_key);
+    std::filesystem::remove(out);
+    std::vector<std::string> args{"report", tampered, "-o", out};
+    if (with_key)
+      args.insert(args.end(),
+                  {"--pubkey", pubkey, "--envelope", (dir / "result.dsse.json").string()});
+    auto refused = run(args);
+    CHECK(refused.status == 6);
+    CHECK(refused.err.find("does not hold; no report written") != std::string::npos);
+    CHECK(refused.err.find("result_sha256: claimed") != std::string::npos);
+    CHECK_FALSE(std::filesystem::exists(out));
+  }
+  // Resealed after the change: its self-hash holds, so without a key it is drawn as unverified,
+  // and with the key the signature (over the original bytes) refuses it.
+  changed.erase("result_sha256");
+  const std::string resealed = dir.write("resealed.json", common::seal_result(changed));
+  dir.write("resealed.dsse.json", envelope);
+  CHECK(run({"report", resealed, "-o", out}).status == 0);
+  CHECK(page().find("NOT VERIFIED") != std::string::npos);
+  std::filesystem::remove(out);
+  auto forged = run({"report", resealed, "-o", out, "--pubkey", pubkey});
+  CHECK(forged.status == 6);
+  CHECK(forged.err.find("subject.result: no subject has the result file's sha256") !=
+        std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(out));
 }

@@ -14,6 +14,7 @@ non-trivial (size, distinct colours, no single colour over 97%; the layer chart'
 is drawn). Exit 0 when all hold; 77 (skipped) when chromium is not installed.
 """
 import hashlib
+import importlib.util
 import json
 import pathlib
 import re
@@ -38,6 +39,22 @@ def check(ok, what):
 
 def sha256_id(data):
     return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def _make_corpus():
+    spec = importlib.util.spec_from_file_location("make_corpus", HERE.parent / "fuzz" / "make_corpus.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def write_sealed(path, doc):
+    """The document as assayd writes it: RFC 8785 canonical, result_sha256 of the rest (`assay
+    report` refuses a record whose self-hash does not hold). Not signed."""
+    canonical = _make_corpus().canonical
+    doc = {k: v for k, v in doc.items() if k != "result_sha256"}
+    doc["result_sha256"] = sha256_id(canonical(doc).encode())
+    path.write_text(canonical(doc))
 
 
 def layer_result(directory):
@@ -118,10 +135,9 @@ def layer_result(directory):
                      "first_flip": {"index": 6, "name": names[6]}, "last_hold": {"index": 5, "name": names[5]}},
         "comparison": {"seconds": 0.02, "process": process}, "containment": fx["containment"],
         "layers_artifact": {"name": "layers.safetensors", "bytes": len(artifact), "sha256": sha256_id(artifact)},
-        "result_sha256": sha256_id(b"not sealed: the report does not check it"),
     }
     path = directory / "layers-result.json"
-    path.write_text(json.dumps(doc, indent=1))
+    write_sealed(path, doc)
     return path
 
 
@@ -153,7 +169,8 @@ def numerics_result(directory, assay):
                 "candidates": [{"token_id": c["token_id"], "logit": val[c["token_id"]],
                                 "rank": 1 + sum(l > val[c["token_id"]] for _, l in logits)}
                                for c in cands],
-                "logits_sha256": sha256_id(name.encode())}
+                # The reference member is the record's own forward (verify checks it is).
+                "logits_sha256": o["logits_sha256"] if name == "reference" else sha256_id(name.encode())}
 
     names = ["reference"] + [f"reduction:{i}" for i in range(16)] + ["sdpa", "kv-cache", "batched:3"]
     members = []
@@ -179,7 +196,7 @@ def numerics_result(directory, assay):
                    "transformers": None, "threads": 2, "load_seconds": 0.5, "forward_seconds": 1.5,
                    "process": o["process"]}}
     path = directory / "numerics-result.json"
-    path.write_text(json.dumps(fx, indent=1))
+    write_sealed(path, fx)
     (directory / "logits.safetensors").write_bytes((FIX / "logits.safetensors").read_bytes())
     return path
 
@@ -219,10 +236,9 @@ def audit_result(directory, assay):
         "anchor": "fp32", "members": members, "contexts": contexts, "statistics": stats,
         "worker": {"threads": 2}, "containment": fx["containment"],
         "audit_artifact": {"name": "audit.json", "bytes": 100, "sha256": sha256_id(b"audit")},
-        "result_sha256": sha256_id(b"not sealed: the report does not check it"),
     }
     path = directory / "audit-result.json"
-    path.write_text(json.dumps(doc, indent=1))
+    write_sealed(path, doc)
     return path, stats
 
 
@@ -276,6 +292,8 @@ def main(assay):
             if r.returncode:
                 continue
             html = out.read_text()
+            check('<p class="unverified" role="status">NOT VERIFIED: the self-hash holds' in html,
+                  f"{name}: the page says its signature was not checked")
             check("<script" not in html.lower(), f"{name}: no script")
             urls = [u for u in re.findall(r"(?:https?:)?//[^\s\"'<>)]+", html) if u != "http://www.w3.org/2000/svg"]
             check(not urls, f"{name}: loads nothing from the network, found {urls[:3]}")
@@ -319,6 +337,16 @@ def main(assay):
                 check(purple > 150, f"{name}: {purple} pixels of the decisive marker's colour")
             print(f"{name}: {len(html)} bytes of HTML, screenshot {png.stat().st_size} bytes, "
                   f"{len(colors)} colours, background {top:.1%}")
+        # Each record changed after it was sealed (its verdict, say) is refused, nothing written.
+        for path in (FIX / "result.json", FIX / "fidelity-result.json", layers, envelope, audit):
+            doc = json.loads(path.read_text())
+            doc["created_at_utc"] = "2000-01-01T00:00:00Z"
+            changed = tmp / ("changed-" + path.name)
+            changed.write_text(json.dumps(doc, separators=(",", ":"), sort_keys=True))
+            out = tmp / ("changed-" + path.name + ".html")
+            r = subprocess.run([assay, "report", str(changed), "-o", str(out)], capture_output=True, text=True)
+            check(r.returncode == 6 and "result_sha256: claimed" in r.stderr and not out.exists(),
+                  f"changed {path.name}: exit {r.returncode}, {r.stderr[-300:]}")
     # A document of another kind is refused with a message naming its schema.
     r = subprocess.run([assay, "report", str(HERE.parent.parent / "schemas" / "compare-input.schema.json"),
                         "-o", "/dev/null"], capture_output=True, text=True)

@@ -15,6 +15,7 @@
 #include "common/identity.h"
 #include "common/json.h"
 #include "fingerprint/fingerprint.h"
+#include "fingerprint/model_fds.h"
 #include "tests/fingerprint/util.h"
 
 namespace assay::fingerprint::test {
@@ -258,6 +259,35 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "settled_state writes a file back and takes its state, settled only when both times are over "
+    "2 s older than the writeback; on a filesystem whose ctime may not follow mapped writes it "
+    "gives none") {
+  TempDir dir;
+  make_model(dir.path(), kShards);
+  const std::string shard = (dir / "model-a.safetensors").string();
+  common::UniqueFd fd(::open(shard.c_str(), O_RDONLY | O_CLOEXEC));
+  REQUIRE(fd.get() >= 0);
+  struct stat st {};
+  REQUIRE(::fstat(fd.get(), &st) == 0);
+  auto fresh = settled_state(fd.get(), "model-a.safetensors");
+  REQUIRE(fresh);
+  CHECK(fresh->state == file_state("model-a.safetensors", st));
+  CHECK_FALSE(fresh->fsverity_digest);  // no fs-verity on this host's test directories
+  CHECK_FALSE(fresh->settled());
+  ::usleep(2'100'000);
+  auto later = settled_state(fd.get(), "model-a.safetensors");
+  REQUIRE(later);
+  CHECK(later->state == fresh->state);
+  CHECK(later->settled());
+  // tmpfs: a write through a mapping never moves its times.
+  TempDir shm("/dev/shm");
+  make_model(shm.path(), kShards);
+  common::UniqueFd tmp(::open((shm / "model-a.safetensors").c_str(), O_RDONLY | O_CLOEXEC));
+  REQUIRE(tmp.get() >= 0);
+  CHECK_FALSE(settled_state(tmp.get(), "model-a.safetensors"));
+}
+
+TEST_CASE(
     "a file's fs-verity digest is recorded beside its sha256, and a cached sha256 is reused only "
     "beside the same fs-verity digest") {
   // This host's kernel has no fs-verity: a stand-in answers for model-a (tests/vm/verity.sh runs
@@ -384,6 +414,13 @@ TEST_CASE("cache entries are parsed strictly") {
   bad = ok;
   bad[0]["dev"] = 1;
   CHECK_THROWS_AS(parse_cache(bad, "in", "c"), common::Error);
+  // 19 digits pass the pattern but not a 64-bit time: named, never std::out_of_range.
+  bad = ok;
+  bad[0]["mtime_ns"] = "9999999999999999999";
+  CHECK_THROWS_WITH_AS(
+      parse_cache(bad, "in", "c"),
+      doctest::Contains("cache[0].mtime_ns \"9999999999999999999\" is out of range"),
+      common::Error);
   CHECK(parse_cache(ok, "in", "c")[0].mtime_ns == 1796142391146889191);
   CHECK(parse_cache(ok, "in", "c")[0].ctime_ns == -5);
   CHECK_FALSE(parse_cache(ok, "in", "c")[0].fsverity_digest);

@@ -152,6 +152,21 @@ TEST_CASE(
   CHECK(summary["model_identity"] == identity);
   REQUIRE(summary["states"].size() == 5);
   CHECK(summary["oracle_runs"].size() == 1);  // one worker for every state
+  // /metrics: the batch is one job (with the two singles, three); its five states are counted
+  // apart, by kind.
+  std::string metrics = request(d.socket(), "GET", "/metrics").body;
+  CAPTURE(metrics);
+  CHECK(metrics.find("assay_jobs{state=\"succeeded\"} 3\n") != std::string::npos);
+  CHECK(metrics.find("assay_jobs_by_kind{kind=\"next-token\",state=\"succeeded\"} 2\n") !=
+        std::string::npos);
+  CHECK(metrics.find("assay_jobs_by_kind{kind=\"next-token-batch\",state=\"succeeded\"} 1\n") !=
+        std::string::npos);
+  CHECK(
+      metrics.find("assay_jobs_by_kind{kind=\"next-token-batch-state\",state=\"succeeded\"} 3\n") !=
+      std::string::npos);
+  CHECK(metrics.find("assay_jobs_by_kind{kind=\"next-token-batch-state\",state=\"failed\"} 2\n") !=
+        std::string::npos);
+  CHECK(metrics.find("assay_internal_errors_total 0\n") != std::string::npos);
   fs::path dir = d.state() / "jobs" / id;
   CHECK_MESSAGE(validate("next-token-batch-result", dir / "result.json").rfind("0:", 0) == 0,
                 validate("next-token-batch-result", dir / "result.json"));

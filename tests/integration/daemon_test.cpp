@@ -169,6 +169,13 @@ TEST_CASE("bad inputs each get a clear 4xx and the daemon keeps serving") {
     CHECK_FALSE(j["error"]["message"].get<std::string>().empty());
   }
   CHECK(cases.size() >= 30);
+  // An unknown schema is answered with every schema the endpoint takes.
+  std::string unknown = request(d.socket(), "POST", "/v1/jobs", with("/schema", "x.v1")).body;
+  for (const char* schema :
+       {"assay.next-token-request.v1", "kiln.hf-next-token-request.v1", "assay.fidelity-request.v1",
+        "assay.trajectory-request.v1", "assay.layer-attribution-request.v1",
+        "assay.engine-audit-request.v1", "assay.next-token-batch-request.v1"})
+    CHECK_MESSAGE(unknown.find(schema) != std::string::npos, schema << " not in " << unknown);
 
   // Header too large, and bytes that are not HTTP.
   auto big = raw_request(
@@ -523,9 +530,13 @@ TEST_CASE(
   TempDir tmp;
   fs::path model = fixture_model(tmp.path / "llama-tiny");
   constexpr std::uint64_t kLimit = 768ull << 20;
+  // Every job runs the (pressing) fingerprint worker: without the cache, none reuses an earlier
+  // job's fingerprint of the unchanged model.
+  spit(tmp.path / "assayd.json", R"({"fingerprint_cache": false})");
   Daemon d(tmp.path / "state", tmp.path / "assayd.sock",
-           {"--containment", containment(), "--fingerprint-worker",
-            pressing_wrapper(tmp.path, kFingerprint, 1024).string(), "--oracle-worker", kOracle});
+           {"--containment", containment(), "--config", (tmp.path / "assayd.json").string(),
+            "--fingerprint-worker", pressing_wrapper(tmp.path, kFingerprint, 1024).string(),
+            "--oracle-worker", kOracle});
   REQUIRE_MESSAGE(d.start(), d.log());
 
   // The configured policy (record): the job succeeds and its evidence shows the counter.

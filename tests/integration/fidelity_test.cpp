@@ -579,6 +579,12 @@ TEST_CASE(
         run_capture(kClient + " --socket " + d.socket().string() + " fidelity show " + id);
     CHECK(show.find("max_kl_max") != std::string::npos);
     CHECK(show.find("failed") != std::string::npos);
+    // A failed gate is exit 11 (CI gates on it), as text and as JSON, from show and from wait.
+    CHECK_MESSAGE(show.rfind("11:", 0) == 0, show);
+    for (const char* args : {" --json fidelity show ", " wait ", " --json wait "}) {
+      std::string out = run_capture(kClient + " --socket " + d.socket().string() + args + id);
+      CHECK_MESSAGE(out.rfind("11:", 0) == 0, args << out);
+    }
   }
 }
 

@@ -178,8 +178,10 @@ TEST_CASE(
     CHECK_MESSAGE(v.rfind("0:", 0) == 0, v);
   }
 
-  // A second job on the unchanged model takes every shard's digest from the cache, naming the
-  // first job; config, tokenizer and chat template are hashed afresh every time.
+  // A second job on the model takes every shard's digest from the cache, naming the first job;
+  // config, tokenizer and chat template are hashed afresh every time. (A new file at the top
+  // keeps the whole fingerprint of the unchanged directory from being reused without a worker.)
+  spit(model / "README.md", "notes\n");
   request["id"] = "again";
   auto sub2 = request_json(d, request);
   REQUIRE_MESSAGE(sub2.status == 201, sub2.body);

@@ -5,6 +5,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -29,6 +30,14 @@ fs::path script(const fs::path& path, const std::string& body) {
   spit(path, "#!/bin/sh\n" + body);
   ::chmod(path.c_str(), 0755);
   return path;
+}
+
+// Submits `doc` as a job and waits up to `seconds` for it to end: the job's id and status.
+std::pair<std::string, Json> run_job(const fs::path& socket, const Json& doc, int seconds) {
+  auto sub = request(socket, "POST", "/v1/jobs", doc.dump());
+  REQUIRE_MESSAGE(sub.status == 201, sub.body);
+  std::string id = sub.json()["id"];
+  return {id, wait_job(socket, id, terminal, seconds)};
 }
 
 }  // namespace
@@ -59,10 +68,7 @@ TEST_SUITE("trust") {
              {"--containment", containment(), "--fingerprint-worker", wrapper.string(),
               "--oracle-worker", kOracle});
     REQUIRE_MESSAGE(d.start(), d.log());
-    auto sub = request(d.socket(), "POST", "/v1/jobs", next_token_request("swap", model).dump());
-    REQUIRE_MESSAGE(sub.status == 201, sub.body);
-    std::string id = sub.json()["id"];
-    Json job = wait_job(d.socket(), id, terminal, 300);
+    auto [id, job] = run_job(d.socket(), next_token_request("swap", model), 300);
     CAPTURE(job.dump(2));
     REQUIRE(fs::exists(swap) == false);  // the swap happened
     CHECK(job["state"] == "failed");
@@ -93,16 +99,13 @@ TEST_SUITE("trust") {
              {"--containment", containment(), "--fingerprint-worker", kFingerprint,
               "--oracle-worker", kOracle});
     REQUIRE_MESSAGE(d.start(), d.log());
-    auto run_job = [&](const std::string& name) {
-      auto sub = request(d.socket(), "POST", "/v1/jobs", next_token_request(name, model).dump());
-      REQUIRE_MESSAGE(sub.status == 201, sub.body);
-      std::string id = sub.json()["id"];
-      Json job = wait_job(d.socket(), id, terminal, 300);
+    auto succeeded_job = [&](const std::string& name) {
+      auto [id, job] = run_job(d.socket(), next_token_request(name, model), 300);
       CAPTURE(job.dump(2));
       REQUIRE(job["state"] == "succeeded");
       return id;
     };
-    std::string first = run_job("cold");
+    std::string first = succeeded_job("cold");
     fs::path jobs = d.state() / "jobs";
     Json fp = assay::common::parse_strict(slurp(jobs / first / "fingerprint" / "output.json"));
     CHECK(fp.contains("pending_identity"));
@@ -118,7 +121,10 @@ TEST_SUITE("trust") {
         read_by_oracle = f["source"] == "reader" && f["reader"] == "oracle";
     CHECK(read_by_oracle);
 
-    std::string second = run_job("warm");
+    // A new file at the top keeps the whole fingerprint from being reused (a job with every
+    // file unchanged runs no fingerprint worker), so that the shard's cached digest is used.
+    spit(model / "README.md", "notes\n");
+    std::string second = succeeded_job("warm");
     Json fp2 = assay::common::parse_strict(slurp(jobs / second / "fingerprint" / "output.json"));
     CHECK(fp2["model_identity"] == identity);
     CHECK(fp2["stats"]["cached_files"] == 1);
@@ -126,6 +132,98 @@ TEST_SUITE("trust") {
     CHECK_FALSE(oracle_in2.contains("unchanged_files"));
     Json result2 = assay::common::parse_strict(slurp(jobs / second / "result.json"));
     CHECK(result2["model_identity"] == identity);
+  }
+
+  TEST_CASE(
+      "a job on a model whose every file is unchanged runs no fingerprint worker and names the "
+      "job whose fingerprint it reuses; a write through a mapping dirtied before it, a rewrite "
+      "in place with the same bytes or a new file makes the next job fingerprint again") {
+    if (!have(kFingerprint) || !have(kOracle)) {
+      MESSAGE("skipped: assay-fingerprint or assay-oracle was not built");
+      return;
+    }
+    TempDir tmp;
+    ::chmod(tmp.path.c_str(), 0755);
+    fs::path model = seeded_fixture(tmp.path / "model", 1);
+    // config.json mapped shared and one page dirtied before any job: a later write through the
+    // same mapping changes the bytes without a write() call.
+    fs::path config = model / "config.json";
+    std::string text = slurp(config);
+    std::size_t space = text.find(' ');
+    REQUIRE(space != std::string::npos);
+    int fd = ::open(config.c_str(), O_RDWR);
+    REQUIRE(fd >= 0);
+    auto* map =
+        static_cast<char*>(::mmap(nullptr, text.size(), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+    REQUIRE(map != MAP_FAILED);
+    map[space] = ' ';     // dirty, same byte
+    ::usleep(2'100'000);  // settled
+    Daemon d(tmp.path / "state", tmp.path / "assayd.sock",
+             {"--containment", containment(), "--fingerprint-worker", kFingerprint,
+              "--oracle-worker", kOracle});
+    REQUIRE_MESSAGE(d.start(), d.log());
+    fs::path jobs = d.state() / "jobs";
+    auto succeeded_job = [&](const std::string& name) {
+      auto [id, job] = run_job(d.socket(), next_token_request(name, model), 300);
+      CAPTURE(job.dump(2));
+      REQUIRE(job["state"] == "succeeded");
+      return std::pair{id, assay::common::parse_strict(slurp(jobs / id / "result.json"))};
+    };
+    auto fingerprinted = [&](const std::string& id) {
+      return fs::exists(jobs / id / "fingerprint" / "output.json");
+    };
+    auto [first, r1] = succeeded_job("first");
+    CHECK(fingerprinted(first));
+    CHECK(r1["model_fingerprint"]["process"].is_object());
+    CHECK_FALSE(r1["model_fingerprint"].contains("reused"));
+
+    auto [second, r2] = succeeded_job("second");
+    CHECK_FALSE(fingerprinted(second));
+    CHECK(r2["model_identity"] == r1["model_identity"]);
+    CHECK(r2["model_fingerprint"]["process"].is_null());
+    CHECK(r2["model_fingerprint"]["reused"]["job"] == first);
+    for (const Json& f : r2["model_fingerprint"]["files"]) {
+      CAPTURE(f.dump());
+      CHECK(f["source"] == "cache");
+      CHECK(f["job"] == first);
+    }
+    std::string events = slurp(jobs / second / "events.jsonl");
+    CHECK(events.find("the fingerprint of an earlier job stands") != std::string::npos);
+    if (have(kClient)) {
+      spit(tmp.path / "r2.json", slurp(jobs / second / "result.json"));
+      std::string v = run_capture(kClient + " verify " + (tmp.path / "r2.json").string() +
+                                  " --envelope " + (jobs / second / "result.dsse.json").string() +
+                                  " --pubkey " + (d.state() / "keys" / "host.pub").string());
+      CHECK_MESSAGE(v.rfind("0:", 0) == 0, v);
+    }
+
+    // A tab for a space through the mapping: no write() call, but the page was written back
+    // and write-protected before the fingerprint read it, so the fault moves the ctime.
+    map[space] = '\t';
+    ::munmap(map, text.size());
+    ::close(fd);
+    auto [third, r3] = succeeded_job("third");
+    CHECK(fingerprinted(third));
+    CHECK(r3["model_identity"]["config_hash"] != r1["model_identity"]["config_hash"]);
+    CHECK_FALSE(r3["model_fingerprint"].contains("reused"));
+
+    // The same bytes written again in place: the state moved, so the fingerprint runs again.
+    ::usleep(2'100'000);
+    auto [fourth, r4] = succeeded_job("fourth");  // settled again: stores the record
+    CHECK(fingerprinted(fourth));
+    auto [fifth, r5] = succeeded_job("fifth");
+    CHECK_FALSE(fingerprinted(fifth));
+    CHECK(r5["model_identity"] == r3["model_identity"]);
+    spit(config, slurp(config));
+    auto [sixth, r6] = succeeded_job("sixth");
+    CHECK(fingerprinted(sixth));
+    CHECK(r6["model_identity"] == r3["model_identity"]);
+    // A file added at the top.
+    ::usleep(2'100'000);
+    succeeded_job("seventh");
+    spit(model / "notes.txt", "x\n");
+    auto [eighth, r8] = succeeded_job("eighth");
+    CHECK(fingerprinted(eighth));
   }
 
   TEST_CASE(
@@ -154,10 +252,7 @@ TEST_SUITE("trust") {
              {"--containment", containment(), "--fingerprint-worker", wrapper.string(),
               "--oracle-worker", kOracle});
     REQUIRE_MESSAGE(d.start(), d.log());
-    auto sub = request(d.socket(), "POST", "/v1/jobs", next_token_request("rewrite", model).dump());
-    REQUIRE_MESSAGE(sub.status == 201, sub.body);
-    std::string id = sub.json()["id"];
-    Json job = wait_job(d.socket(), id, terminal, 300);
+    auto [id, job] = run_job(d.socket(), next_token_request("rewrite", model), 300);
     CAPTURE(job.dump(2));
     struct stat after {};
     REQUIRE(::stat(shard.c_str(), &after) == 0);
@@ -214,10 +309,7 @@ TEST_SUITE("trust") {
     REQUIRE_MESSAGE(d.start(), d.log());
     spit(tmp.path / "assayd.pid", std::to_string(d.pid()));
     ::chmod((tmp.path / "assayd.pid").c_str(), 0644);
-    auto sub = request(d.socket(), "POST", "/v1/jobs", next_token_request("hostile", model).dump());
-    REQUIRE_MESSAGE(sub.status == 201, sub.body);
-    std::string id = sub.json()["id"];
-    Json job = wait_job(d.socket(), id, terminal, 60);
+    auto [id, job] = run_job(d.socket(), next_token_request("hostile", model), 60);
     CHECK(job["state"] == "failed");
     std::string out = slurp(state / "jobs" / id / "fingerprint" / "stdout.log");
     CAPTURE(out);
@@ -267,10 +359,7 @@ TEST_SUITE("trust") {
                {"--containment", containment(), "--fingerprint-worker", kFingerprint,
                 "--oracle-worker", wrapper.string()});
       REQUIRE_MESSAGE(d.start(), d.log());
-      auto sub = request(d.socket(), "POST", "/v1/jobs", next_token_request(c.name, model).dump());
-      REQUIRE_MESSAGE(sub.status == 201, sub.body);
-      std::string id = sub.json()["id"];
-      Json job = wait_job(d.socket(), id, terminal, 120);
+      auto [id, job] = run_job(d.socket(), next_token_request(c.name, model), 120);
       CAPTURE(job.dump(2));
       CHECK(job["state"] == "failed");
       CHECK(job.dump().find("TOPSECRET") == std::string::npos);

@@ -590,6 +590,31 @@ TEST_CASE("next-token writes output.json and logits.safetensors that agree with 
   CHECK(out["executable_sha256"] == assay::common::sha256_file_id(kOracle));
 }
 
+TEST_CASE("next-token refuses a wrong candidate text before it reads the weights") {
+  // Weights that cannot load: only a check made before the load can name the text.
+  fs::path model = copy_fixture("llama", "unloadable");
+  rewrite_safetensors(model / "model.safetensors", [](auto& ts) {
+    std::erase_if(ts, [](const auto& t) { return t.name == "model.norm.weight"; });
+  });
+  auto ids = token_ids(6, vocab_of(model), 3);
+  Json cands = {{{"engine", "kiln"}, {"token_id", 104}, {"text", "x"}},
+                {{"engine", "vllm"}, {"token_id", 105}, {"text", "i"}}};
+  fs::path work = scratch_root() / "text-before-load";
+  fs::path input = write_input(work, model, ids, cands);
+  Result r = run(kOracle + " next-token --input " + input.string() + " --workdir " + work.string(),
+                 scratch_root());
+  CHECK(r.status == 2);
+  CHECK_MESSAGE(r.err.find("[request.candidate_text_mismatch]") != std::string::npos, r.err);
+  CHECK(r.err.find("candidate_tokens[0] (kiln)") != std::string::npos);
+  // The texts right: the load is reached, and fails on the weights.
+  cands[0]["text"] = "h";
+  write_input(work, model, ids, cands);
+  r = run(kOracle + " next-token --input " + input.string() + " --workdir " + work.string(),
+          scratch_root());
+  CHECK(r.status == 2);
+  CHECK_MESSAGE(r.err.find("[model.missing_tensor]") != std::string::npos, r.err);
+}
+
 // bytes_used: the digests of exactly the bytes the forward computed with.
 namespace {
 

@@ -117,6 +117,7 @@ sup::FingerprintRun deferred(const std::optional<Json>& expected = std::nullopt)
   run.output["files"][1] = {
       {"name", "b.safetensors"}, {"dev", "1"},      {"ino", "2"},        {"size", 20},
       {"mtime_ns", "3"},         {"ctime_ns", "4"}, {"sha256", nullptr}, {"source", "deferred"}};
+  run.output["cacheable"] = {"b.safetensors"};
   run.expected = expected;
   return run;
 }
@@ -243,4 +244,52 @@ TEST_CASE(
     refused = e.code();
   }
   CHECK(refused == "worker.fingerprint_output");
+}
+
+TEST_CASE(
+    "the fingerprint step refuses a worker whose deferred shards are not exactly its unhashed, "
+    "cacheable weight files") {
+  sup::Config config;
+  sup::FingerprintRun out;
+  sup::Step step = sup::fingerprint_step(config, "fingerprint", "/models/m", "m", std::nullopt, out,
+                                         /*defer_shards=*/true);
+  Json good = deferred().output;
+  good["schema"] = "assay.fingerprint-output.v1";
+  auto code = [&](const Json& output) {
+    try {
+      step.accept(output, assay::contain::Evidence{});
+    } catch (const Error& e) {
+      return e.code() + ": " + e.what();
+    }
+    return std::string("accepted");
+  };
+  CHECK(code(good) == "accepted");
+  // A null digest for a shard it says it hashed: nobody would compute that digest's state check.
+  Json computed = good;
+  computed["files"][1]["source"] = "computed";
+  CHECK(
+      code(computed).starts_with("worker.fingerprint_output: fingerprint output.json defers [] "
+                                 "but leaves the sha256 of [\"b.safetensors\"] unknown"));
+  // Deferred, but not a sound cache key: its state proves nothing to the reader.
+  Json unsettled = good;
+  unsettled["cacheable"] = Json::array();
+  CHECK(code(unsettled).starts_with("worker.fingerprint_output"));
+  // A file it calls deferred that is not an unhashed weight file (a.safetensors, hashed here).
+  Json hashed = good;
+  hashed["files"][0]["source"] = "deferred";
+  hashed["cacheable"] = {"a.safetensors", "b.safetensors"};
+  CHECK(code(hashed).starts_with("worker.fingerprint_output"));
+  // A deferred state that cannot be handed on (its time overflows 64 bits): the worker's fault.
+  Json overflow = good;
+  overflow["files"][1]["mtime_ns"] = "9999999999999999999";
+  CHECK(code(overflow).find("mtime_ns \"9999999999999999999\" is out of range") !=
+        std::string::npos);
+  CHECK(code(overflow).starts_with("worker.fingerprint_output"));
+  // A complete identity with a file still called deferred.
+  Json complete = fingerprint(nullptr).output;
+  complete["schema"] = "assay.fingerprint-output.v1";
+  complete["model_identity"]["content_sha256"] = "sha256:" + std::string(64, '9');
+  complete["files"][1]["source"] = "deferred";
+  complete["cacheable"] = {"b.safetensors"};
+  CHECK(code(complete).starts_with("worker.fingerprint_output"));
 }

@@ -141,6 +141,8 @@ TEST_CASE("a one-field change to a real Kiln document fails naming the pointer a
   SUBCASE("a token id written as a string") {
     next["oracle"]["argmax"] = "15787";
     CHECK(only_error(next) == "/oracle/argmax: type: expected integer, found string \"15787\"");
+    next["oracle"]["argmax"] = nullptr;  // once, not "found null null"
+    CHECK(only_error(next) == "/oracle/argmax: type: expected integer, found null");
   }
   SUBCASE("an hour past 23 in created_at_utc") {
     layer["created_at_utc"] = "2026-07-19T25:28:38.318030Z";

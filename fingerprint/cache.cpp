@@ -23,18 +23,26 @@ std::int64_t ns(const struct timespec& t) {
 
 }  // namespace
 
+namespace {
+
+// An entry keyed by `s`, its digest, fs-verity digest, job and time still empty.
+CacheEntry keyed_by(FileState s) {
+  CacheEntry e;
+  e.name = std::move(s.name);
+  e.dev = s.dev;
+  e.ino = s.ino;
+  e.size = s.size;
+  e.mtime_ns = s.mtime_ns;
+  e.ctime_ns = s.ctime_ns;
+  return e;
+}
+
+}  // namespace
+
 CacheEntry state_of(const FileRef& f) {
-  FileState s = file_state(f.rel, f.before);
-  return CacheEntry{.name = std::move(s.name),
-                    .dev = s.dev,
-                    .ino = s.ino,
-                    .size = s.size,
-                    .mtime_ns = s.mtime_ns,
-                    .ctime_ns = s.ctime_ns,
-                    .fsverity_digest = f.fsverity,
-                    .sha256 = {},
-                    .job = {},
-                    .at = {}};
+  CacheEntry e = keyed_by(file_state(f.rel, f.before));
+  e.fsverity_digest = f.fsverity;
+  return e;
 }
 
 const CacheEntry* cached(const std::vector<CacheEntry>& cache, const FileRef& f) {
@@ -72,17 +80,10 @@ std::vector<CacheEntry> parse_cache(const Json& value, const std::string& where,
         throw Error(code, w + "." + k + " is not a non-empty string");
       return v[k].get<std::string>();
     };
-    FileState st = parse_file_state(v, w, code);
-    CacheEntry e{.name = std::move(st.name),
-                 .dev = st.dev,
-                 .ino = st.ino,
-                 .size = st.size,
-                 .mtime_ns = st.mtime_ns,
-                 .ctime_ns = st.ctime_ns,
-                 .fsverity_digest = std::nullopt,
-                 .sha256 = str("sha256"),
-                 .job = str("job"),
-                 .at = str("at")};
+    CacheEntry e = keyed_by(parse_file_state(v, w, code));
+    e.sha256 = str("sha256");
+    e.job = str("job");
+    e.at = str("at");
     if (!common::is_identity(e.sha256))
       throw Error(code, w + ".sha256 \"" + e.sha256 + "\" is not sha256:<64 lowercase hex>");
     if (v.contains("fsverity_digest")) {

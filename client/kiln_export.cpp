@@ -65,19 +65,35 @@ void from_result(Builder& b, const std::string& pointer, const char* result_poin
 }
 
 void source_section(Builder& b) {
-  // Kiln's source is the clean, pushed tree that built and ran the oracle. assay records the
-  // commit it was built from and whether the tree was modified, not the tree object nor
-  // origin/main.
+  // Kiln's source is the clean tree that built and ran the oracle, its tree object, and what
+  // origin/main named then, which Kiln requires to be that commit (a pushed tip).
   const Json& commit = b.at("/source/git_commit");
-  if (b.at("/source/tree_modified") == true)
+  const bool clean = b.at("/source/tree_modified") == false;
+  if (!clean)
     b.not_a_fact("/source/commit", commit,
                  "assay was built from a modified tree of " + commit.dump() +
                      "; Kiln's record names a clean one");
   else
     b.fact("/source/commit", commit);
-  b.not_a_fact("/source/origin_main", nullptr,
-               "assay records the commit it was built from, not origin/main's");
-  b.not_a_fact("/source/tree", nullptr, "assay records its commit, not the commit's tree object");
+  const Json& tree = b.at("/source/git_tree");
+  if (!tree.is_string())
+    b.not_a_fact("/source/tree", nullptr, "the result records no tree object of assay's source");
+  else if (!clean)
+    b.not_a_fact(
+        "/source/tree", tree,
+        "the commit's tree " + tree.dump() + " is not the modified tree assay was built from");
+  else
+    b.fact("/source/tree", tree);
+  const Json& origin_main = b.at("/source/origin_main");
+  if (!origin_main.is_string())
+    b.not_a_fact("/source/origin_main", nullptr,
+                 "the checkout assay was built from had no origin/main");
+  else if (origin_main != commit)
+    b.not_a_fact("/source/origin_main", origin_main,
+                 "origin/main named " + origin_main.dump() + " when assay was built from " +
+                     commit.dump() + "; Kiln's record requires the pushed tip");
+  else
+    b.fact("/source/origin_main", origin_main);
 }
 
 void implementation_section(Builder& b, bool transformers) {
@@ -122,6 +138,9 @@ void request_section(Builder& b, const KilnExportOptions& options) {
 
 void fingerprint_section(Builder& b) {
   b.fact("/model_identity", b.at("/model_identity"));
+  if (b.at("/model_identity/chat_template_hash").is_null())
+    b.not_a_fact("/model_identity/chat_template_hash", nullptr,
+                 "the model's tokenizer_config.json has no chat template to hash");
   b.fact("/model_fingerprint/implementation_sha256",
          b.at("/model_fingerprint/implementation_sha256"));
   b.not_a_fact("/model_fingerprint/python_sha256", nullptr,

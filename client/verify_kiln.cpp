@@ -1,6 +1,8 @@
 // `assay verify --kiln`: a record Kiln wrote (its next-token and layer-attribution results, v1
 // and v2), its logits artifact and assay's numerics addendum beside it, checked offline.
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 
@@ -171,6 +173,149 @@ void check_kiln_bindings(const Json& doc, Checks& checks) {
          "implementation.python_sha256");
 }
 
+// Python's math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-12), as Kiln's validators compare a
+// derived metric with the value they recompute.
+bool kiln_close(double a, double b) {
+  return std::fabs(a - b) <= std::max(1e-12 * std::max(std::fabs(a), std::fabs(b)), 1e-12);
+}
+
+// Kiln's name for boundary `i` of `count` (rocm_hf_layer_attribution.py): the embedding, each
+// layer with its kind (every fourth layer full attention, the others Gated DeltaNet), the final
+// norm.
+std::string kiln_boundary_name(std::size_t i, std::size_t count) {
+  if (i == 0) return "embedding";
+  if (i + 1 == count) return "final_norm";
+  char name[64];
+  std::snprintf(name, sizeof name, "layer_%02zu_%s", i - 1,
+                i % 4 == 0 ? "full_attention" : "linear_attention");
+  return name;
+}
+
+// Kiln's rules of a layer-attribution record (rocm_hf_layer_attribution.py validate_result),
+// each recomputed from what the record holds: every boundary's name and index, each boundary's
+// metrics consistent with one another (the relative error is the error over the reference's
+// RMS), the largest growth of the relative error recomputed from the boundaries, and the parts
+// that name the same thing agreeing. The absolute errors themselves need Kiln's rows, which the
+// record does not keep.
+void check_kiln_layer(const Json& doc, Checks& checks) {
+  auto at = [&](std::initializer_list<const char*> path) -> const Json& {
+    const Json* v = &doc;
+    for (const char* k : path) v = &member(*v, k);
+    return *v;
+  };
+  const Json& boundaries = at({"worker", "boundaries"});
+  if (!boundaries.is_array() || boundaries.empty()) {
+    checks.add("kiln.layer.boundaries", false, "worker.boundaries is not a non-empty array");
+    return;
+  }
+  const std::size_t count = boundaries.size();
+  std::vector<std::string> problems;
+  std::vector<double> relative(count, 0.0);
+  Json names = Json::array();
+  for (std::size_t i = 0; i < count; ++i) {
+    const Json& b = boundaries[i];
+    std::string want = kiln_boundary_name(i, count);
+    names.push_back(want);
+    if (member(b, "index") != i || member(b, "name") != want)
+      problems.push_back("boundary " + std::to_string(i) + " is " + member(b, "index").dump() +
+                         " " + member(b, "name").dump() + ", not " + std::to_string(i) + " \"" +
+                         want + "\"");
+  }
+  if (at({"reference", "evidence", "boundary_names"}) != names)
+    problems.push_back("reference.evidence.boundary_names are not the boundaries' names");
+  if (at({"reference", "evidence", "boundary_count"}) != count)
+    problems.push_back("reference.evidence.boundary_count " +
+                       at({"reference", "evidence", "boundary_count"}).dump() + ", not " +
+                       std::to_string(count));
+  checks.add("kiln.layer.boundaries", problems.empty(),
+             problems.empty() ? std::to_string(count) + " boundaries, each named as Kiln names it"
+                              : problems.front() +
+                                    (problems.size() > 1
+                                         ? " (and " + std::to_string(problems.size() - 1) + " more)"
+                                         : ""));
+
+  problems.clear();
+  for (std::size_t i = 0; i < count; ++i) {
+    const Json& b = boundaries[i];
+    auto cosine = number_at(b, "cosine_similarity"), maximum = number_at(b, "max_abs_error"),
+         mean = number_at(b, "mean_abs_error"), rms = number_at(b, "reference_root_mean_square"),
+         rel = number_at(b, "relative_root_mean_square_error"),
+         rmse = number_at(b, "root_mean_square_error");
+    std::string where = "boundary " + std::to_string(i) + ": ";
+    if (!cosine || !maximum || !mean || !rms || !rel || !rmse) {
+      problems.push_back(where + "a metric is missing or not a number");
+      continue;
+    }
+    relative[i] = *rel;
+    if (!(*cosine >= -1 && *cosine <= 1)) problems.push_back(where + "cosine outside [-1, 1]");
+    if (*maximum < 0 || *mean < 0 || *mean > *maximum)
+      problems.push_back(where + "mean and max absolute errors are not 0 <= mean <= max");
+    if (!(*rms > 0)) problems.push_back(where + "the reference's RMS is not positive");
+    if (*rel < 0 || *rmse < 0)
+      problems.push_back(where + "a negative error");
+    else if (*rms > 0 && !kiln_close(*rel, *rmse / *rms))
+      problems.push_back(where + "relative error " + common::python_float_repr(*rel) +
+                         " is not the RMS error over the reference's RMS, " +
+                         common::python_float_repr(*rmse / *rms));
+  }
+  checks.add("kiln.layer.metrics", problems.empty(),
+             problems.empty() ? "each boundary's metrics follow from one another"
+                              : problems.front() +
+                                    (problems.size() > 1
+                                         ? " (and " + std::to_string(problems.size() - 1) + " more)"
+                                         : ""));
+
+  // The largest step of the relative error from one boundary to the next (from 0 before the
+  // first); the lowest index among equal steps.
+  std::size_t largest = 0;
+  std::vector<double> deltas(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    deltas[i] = relative[i] - (i ? relative[i - 1] : 0.0);
+    if (deltas[i] > deltas[largest]) largest = i;
+  }
+  const Json& growth = at({"worker", "largest_relative_error_growth"});
+  auto delta = number_at(growth, "relative_root_mean_square_error_delta");
+  bool growth_ok = member(growth, "index") == largest && member(growth, "name") == names[largest] &&
+                   delta && kiln_close(*delta, deltas[largest]);
+  checks.add("kiln.layer.largest_growth", growth_ok,
+             "recomputed: boundary " + std::to_string(largest) + " " + names[largest].dump() +
+                 ", delta " + common::python_float_repr(deltas[largest]) +
+                 (growth_ok ? "" : "; the record says " + growth.dump()));
+
+  auto same = [&](const char* name, const Json& a, const char* a_name, const Json& b,
+                  const char* b_name) {
+    const bool ok = !a.is_null() && a == b;
+    checks.add(
+        name, ok,
+        std::string(a_name) + " " + a.dump() + (ok ? " = " : " != ") + b_name + " " + b.dump());
+  };
+  same("kiln.layer.last_rows_sha256", at({"worker", "hf_layer_last_rows_sha256"}),
+       "worker.hf_layer_last_rows_sha256", at({"reference", "evidence", "layer_last_rows_sha256"}),
+       "reference.evidence.layer_last_rows_sha256");
+  same("kiln.layer.request_sha256", at({"reference", "evidence", "request_sha256"}),
+       "reference.evidence.request_sha256", at({"request", "sha256"}), "request.sha256");
+  same("kiln.layer.request_id", at({"worker", "request_id"}), "worker.request_id",
+       at({"reference", "evidence", "request_id"}), "reference.evidence.request_id");
+  same("kiln.layer.input_token_ids_sha256", at({"worker", "input_token_ids_sha256"}),
+       "worker.input_token_ids_sha256", at({"reference", "evidence", "input_token_ids_sha256"}),
+       "reference.evidence.input_token_ids_sha256");
+  const Json& bytes = at({"reference", "bytes"});
+  bool bytes_ok = bytes.is_number_integer() && bytes.get<std::int64_t>() > 0 &&
+                  at({"reference", "evidence", "output_bytes"}) == bytes;
+  checks.add(
+      "kiln.layer.output_bytes", bytes_ok,
+      "reference.bytes " + bytes.dump() + (bytes_ok ? " = " : " vs ") +
+          "reference.evidence.output_bytes " +
+          at({"reference", "evidence", "output_bytes"}).dump() +
+          (bytes.is_number_integer() && bytes.get<std::int64_t>() <= 0 ? " (not positive)" : ""));
+  same("kiln.origin_main", at({"source", "commit"}), "source.commit", at({"source", "origin_main"}),
+       "source.origin_main");
+  if (doc.contains("model_fingerprint"))
+    same("kiln.python_sha256", at({"model_fingerprint", "python_sha256"}),
+         "model_fingerprint.python_sha256", at({"implementation", "python_sha256"}),
+         "implementation.python_sha256");
+}
+
 // The document against Kiln's own published schema for its "schema" (common/kiln_schemas.h).
 void check_kiln_schema(const Json& doc, const std::string& schema, Checks& checks) {
   auto id = common::kiln_schema_id_for(schema);
@@ -182,6 +327,44 @@ void check_kiln_schema(const Json& doc, const std::string& schema, Checks& check
               errors[i].message;
   if (errors.size() > 8) detail += "; and " + std::to_string(errors.size() - 8) + " more";
   checks.add("kiln.schema_valid", errors.empty(), detail);
+}
+
+// What Kiln's own reader of a reference artifact requires before it takes the file
+// (rocm_hf_path_attribution.rs load_reference): exactly the tensors input_ids (I64) and logits
+// (F32, one dimension), and in the metadata Kiln's layout name and the attention and linear
+// attention implementations of the run, which must be the record's.
+void check_kiln_artifact_layout(const Json& oracle, const common::SafetensorsFile& file,
+                                Checks& checks) {
+  std::vector<std::string> problems;
+  std::vector<std::string> names;
+  for (const auto& t : file.tensors()) names.push_back(t.name);
+  std::sort(names.begin(), names.end());
+  if (names != std::vector<std::string>{"input_ids", "logits"})
+    problems.push_back("tensors " + Json(names).dump() +
+                       ", not exactly [\"input_ids\",\"logits\"]");
+  const common::TensorView* ids = file.find("input_ids");
+  if (ids && ids->dtype != common::Dtype::kI64) problems.push_back("input_ids is not I64");
+  const common::TensorView* logits = file.find("logits");
+  if (logits && (logits->dtype != common::Dtype::kF32 || logits->shape.size() != 1))
+    problems.push_back("logits is not a one-dimensional F32 tensor");
+  const auto& metadata = file.metadata();
+  auto meta = [&](const std::string& key) -> Json {
+    auto it = metadata.find(key);
+    return it == metadata.end() ? Json() : Json(it->second);
+  };
+  if (meta("schema") != common::kKilnFullLogitsSchema)
+    problems.push_back("metadata schema " + meta("schema").dump() + ", not \"" +
+                       std::string(common::kKilnFullLogitsSchema) + "\"");
+  for (const char* key : {"attention_implementation", "linear_attention_implementation"})
+    if (meta(key).is_null() || meta(key) != member(oracle, key))
+      problems.push_back(std::string("metadata ") + key + " " + meta(key).dump() +
+                         ", the record's " + member(oracle, key).dump());
+  std::string detail;
+  for (const auto& p : problems) detail += (detail.empty() ? "" : "; ") + p;
+  checks.add("kiln.artifact.layout", problems.empty(),
+             problems.empty()
+                 ? "input_ids and logits with Kiln's metadata, as Kiln's reader takes them"
+                 : detail);
 }
 
 // A Kiln next-token record's artifact: the file the record names, its logits tensor (F32, one
@@ -211,6 +394,7 @@ void check_kiln_artifact(const Json& doc, const std::filesystem::path& path, Che
     return;
   }
   const common::SafetensorsFile& file = *opened;
+  check_kiln_artifact_layout(oracle, file, checks);
   const common::TensorView* logits = file.find("logits");
   auto vocab = int_at(oracle, "vocab");
   if (!logits || logits->dtype != common::Dtype::kF32 || (vocab && logits->numel() != *vocab)) {
@@ -380,6 +564,7 @@ VerifyReport verify_kiln(const std::filesystem::path& record,
   if (schema) check_kiln_schema(doc, *schema, checks);
   if (next_token) check_kiln_next_token(doc, checks);
   if (next_token) check_kiln_bindings(doc, checks);
+  if (layer) check_kiln_layer(doc, checks);
   if (artifact && next_token) check_kiln_artifact(doc, *artifact, checks);
   if (artifact && !next_token)
     checks.add("kiln.artifact", false, "--artifact applies to a next-token record's logits");

@@ -18,4 +18,10 @@ const SchemaSet& kiln_schemas();
 // "kiln.rocm-hf-next-token-oracle.v1"), or nullopt when it is none of Kiln's.
 std::optional<std::string> kiln_schema_id_for(std::string_view document_schema);
 
+// Kiln's name for a reference logits file of its layout (qwen35_hf_logits.py writes it in the
+// file's __metadata__ "schema"; its readers require it): exactly the tensors input_ids (I64
+// [1, N]) and logits (F32 [vocab], the last position). Kiln has no other full-logits layout; the
+// name says the layout, whatever the model.
+inline constexpr std::string_view kKilnFullLogitsSchema = "kiln.qwen35-hf-full-logits.v1";
+
 }  // namespace assay::common

@@ -75,7 +75,7 @@ int run_logits(const LogitsArgs& a) {
   double load_seconds = seconds_since(t0);
   Forward f = run_forward(a.model, ids, options, loaded);
   at::Tensor logits = a.all_positions ? f.logits : f.logits[-1].contiguous();
-  write_logits(a.out, ids, logits, logits_metadata(f, options));
+  write_logits(a.out, ids, logits, logits_metadata(f, options, ids, !a.all_positions));
   if (a.verbose) {
     // Waits for the weight digests, as next-token and capture do before writing output.json.
     std::cerr << "assay-oracle: bytes_used=" << bytes_used(files, loaded.weight_files).dump()

@@ -118,11 +118,32 @@ void write_logits(const std::filesystem::path& path, std::span<const std::int64_
                             metadata);
 }
 
-std::map<std::string, std::string> logits_metadata(const Forward& f, const ExecOptions& o) {
-  return {{"architecture", f.architecture},
-          {"dtype", o.dtype == at::kBFloat16 ? "bfloat16" : "float32"},
-          {"device", o.device.str()},
-          {"torch_version", torch_identity()["version"].get<std::string>()}};
+std::map<std::string, std::string> logits_metadata(const Forward& f, const ExecOptions& o,
+                                                   std::span<const std::int64_t> ids,
+                                                   bool last_position) {
+  const Json& torch = torch_identity();
+  auto label = [](const Json& v, const Json& otherwise) {
+    return v.is_string()           ? v.get<std::string>()
+           : otherwise.is_string() ? otherwise.get<std::string>()
+                                   : "";
+  };
+  std::map<std::string, std::string> out{
+      {"architecture", f.architecture},
+      {"dtype", o.dtype == at::kBFloat16 ? "bfloat16" : "float32"},
+      {"device", o.device.str()},
+      // Kiln's keys (its reference writer's, qwen35_hf_logits.py), each what this run was: the
+      // torch label as torch.__version__ states it, the HIP version as str(torch.version.hip)
+      // ("None" on a build without HIP), the token ids as compact JSON.
+      {"attention_implementation", f.attention},
+      {"linear_attention_implementation", f.linear_attention},
+      {"device_name", device_name(o.device)},
+      {"input_token_ids", Json(std::vector<std::int64_t>(ids.begin(), ids.end())).dump()},
+      {"torch_version", label(torch["version_label"], torch["version"])},
+      {"torch_hip_version", label(torch["hip_version"], Json("None"))}};
+  if (torch["git_commit"].is_string()) out["torch_commit"] = torch["git_commit"].get<std::string>();
+  // The layout Kiln's readers take: input_ids I64 [1, N] and the last position's F32 logits.
+  if (last_position) out["schema"] = std::string(common::kKilnFullLogitsSchema);
+  return out;
 }
 
 namespace {
@@ -183,7 +204,7 @@ Json next_token_output(const std::filesystem::path& workdir, const std::string& 
                        const Tokenizer& tokenizer) {
   at::Tensor last = f.logits[-1].contiguous();
   std::span<const float> values(last.data_ptr<float>(), static_cast<std::size_t>(last.numel()));
-  write_logits(workdir / logits_file, ids, last, logits_metadata(f, options));
+  write_logits(workdir / logits_file, ids, last, logits_metadata(f, options, ids, true));
   Json out = rank_logits(values, tokenizer, candidates);
   out["schema"] = protocol::kOracleOutput;
   out["architecture"] = f.architecture;

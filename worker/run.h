@@ -8,10 +8,12 @@
 #include <map>
 #include <span>
 #include <string>
+#include <string_view>
 
 #include <ATen/ATen.h>
 
 #include "common/json.h"
+#include "common/kiln_schemas.h"
 #include "worker/loader.h"
 #include "worker/model_files.h"
 #include "worker/next_token.h"
@@ -40,7 +42,11 @@ Forward run_forward(const std::filesystem::path& model_dir, std::span<const std:
                     const ExecOptions& options, const LoadedModel& loaded);
 void write_logits(const std::filesystem::path& path, std::span<const std::int64_t> ids,
                   const at::Tensor& logits, const std::map<std::string, std::string>& metadata);
-std::map<std::string, std::string> logits_metadata(const Forward& f, const ExecOptions& o);
+// The file's __metadata__: assay's (architecture, dtype, device) and Kiln's keys, each a fact of
+// this run; "schema" only when the file has Kiln's layout (`last_position`).
+std::map<std::string, std::string> logits_metadata(const Forward& f, const ExecOptions& o,
+                                                   std::span<const std::int64_t> ids,
+                                                   bool last_position);
 
 // What every worker-protocol output says about how it ran.
 void add_execution_report(common::Json& out, const ExecOptions& options, int threads,

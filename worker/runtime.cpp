@@ -278,25 +278,44 @@ Json runtime_report(const c10::Device& device) {
       {"gpu", gpu_report(device)}};
 }
 
+Json torch_version_file(const std::filesystem::path& version_py) {
+  Json out{{"version_label", nullptr}, {"hip_version", nullptr}};
+  std::ifstream in(version_py);
+  // `NAME = 'value'` or `NAME: Optional[str] = 'value'`; None (or anything unquoted) stays null.
+  auto quoted = [](const std::string& line) -> Json {
+    auto eq = line.find('=');
+    if (eq == std::string::npos) return nullptr;
+    auto q = line.find_first_of("'\"", eq);
+    auto e = q == std::string::npos ? q : line.find(line[q], q + 1);
+    if (e == std::string::npos || e == q + 1) return nullptr;
+    return line.substr(q + 1, e - q - 1);
+  };
+  auto named = [](const std::string& line, std::string_view name) {
+    return line.starts_with(name) && line.size() > name.size() &&
+           (line[name.size()] == ' ' || line[name.size()] == '=' || line[name.size()] == ':');
+  };
+  for (std::string line; std::getline(in, line);) {
+    if (named(line, "__version__")) out["version_label"] = quoted(line);
+    if (named(line, "hip")) out["hip_version"] = quoted(line);
+  }
+  return out;
+}
+
 const Json& torch_identity() {
   // The loaded library cannot change within the process: read once.
   static const Json identity = [] {
     std::string config = at::show_config();
     std::filesystem::path dir = torch_library_dir();
-    // The wheel's label (with its local part, "+cu130") is written beside the library, not in it.
-    Json label = nullptr;
-    std::ifstream version_py(dir / ".." / "version.py");
-    for (std::string line; std::getline(version_py, line);) {
-      if (!line.starts_with("__version__")) continue;
-      auto q = line.find_first_of("'\"");
-      auto e = q == std::string::npos ? q : line.find(line[q], q + 1);
-      if (e != std::string::npos) label = line.substr(q + 1, e - q - 1);
-    }
+    // The wheel's label (with its local part, "+cu130") and the HIP version of a ROCm build (what
+    // torch.version.hip reports; show_config has no such setting) are written beside the
+    // library, not in it.
+    Json version_py =
+        dir.empty() ? torch_version_file({}) : torch_version_file(dir / ".." / "version.py");
     return Json{{"version", build_setting(config, "TORCH_VERSION")},
-                {"version_label", label},
+                {"version_label", version_py["version_label"]},
                 {"git_commit", build_setting(config, "COMMIT_SHA")},
                 {"cuda_version", build_setting(config, "CUDA_VERSION")},
-                {"hip_version", build_setting(config, "HIP_VERSION")},
+                {"hip_version", version_py["hip_version"]},
                 {"compiled_against", TORCH_VERSION},
                 {"library_dir", dir.empty() ? Json(nullptr) : Json(dir.string())}};
   }();

@@ -21,10 +21,15 @@ common::Json execution_configuration(const ExecOptions& options, const std::stri
 // The LibTorch this process runs, as the loaded library states it (at::show_config(), compiled
 // into libtorch_cpu.so), never the headers assay was compiled against: {version (e.g. "2.13.0"),
 // version_label (torch/version.py beside the library, e.g. "2.13.0+cu130", or null), git_commit,
-// cuda_version, hip_version (build settings, or null), compiled_against (the header's
+// cuda_version (a build setting, or null), hip_version (torch/version.py's hip: a ROCm build's
+// HIP version, as torch.version.hip reports it, or null), compiled_against (the header's
 // TORCH_VERSION), library_dir}. Labels only: the loaded libraries' sha256 (loaded_libraries(),
 // hashed by the supervisor) is the identity. Read once per process.
 const common::Json& torch_identity();
+
+// {version_label, hip_version} as torch/version.py states them (its __version__ and hip), each
+// null when the file, the line or a quoted value is missing (a CUDA or CPU build's `hip = None`).
+common::Json torch_version_file(const std::filesystem::path& version_py);
 
 // The CUDA or ROCm half of LibTorch (libtorch_cuda.so or libtorch_hip.so, beside the
 // libtorch_cpu.so this process mapped), loaded once with its kernels and hooks. Throws

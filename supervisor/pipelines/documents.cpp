@@ -182,10 +182,15 @@ Json oracle_section(const Json& output, const Json& evidence) {
 
 Json source_section() {
   std::string commit = ASSAY_BUILD_GIT_COMMIT;
+  std::string tree = ASSAY_BUILD_GIT_TREE;
+  std::string origin_main = ASSAY_BUILD_GIT_ORIGIN_MAIN;
   int modified = ASSAY_BUILD_GIT_TREE_MODIFIED;
   std::string reason = ASSAY_BUILD_SOURCE_REASON;
+  auto or_null = [](const std::string& s) { return s.empty() ? Json(nullptr) : Json(s); };
   return Json{{"version", ASSAY_BUILD_VERSION},
-              {"git_commit", commit.empty() ? Json(nullptr) : Json(commit)},
+              {"git_commit", or_null(commit)},
+              {"git_tree", or_null(tree)},
+              {"origin_main", or_null(origin_main)},
               {"tree_modified", modified < 0 ? Json(nullptr) : Json(modified == 1)},
               {"reason", reason.empty() ? Json(nullptr) : Json(reason)}};
 }

@@ -50,8 +50,9 @@ std::string oracle_artifact_name(const common::Json& oracle_output);
 // The result's "oracle" section: the worker's output plus its containment evidence.
 common::Json oracle_section(const common::Json& oracle_output, const common::Json& evidence);
 // The result's "source": the tree assayd was built from, as embedded at build time
-// (cmake/build_info.cmake): {version, git_commit, tree_modified, reason}. Without a git identity
-// (a release tarball) git_commit and tree_modified are null and reason says why.
+// (cmake/build_info.cmake): {version, git_commit, git_tree (the commit's tree object),
+// origin_main (what refs/remotes/origin/main named, or null), tree_modified, reason}. Without a
+// git identity (a release tarball) the git fields are null and reason says why.
 common::Json source_section();
 // The oracle's reported execution configuration, checked: configuration_sha256 must be the
 // canonical sha256 of configuration (Error("worker.oracle_output") otherwise).

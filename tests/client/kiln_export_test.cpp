@@ -57,6 +57,24 @@ TEST_CASE("a CPU run of the libtorch backend is not Kiln's record: every false f
   client::KilnExport e = client::kiln_v2_record(result);
   CHECK_FALSE(e.writable());
   for (const auto& f : e.false_fields) MESSAGE("not a fact of this run: " << f);
+  // Exactly these, each with its reason: Kiln's pins this CPU build and tiny model cannot meet
+  // (torch, HIP, vocabulary), what the libtorch backend does not run (transformers, a Python
+  // worker), what cgroup v1 does not count, what an assay request lacks (receipts, Kiln's path),
+  // what the demo's build and model lacked (a clean pushed tree, a chat template).
+  std::vector<std::string> pointers;
+  for (const auto& f : e.false_fields) {
+    pointers.push_back(f.substr(0, f.find(": ")));
+    CHECK(f.size() > pointers.back().size() + 2);
+  }
+  CHECK(pointers == std::vector<std::string>{
+                        "/implementation/hf_worker_sha256", "/implementation/python_sha256",
+                        "/model_fingerprint/python_sha256", "/model_identity/chat_template_hash",
+                        "/oracle/configuration_sha256", "/oracle/linear_attention_implementation",
+                        "/oracle/memory_high_events", "/oracle/memory_oom_events",
+                        "/oracle/modeling_sha256", "/oracle/torch_hip_version",
+                        "/oracle/torch_version", "/oracle/transformers_version", "/oracle/vocab",
+                        "/request/contract_path", "/request/source", "/source/commit",
+                        "/source/origin_main", "/source/tree"});
   // Kiln's const pins this machine cannot meet, reported, not hidden.
   CHECK(listed(e, "/oracle/torch_version"));
   CHECK(listed(e, "/oracle/vocab"));
@@ -119,7 +137,7 @@ TEST_CASE("every way the draft breaks Kiln's schema is among the listed fields")
   }
 }
 
-TEST_CASE("on Kiln's stack with checked receipts, only what no assay run records stays listed") {
+TEST_CASE("on Kiln's stack with checked receipts, every field but one is a fact and Kiln-valid") {
   // The run a Kiln user would have: Kiln's pinned stack on ROCm through the transformers
   // backend, a Kiln request with checked receipts. Built from the real result by setting exactly
   // the facts such a run records, to test the export's rules; assay signs no such run here.
@@ -152,15 +170,47 @@ TEST_CASE("on Kiln's stack with checked receipts, only what no assay run records
   CHECK_FALSE(listed(e, "/implementation/python_sha256"));
   // The fingerprint is assay's C++ program: Kiln's Python fingerprinter's hash stays listed.
   CHECK(listed(e, "/model_fingerprint/python_sha256"));
-  // What no assay run records stays listed: the tree, origin/main, the Python worker's hashes.
   std::vector<std::string> left = e.false_fields;
   for (const auto& f : left) MESSAGE("still not a fact: " << f);
+  // Built from a checkout without origin/main (the fixture's build records none).
   CHECK(listed(e, "/source/tree"));
   CHECK(listed(e, "/source/origin_main"));
-  CHECK(listed(e, "/oracle/modeling_sha256"));
   CHECK_FALSE(listed(e, "/oracle/torch_version"));
   CHECK_FALSE(listed(e, "/request/source"));
   CHECK_FALSE(listed(e, "/oracle/memory_high_events"));
+
+  // Built from the pushed tip, with the transformers files the worker hashed: every field of the
+  // v2 record is written and the record is valid against Kiln's published schema, except the
+  // one fact no assay job has: the fingerprint ran in C++ (assay-fingerprint), so there is no
+  // fingerprinting interpreter to name, and Kiln's schema wants one.
+  const std::string commit = r["source"]["git_commit"];
+  r["source"]["git_tree"] = std::string(40, 'e');
+  r["source"]["origin_main"] = commit;
+  r["oracle"]["transformers"]["modeling_sha256"] = "sha256:" + std::string(64, '7');
+  r["oracle"]["transformers"]["configuration_sha256"] = "sha256:" + std::string(64, '8');
+  client::KilnExport pushed = client::kiln_v2_record(r, {.contract_path = "requests/x.json"});
+  for (const auto& f : pushed.false_fields) MESSAGE("on Kiln's stack, not a fact: " << f);
+  CHECK(pushed.record["source"] ==
+        Json{{"commit", commit}, {"origin_main", commit}, {"tree", std::string(40, 'e')}});
+  REQUIRE(pushed.false_fields.size() == 1);
+  CHECK(pushed.false_fields[0].starts_with("/model_fingerprint/python_sha256: "));
+  auto errors = common::kiln_schemas().validate(
+      pushed.record, *common::kiln_schema_id_for("kiln.rocm-hf-next-token-oracle.v2"));
+  for (const auto& error : errors) {
+    CAPTURE(error.message);
+    CHECK(error.pointer == "/model_fingerprint/python_sha256");
+  }
+  // origin/main elsewhere: said, with both commits.
+  r["source"]["origin_main"] = std::string(40, 'a');
+  client::KilnExport behind = client::kiln_v2_record(r, {.contract_path = "requests/x.json"});
+  CHECK(listed(behind, "/source/origin_main"));
+  CHECK(behind.record["source"]["origin_main"] == std::string(40, 'a'));
+  // A modified tree: neither its commit nor the commit's tree is the tree that was built.
+  r["source"]["origin_main"] = commit;
+  r["source"]["tree_modified"] = true;
+  client::KilnExport modified = client::kiln_v2_record(r, {.contract_path = "requests/x.json"});
+  CHECK(listed(modified, "/source/commit"));
+  CHECK(listed(modified, "/source/tree"));
 }
 
 TEST_CASE("verify --kiln --artifact recomputes the logits facts of a record from its file") {
@@ -191,6 +241,59 @@ TEST_CASE("verify --kiln --artifact recomputes the logits facts of a record from
   for (const auto& c : bad.checks)
     if (c.name == "kiln.artifact.file" || c.name == "kiln.artifact.logits_sha256")
       CHECK_FALSE(c.ok);
+}
+
+TEST_CASE("verify --kiln --artifact takes only the layout and metadata Kiln's reader takes") {
+  TempDir tmp;
+  Json result = assay_result();
+  client::KilnExport e = client::kiln_v2_record(result);
+  fs::path record = tmp.path() / "record.json";
+  std::ofstream(record) << client::kiln_file_text(e.record);
+  auto layout = [&](const fs::path& artifact) {
+    client::VerifyReport r = client::verify_kiln(record, artifact);
+    for (const auto& c : r.checks)
+      if (c.name == "kiln.artifact.layout") return c;
+    FAIL("no kiln.artifact.layout check");
+    return client::Check{};
+  };
+  // The fixture's logits were written before the oracle wrote Kiln's metadata.
+  fs::path old = kFixtures + "report/logits.safetensors";
+  CHECK_FALSE(layout(old).ok);
+  CHECK(layout(old).detail.find("metadata schema null") != std::string::npos);
+
+  auto src = common::SafetensorsFile::open(old);
+  auto write = [&](const std::string& name, std::map<std::string, std::string> metadata,
+                   bool extra) {
+    std::vector<common::TensorToWrite> tensors;
+    for (const auto& t : src.tensors())
+      tensors.push_back({t.name, t.dtype, t.shape, {t.data, t.nbytes}});
+    std::int64_t one = 1;
+    if (extra)
+      tensors.push_back({"layer_last_rows",
+                         common::Dtype::kI64,
+                         {1},
+                         std::as_bytes(std::span<const std::int64_t>(&one, 1))});
+    fs::path p = tmp.path() / name;
+    common::write_safetensors(p, tensors, metadata);
+    return p;
+  };
+  const std::string linear = result["oracle"]["linear_attention_implementation"];
+  std::map<std::string, std::string> kiln{{"schema", "kiln.qwen35-hf-full-logits.v1"},
+                                          {"attention_implementation", "eager"},
+                                          {"linear_attention_implementation", linear}};
+  auto good = layout(write("good.safetensors", kiln, false));
+  CAPTURE(good.detail);
+  CHECK(good.ok);
+  CHECK_FALSE(layout(write("extra.safetensors", kiln, true)).ok);
+  CHECK(layout(write("extra.safetensors", kiln, true)).detail.find("layer_last_rows") !=
+        std::string::npos);
+  auto other = kiln;
+  other["linear_attention_implementation"] = "transformers_torch_fallback";
+  REQUIRE(linear != "transformers_torch_fallback");
+  CHECK_FALSE(layout(write("other.safetensors", other, false)).ok);
+  auto unnamed = kiln;
+  unnamed.erase("schema");
+  CHECK_FALSE(layout(write("unnamed.safetensors", unnamed, false)).ok);
 }
 
 TEST_CASE("verify --kiln --artifact with a NaN or an infinite logit fails by name, never throws") {

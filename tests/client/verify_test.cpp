@@ -469,6 +469,65 @@ TEST_CASE("verify --kiln fails a one-field change to each real result, naming wh
     auto r = client::verify_kiln(write_kiln(tmp, doc, true));
     CHECK_FALSE(check_named(r, "kiln.schema")->ok);
   }
+  SUBCASE("Kiln's layer-attribution rules, each broken alone in a resealed record") {
+    struct Case {
+      const char* check;
+      std::function<void(Json&)> edit;
+    };
+    auto& b = layer["worker"]["boundaries"];
+    REQUIRE(b.size() == 34);
+    for (const Case& c : std::vector<Case>{
+             {"kiln.layer.boundaries",
+              [](Json& d) { d["worker"]["boundaries"][5]["name"] = "layer_04_full_attention"; }},
+             {"kiln.layer.boundaries", [](Json& d) { d["worker"]["boundaries"][7]["index"] = 8; }},
+             {"kiln.layer.metrics",
+              [](Json& d) {
+                // The relative error no longer the RMS error over the reference's RMS.
+                auto& x = d["worker"]["boundaries"][3];
+                x["root_mean_square_error"] = x["root_mean_square_error"].get<double>() * 2;
+              }},
+             {"kiln.layer.metrics",
+              [](Json& d) {
+                auto& x = d["worker"]["boundaries"][9];
+                x["mean_abs_error"] = x["max_abs_error"].get<double>() + 1.0;
+              }},
+             {"kiln.layer.largest_growth",
+              [](Json& d) { d["worker"]["largest_relative_error_growth"]["index"] = 4; }},
+             {"kiln.layer.largest_growth",
+              [](Json& d) {
+                auto& g = d["worker"]["largest_relative_error_growth"];
+                g["relative_root_mean_square_error_delta"] =
+                    g["relative_root_mean_square_error_delta"].get<double>() * (1 + 1e-9);
+              }},
+             {"kiln.layer.last_rows_sha256",
+              [](Json& d) {
+                d["worker"]["hf_layer_last_rows_sha256"] = "sha256:" + std::string(64, '0');
+              }},
+             {"kiln.layer.output_bytes",
+              [](Json& d) {
+                d["reference"]["evidence"]["output_bytes"] =
+                    d["reference"]["bytes"].get<std::int64_t>() + 1;
+              }},
+             {"kiln.layer.request_sha256",
+              [](Json& d) {
+                d["reference"]["evidence"]["request_sha256"] = "sha256:" + std::string(64, '0');
+              }},
+             {"kiln.origin_main",
+              [](Json& d) { d["source"]["origin_main"] = std::string(40, 'a'); }}}) {
+      CAPTURE(c.check);
+      auto fine = client::verify_kiln(write_kiln(tmp, layer, true));
+      REQUIRE(check_named(fine, c.check) != nullptr);
+      CHECK(check_named(fine, c.check)->ok);
+      Json doc = layer;
+      c.edit(doc);
+      auto r = client::verify_kiln(write_kiln(tmp, doc, true));
+      CAPTURE(r.to_json().dump(2));
+      CHECK(check_named(r, "kiln.result_sha256")->ok);
+      CHECK_FALSE(r.ok());
+      REQUIRE(check_named(r, c.check) != nullptr);
+      CHECK_FALSE(check_named(r, c.check)->ok);
+    }
+  }
   SUBCASE("a field Kiln's schema forbids, hash recomputed: each record fails schema_valid") {
     Json doc = layer;
     doc["worker"]["extra"] = 1;

@@ -34,6 +34,37 @@ def run(worker, model, work):
     return json.loads((work / "output.json").read_text())
 
 
+def kiln_reader(check, arch, path, out, linear):
+    """What Kiln's reader of a reference artifact requires (its load_reference): exactly
+    input_ids (I64) and logits (F32, one dimension, finite), the request's ids, the metadata
+    schema kiln.qwen35-hf-full-logits.v1 and the implementations; for Qwen3.5 on transformers
+    they are Kiln's own ("eager", "transformers_torch_fallback"). The other metadata values are
+    what the same interpreter's torch and transformers report."""
+    import torch
+    import transformers
+    from safetensors import safe_open
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata() or {}
+        names = sorted(f.keys())
+        ids = f.get_tensor("input_ids") if "input_ids" in names else None
+        logits = f.get_tensor("logits") if "logits" in names else None
+    check(f"{arch}: artifact tensors are exactly input_ids and logits",
+          names == ["input_ids", "logits"], names)
+    check(f"{arch}: input_ids is I64 [1, N] of the request's ids",
+          ids is not None and ids.dtype == torch.int64 and ids.tolist() == [[5, 6, 7, 8]], ids)
+    check(f"{arch}: logits is F32, one dimension, finite",
+          logits is not None and logits.dtype == torch.float32 and logits.dim() == 1
+          and bool(torch.isfinite(logits).all()), None if logits is None else logits.shape)
+    want = {"schema": "kiln.qwen35-hf-full-logits.v1", "attention_implementation": "eager",
+            "linear_attention_implementation": linear, "input_token_ids": "[5,6,7,8]",
+            "torch_version": torch.__version__, "torch_hip_version": str(torch.version.hip),
+            "torch_commit": torch.version.git_version,
+            "transformers_version": transformers.__version__,
+            "device_name": out["device_name"]}
+    for key, value in want.items():
+        check(f"{arch}: metadata {key} is {value!r}", meta.get(key) == value, meta.get(key))
+
+
 def main(argv):
     worker = argv[1]
     failed = []
@@ -70,6 +101,7 @@ def main(argv):
             mine = "sha256:" + hashlib.sha256(pathlib.Path(script).read_bytes()).hexdigest()
             check(f"{arch}: executable_sha256 is the worker script's", out["executable_sha256"] == mine,
                   out["executable_sha256"])
+            kiln_reader(check, arch, tmp / ("work-" + arch) / "logits.safetensors", out, want)
     return 1 if failed else 0
 
 

@@ -588,6 +588,35 @@ TEST_CASE("next-token writes output.json and logits.safetensors that agree with 
   CHECK(out["tf32_allowed"] == false);
   CHECK(out["architecture"] == "Spark2_5ForCausalLM");
   CHECK(out["executable_sha256"] == assay::common::sha256_file_id(kOracle));
+
+  // The file's metadata as Kiln's reference writer puts it, each value a fact of this run: the
+  // torch label and HIP version as the same torch's Python package reports them.
+  fs::path said = scratch_root() / "torch-label.txt";
+  Result py =
+      run(kPython + " -c 'import torch; print(torch.__version__); print(torch.version.hip)' >" +
+              said.string(),
+          scratch_root());
+  REQUIRE_MESSAGE(py.status == 0, py.err);
+  std::istringstream lines(assay::common::read_file(said, 4096));
+  std::string label, hip;
+  std::getline(lines, label);
+  std::getline(lines, hip);
+  auto file = assay::common::SafetensorsFile::open(work / "logits.safetensors");
+  const auto& meta = file.metadata();
+  auto value = [&](const std::string& key) {
+    auto it = meta.find(key);
+    return it == meta.end() ? std::string("(absent)") : it->second;
+  };
+  CHECK(value("schema") == "kiln.qwen35-hf-full-logits.v1");
+  CHECK(value("attention_implementation") == "eager");
+  CHECK(value("linear_attention_implementation") == out["linear_attention_implementation"]);
+  CHECK(value("device_name") == out["device_name"]);
+  CHECK(value("input_token_ids") == Json(ids).dump());
+  CHECK(value("torch_version") == label);
+  CHECK(value("torch_hip_version") == hip);
+  CHECK(value("torch_commit") == out["runtime"]["torch"]["git_commit"]);
+  CHECK(value("transformers_version") == "(absent)");  // no transformers ran
+  CHECK(out["runtime"]["torch"]["hip_version"] == (hip == "None" ? Json() : Json(hip)));
 }
 
 TEST_CASE("next-token refuses a wrong candidate text before it reads the weights") {

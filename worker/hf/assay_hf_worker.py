@@ -438,6 +438,26 @@ def build_model(doc, workdir):
                              "tokenizer_hash": tokenizer_hash})
 
 
+KILN_FULL_LOGITS_SCHEMA = "kiln.qwen35-hf-full-logits.v1"
+
+
+def logits_metadata(built, execution, ids):
+    """The logits file's __metadata__: assay's keys and Kiln's (its reference writer's), each
+    what this run was; the schema names Kiln's layout (input_ids I64 [1, N], logits F32 [vocab])."""
+    import torch
+    return {"architecture": (built.config_dict.get("architectures") or [""])[0],
+            "device": built.device, "dtype": built.dtype_name,
+            "attention_implementation": execution["attention_implementation"],
+            "linear_attention_implementation": execution["linear_attention_implementation"],
+            "device_name": execution["device_name"],
+            "input_token_ids": json.dumps(list(ids), separators=(",", ":")),
+            "schema": KILN_FULL_LOGITS_SCHEMA,
+            "torch_commit": torch.version.git_version,
+            "torch_hip_version": str(torch.version.hip),
+            "torch_version": torch.__version__,
+            "transformers_version": execution["transformers"]["version"]}
+
+
 def execution_fields(built):
     """What ran the forward: the fields of oracle-output.schema.json every mode writes."""
     import torch
@@ -460,7 +480,8 @@ def execution_fields(built):
         "model_type": built.config_dict.get("model_type"),
         "bytes_used": built.bytes_used,
         "device": built.device,
-        "device_name": cpu_facts()["model"] or "cpu",
+        "device_name": (torch.cuda.get_device_name(torch.device(built.device))
+                        if built.device.startswith("cuda") else cpu_facts()["model"] or "cpu"),
         "dtype": built.dtype_name,
         "torch_version": torch.__version__.split("+")[0],
         "threads": torch.get_num_threads(),
@@ -543,14 +564,13 @@ def next_token(doc, workdir):
     above = lambda v: sum(1 for x in values if x > v)  # noqa: E731
     margin = float(torch.tensor(values[top[0]]) - torch.tensor(values[top[1]]))
     logits_bytes = logits.numpy().tobytes()
+    execution = execution_fields(built)
     safetensors.torch.save_file(
         {"input_ids": torch.tensor([ids], dtype=torch.int64), "logits": logits},
         os.path.join(workdir, "logits.safetensors"),
-        metadata={"architecture": (built.config_dict.get("architectures") or [""])[0],
-                  "device": device, "dtype": built.dtype_name,
-                  "torch_version": torch.__version__})
+        metadata=logits_metadata(built, execution, ids))
     return {
-        **execution_fields(built),
+        **execution,
         "schema": "assay.oracle-output.v1",
         "vocab_size": vocab,
         "argmax": top[0],

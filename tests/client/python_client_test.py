@@ -34,9 +34,12 @@ def main(build):
     daemon = None
     try:
         # 1. pip install from the tree (no network: no dependency resolution, no build isolation).
-        site = tmp / "site"
+        # From a copy: pip's build writes beside the sources, and the tree must stay clean.
+        site, src = tmp / "site", tmp / "src"
+        shutil.copytree(ROOT / "clients/python", src,
+                        ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
-                        "--no-build-isolation", "--target", str(site), str(ROOT / "clients/python")],
+                        "--no-build-isolation", "--target", str(site), str(src)],
                        check=True, env=dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1"))
         check("pip installs the package from the tree", (site / "assay_client/__init__.py").exists())
         sys.path.insert(0, str(site))
@@ -117,7 +120,7 @@ def main(build):
         # 5. Verified with a key that did not come through the client.
         pem = tmp / "pubkey.pem"
         subprocess.run([str(build / "client/assay"), "--socket", str(sock), "keys", "-o", str(pem)],
-                       check=True)
+                       check=True, stdout=subprocess.DEVNULL)
         report = c.verify(job.id, public_key=pem.read_text())
         print(report)
         check("verify passes", report.ok, report.failed())

@@ -59,6 +59,10 @@ void Cli::save(const fs::path& path, std::string_view bytes, mode_t mode) {
 
 namespace {
 
+constexpr const char* kDecideHelp =
+    "a next-token job must decide: exit 12 when its verdict is neither (no engine's candidate "
+    "alone holds the reference argmax; a batch: when any state's is), with --json too";
+
 constexpr const char* kExitCodesHelp =
     "Exit status:\n"
     "  0  success (verify: every check passed; wait: the job succeeded)\n"
@@ -76,6 +80,8 @@ constexpr const char* kExitCodesHelp =
     "refused)\n"
     " 11  a fidelity receipt's gates failed (fidelity submit --wait, fidelity show, wait): the "
     "job succeeded, the engine did not pass\n"
+    " 12  --decide (submit --wait, wait, status, show): the next-token verdict is neither (no "
+    "engine's candidate alone holds the reference argmax; a batch: any state)\n"
     "\n"
     "The socket is --socket, else $ASSAY_SOCKET, else /run/assay/assayd.sock.";
 
@@ -133,7 +139,9 @@ void add_work_commands(CLI::App& app, cli::Options& o, Commands& c) {
                      "also run the numerics envelope (a next-token request without "
                      "\"numerics\" gets {}: every default) and classify the dispute as "
                      "reference_decides, numerically_tied or neither");
-  c.submit->add_flag("--wait", o.wait, "wait for the job to finish (as `assay wait`)");
+  auto* submit_wait =
+      c.submit->add_flag("--wait", o.wait, "wait for the job to finish (as `assay wait`)");
+  c.submit->add_flag("--decide", o.decide, kDecideHelp)->needs(submit_wait);
   c.submit->add_flag(
       "--retry", o.retry,
       "run a failed or cancelled identical job again (else its old status is returned)");
@@ -217,6 +225,7 @@ void add_work_commands(CLI::App& app, cli::Options& o, Commands& c) {
 void add_job_commands(CLI::App& app, cli::Options& o, Commands& c) {
   c.wait = app.add_subcommand("wait", "follow a job until it ends (live progress on a TTY)");
   c.wait->add_option("ID", o.id, "job id")->required()->check(kJobId);
+  c.wait->add_flag("--decide", o.decide, kDecideHelp);
   c.wait
       ->add_option("--timeout-wait,--wait-timeout", o.wait_timeout_s,
                    "give up after SECONDS (exit 8)")
@@ -224,6 +233,7 @@ void add_job_commands(CLI::App& app, cli::Options& o, Commands& c) {
 
   c.status = app.add_subcommand("status", "show one job");
   c.status->add_option("ID", o.id, "job id")->required()->check(kJobId);
+  c.status->add_flag("--decide", o.decide, kDecideHelp);
 
   c.show = app.add_subcommand(
       "show",
@@ -232,6 +242,7 @@ void add_job_commands(CLI::App& app, cli::Options& o, Commands& c) {
       "oracle's time and memory; fidelity, trajectory, layer, batch: as their own show); --json: "
       "the result document; exit 11 when a fidelity gate failed");
   c.show->add_option("ID", o.id, "job id")->required()->check(kJobId);
+  c.show->add_flag("--decide", o.decide, kDecideHelp);
 
   c.list = app.add_subcommand("list", "list jobs");
   c.list->add_option("--state", o.state, "only jobs in this state");

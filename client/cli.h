@@ -21,6 +21,7 @@ enum Exit : int {
   kExitNotAFact = 9,      // result --format kiln-v2: a field would be false; nothing written
   kExitNotChecked = 10,   // verify --kiln: a Kiln record of a kind assay does not check
   kExitGateFailed = 11,   // a fidelity job succeeded and its receipt's gates say "failed"
+  kExitNoDecision = 12,   // --decide: a next-token verdict (or a batch state's) is "neither"
 };
 
 struct Environment {

@@ -36,6 +36,7 @@ struct Options {
   std::string format = "assay";  // result: assay or kiln-v2
   std::string contract_path;     // result --format kiln-v2: request.contract_path
   bool wait = false;
+  bool decide = false;  // submit --wait, wait, status, show: a "neither" verdict exits 12
   bool retry = false;
   bool batch = false;     // submit: FILE is JSONL, one next-token request per line
   bool numerics = false;  // submit: add "numerics": {} (the envelope, every default)
@@ -105,6 +106,9 @@ class Cli {
 
 // kExitGateFailed when a fidelity result's gates say "failed", else kExitOk (cli_results.cpp).
 int gates_status(const common::Json& result);
+// kExitNoDecision when a next-token result's verdict is "neither", or a batch's counts have a
+// "neither" state; else kExitOk (cli_results.cpp). Other kinds decide nothing here.
+int decision_status(const common::Json& result);
 // A local file's bytes, or ExitWith(kExitInvalidInput) naming `what` when it cannot be read.
 std::string read_local(const std::filesystem::path& path, std::size_t max_bytes, const char* what);
 // Percent-encodes all but unreserved characters and '/', for a query parameter.

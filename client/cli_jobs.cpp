@@ -243,6 +243,15 @@ int Cli::finished(const Json& job) {
   bool ok = state_is_success(job_state(job));
   // A fidelity job's gates decide its exit status, with --json too (CI gates on it).
   const bool fidelity = ok && job.value("request_schema", "") == protocol::kFidelityRequest;
+  // --decide: a next-token job or batch whose verdict is "neither" is no decision (exit 12).
+  auto decided = [&] {
+    if (!ok) return static_cast<int>(kExitJobFailed);
+    const std::string s = job.value("request_schema", "");
+    if (!o_.decide || s == protocol::kFidelityRequest || s == common::kTrajectoryRequest ||
+        s == common::kLayerRequest || s == common::kAuditRequest)
+      return static_cast<int>(kExitOk);
+    return decision_status(api_.get_json(job_path(job_id(job), "result")));
+  };
   if (o_.json) {
     print_json(job);
     if (fidelity) return gates_status(api_.get_json(job_path(job_id(job), "result")));
@@ -256,7 +265,7 @@ int Cli::finished(const Json& job) {
     if (ok && job.value("request_schema", "") == protocol::kNextTokenBatchRequest) {
       out_ << describe_job(shown) << "\n"
            << batch_report(api_.get_json(job_path(job_id(job), "result")));
-      return kExitOk;
+      return decided();
     }
     if (ok && job.value("request_schema", "") == common::kTrajectoryRequest) {
       out_ << describe_job(shown) << "\n"
@@ -271,7 +280,7 @@ int Cli::finished(const Json& job) {
     if (ok) shown = with_verdict(std::move(shown));
     out_ << describe_job(shown);
   }
-  return ok ? kExitOk : kExitJobFailed;
+  return decided();
 }
 
 int Cli::wait(const std::string& id) {
@@ -354,6 +363,8 @@ int Cli::status() {
     print_json(job);
   else
     out_ << describe_job(state_is_success(job_state(job)) ? with_verdict(job) : job);
+  if (o_.decide && state_is_success(job_state(job)) && !job.contains("batch"))
+    return decision_status(api_.get_json(job_path(o_.id, "result")));
   return kExitOk;
 }
 

@@ -110,7 +110,20 @@ int Cli::show_result(std::string_view schema, const char* kind,
     print_json(result);
   else
     out_ << report(result);
+  if (o_.decide && decision_status(result) != kExitOk) return decision_status(result);
   return gates_status(result);
+}
+
+int decision_status(const Json& result) {
+  using common::member;
+  if (member(result, "schema") == protocol::kNextTokenResult)
+    return member(member(result, "verdict"), "argmax_candidate") == "neither" ? kExitNoDecision
+                                                                              : kExitOk;
+  if (member(result, "schema") == protocol::kNextTokenBatchResult) {
+    const Json& n = member(member(member(result, "counts"), "argmax_candidate"), "neither");
+    return n.is_number_integer() && n.get<std::int64_t>() > 0 ? kExitNoDecision : kExitOk;
+  }
+  return kExitOk;
 }
 
 int gates_status(const Json& result) {

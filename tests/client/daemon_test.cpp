@@ -224,6 +224,34 @@ TEST_CASE("a real job end to end: submit --wait, fetch result/envelope/artifact/
   CHECK(report["ok"] == true);
   CHECK(report["checks"].size() == 10);
 
+  // --decide. This fixture's random weights put neither candidate at the argmax: no decision
+  // (exit 12), with --json too, and only when asked. A dispute the reference decides exits 0.
+  const Json first = common::parse_strict(common::read_file(out("result.json"), 1 << 24));
+  REQUIRE(first["verdict"]["argmax_candidate"] == "neither");
+  CHECK(run({"status", id, "--decide"}, d.env()).status == 12);
+  CHECK(run({"status", id, "--decide", "--json"}, d.env()).status == 12);
+  CHECK(run({"show", id, "--decide"}, d.env()).status == 12);
+  CHECK(run({"wait", id, "--decide"}, d.env()).status == 12);
+  CHECK(run({"show", id}, d.env()).status == 0);
+  CHECK(run({"wait", id}, d.env()).status == 0);
+  const std::int64_t argmax = first["oracle"]["argmax"];
+  Json decided = doc;
+  decided["id"] = "decided";
+  decided["candidates"] = Json::array(
+      {{{"engine", "kiln"}, {"token_id", argmax}, {"text", first["oracle"]["argmax_text"]}},
+       {{"engine", "vllm"},
+        {"token_id", argmax == 33 ? 44 : 33},
+        {"text", argmax == 33 ? "," : "!"}}});
+  std::string decided_req = d.dir().write("decided.json", decided.dump());
+  auto decision =
+      run({"submit", decided_req, "--model", model, "--wait", "--wait-timeout", "300", "--decide"},
+          d.env());
+  CAPTURE(decision.out + decision.err);
+  CHECK(decision.status == 0);
+  CHECK(decision.out.find("kiln") != std::string::npos);
+  // --decide means nothing without --wait on submit: a usage error, nothing submitted.
+  CHECK(run({"submit", decided_req, "--model", model, "--decide"}, d.env()).status == 2);
+
   std::string openssl = "cd '" + (d.dir() / "out").string() +
                         "' && sh '" ASSAY_CLIENT_TEST_DIR "/openssl_verify.sh' >/dev/null 2>&1";
   CHECK(std::system(openssl.c_str()) == 0);

@@ -207,6 +207,18 @@ TEST_CASE("request check prints the three identities Kiln published for its real
   CHECK(out["model_content_sha256"].get<std::string>() == kKilnContentSha256);
 }
 
+TEST_CASE("assay's options beside a Kiln request never change the digest of Kiln's document") {
+  // The oracle backend, limits and the numerics envelope are assay's: Kiln's closed schema has
+  // none of them, so request_sha256 (what an exported record names) stays Kiln's own.
+  Json doc = kiln_fixture();
+  doc["oracle"] = {{"backend", "transformers"}};
+  doc["limits"] = {{"timeout_seconds", 60}};
+  doc["numerics"] = Json::object();
+  auto r = common::validate_request(doc);
+  CHECK(r.request_sha256 == kKilnRequestSha256);
+  CHECK(r.document.contains("oracle"));  // kept beside it, for the job
+}
+
 TEST_CASE("a real Kiln request keeps its source verbatim and its prefix tokens with their texts") {
   Json doc = kiln_fixture();
   auto r = common::validate_request(doc);

@@ -35,7 +35,23 @@ install(FILES ${PROJECT_SOURCE_DIR}/systemd/assay.tmpfiles DESTINATION ${ASSAY_T
 install(FILES ${PROJECT_SOURCE_DIR}/systemd/assayd.json DESTINATION ${ASSAY_CONFDIR} COMPONENT assay)
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/schemas/ DESTINATION ${CMAKE_INSTALL_DATADIR}/assay/schemas
         COMPONENT assay FILES_MATCHING PATTERN "*.json")
-install(FILES ${PROJECT_SOURCE_DIR}/README.md DESTINATION ${CMAKE_INSTALL_DOCDIR} COMPONENT assay)
+# The OpenAPI document with every schema it names inside it (scripts/bundle-openapi): refs
+# resolve without network or other files. Built where the Python has PyYAML (the pinned venv).
+if(ASSAY_PYTHON3)
+  file(GLOB _assay_schema_files ${PROJECT_SOURCE_DIR}/schemas/*.json)
+  add_custom_command(
+    OUTPUT ${CMAKE_BINARY_DIR}/openapi.json
+    COMMAND ${ASSAY_PYTHON3} ${PROJECT_SOURCE_DIR}/scripts/bundle-openapi ${CMAKE_BINARY_DIR}/openapi.json
+    DEPENDS ${PROJECT_SOURCE_DIR}/scripts/bundle-openapi ${PROJECT_SOURCE_DIR}/schemas/openapi.yaml
+            ${_assay_schema_files}
+    COMMENT "Bundling schemas/openapi.yaml with its schemas"
+    VERBATIM)
+  add_custom_target(assay_openapi ALL DEPENDS ${CMAKE_BINARY_DIR}/openapi.json)
+  install(FILES ${CMAKE_BINARY_DIR}/openapi.json DESTINATION ${CMAKE_INSTALL_DATADIR}/assay
+          COMPONENT assay)
+endif()
+install(FILES ${PROJECT_SOURCE_DIR}/README.md ${PROJECT_SOURCE_DIR}/docs/architecture.md
+        DESTINATION ${CMAKE_INSTALL_DOCDIR} COMPONENT assay)
 foreach(doc client/README.md supervisor/README.md fingerprint/README.md)
   if(EXISTS ${PROJECT_SOURCE_DIR}/${doc})
     get_filename_component(dir ${doc} DIRECTORY)

@@ -2,11 +2,14 @@
 
 #include <algorithm>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <unistd.h>
 
 #include "common/error.h"
 #include "common/fs.h"
 #include "common/json.h"
+#include "common/text.h"
 
 namespace assay::supervisor {
 
@@ -73,11 +76,42 @@ std::filesystem::path find_worker(const std::string& name, const std::string& bu
 
 }  // namespace
 
+ListenAddress metrics_endpoint(const std::string& value) {
+  auto refuse = [&](const std::string& why) {
+    return Error("config.invalid",
+                 "config.metrics_listen \"" + common::printable(value, 200) + "\" " + why);
+  };
+  auto colon = value.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == value.size())
+    throw refuse("is not HOST:PORT (e.g. 127.0.0.1:9464)");
+  std::string host = value.substr(0, colon), port = value.substr(colon + 1);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
+  if (host == "localhost") host = "127.0.0.1";
+  unsigned long p = 0;
+  if (port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos ||
+      (p = std::stoul(port)) < 1 || p > 65535)
+    throw refuse("has no port in 1..65535");
+  in_addr v4{};
+  in6_addr v6{};
+  if (::inet_pton(AF_INET, host.c_str(), &v4) == 1) {
+    if ((ntohl(v4.s_addr) >> 24) != 127)
+      throw refuse("is not a loopback address: metrics are served to this host only");
+  } else if (::inet_pton(AF_INET6, host.c_str(), &v6) == 1) {
+    if (!IN6_IS_ADDR_LOOPBACK(&v6))
+      throw refuse("is not a loopback address: metrics are served to this host only");
+  } else {
+    throw refuse("does not name a numeric IP address (or localhost)");
+  }
+  return {host, static_cast<std::uint16_t>(p)};
+}
+
 std::span<const std::string_view> config_keys() {
   static constexpr std::string_view kKeys[] = {"socket",
                                                "state_dir",
                                                "socket_group",
                                                "admin_group",
+                                               "metrics_listen",
                                                "fingerprint_worker",
                                                "compare_worker",
                                                "oracle_worker",
@@ -128,6 +162,8 @@ void Config::load_file(const std::filesystem::path& path) {
   if (take_string(j, "socket", s = socket.string()), !s.empty()) socket = s;
   if (take_string(j, "state_dir", s = state_dir.string()), !s.empty()) state_dir = s;
   take_string(j, "socket_group", socket_group);
+  take_string(j, "metrics_listen", metrics_listen);
+  if (!metrics_listen.empty()) metrics_endpoint(metrics_listen);  // refused here, by value
   take_string(j, "admin_group", admin_group);
   if (take_string(j, "fingerprint_worker", s = fingerprint_worker.string()), !s.empty())
     fingerprint_worker = s;

@@ -23,6 +23,9 @@ struct Config {
   std::filesystem::path state_dir;  // required
   std::string socket_group;         // group of the socket (0660); empty: the daemon's group
   std::string admin_group;          // members may read and cancel every job
+  // "HOST:PORT" of a TCP listener that serves only GET /metrics (Prometheus), on a loopback
+  // address only (127.0.0.0/8, [::1], localhost); empty: none (the default).
+  std::string metrics_listen;
   std::filesystem::path fingerprint_worker;  // default: found next to assayd
   std::filesystem::path oracle_worker;       // default: found next to assayd
   std::string oracle_backend = "libtorch";   // or "transformers", "both": a request's default
@@ -119,6 +122,16 @@ struct Config {
 // The keys a config file may hold (Config::load_file refuses any other), for `assayd serve
 // --help`; each is described in supervisor/README.md, "Limits (config keys)".
 std::span<const std::string_view> config_keys();
+
+// A TCP address assayd listens on: a numeric IP (v4 or v6) and a port.
+struct ListenAddress {
+  std::string ip;
+  std::uint16_t port = 0;
+};
+// config.metrics_listen parsed: "127.0.0.1:9464", "[::1]:9464" or "localhost:9464" (taken as
+// 127.0.0.1). Throws Error("config.invalid") naming the value unless the address is a loopback
+// one (127.0.0.0/8, ::1) and the port is 1..65535: metrics are for this host's Prometheus only.
+ListenAddress metrics_endpoint(const std::string& value);
 
 contain::Mode mode_from_name(const std::string& name);
 std::string_view mode_name(contain::Mode mode);

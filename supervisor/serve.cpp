@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <functional>
 #include <iostream>
+#include <optional>
 
 #include <spdlog/spdlog.h>
 #include <systemd/sd-daemon.h>
@@ -13,6 +14,7 @@
 #include <boost/asio/steady_timer.hpp>
 
 #include "common/error.h"
+#include "supervisor/api/metrics_listener.h"
 #include "supervisor/api/server.h"
 #include "supervisor/commands.h"
 #include "supervisor/config.h"
@@ -99,8 +101,12 @@ int serve_main(int argc, char** argv) {
     boost::asio::io_context io;
     Service service(io, config);
     api::Server server(io, service);
+    std::optional<api::MetricsListener> metrics;
+    if (!config.metrics_listen.empty())
+      metrics.emplace(io, service, metrics_endpoint(config.metrics_listen));
     service.start();
     server.start();
+    if (metrics) metrics->start();
 
     // Resident workers were told to exit: they are reaped, and their cgroups and workspaces
     // removed, within this long, rather than left for the next start to find as orphans.
@@ -122,6 +128,7 @@ int serve_main(int argc, char** argv) {
       spdlog::info("signal {}: stopping", sig);
       sd_notify(0, "STOPPING=1\nSTATUS=stopping");
       server.stop();
+      if (metrics) metrics->stop();
       service.stop();
       patience = std::chrono::steady_clock::now() + std::chrono::seconds(5);
       stop_when_reaped();

@@ -8,6 +8,7 @@
 
 #include <spdlog/spdlog.h>
 #include <systemd/sd-daemon.h>
+#include <unistd.h>
 #include <CLI/CLI.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
@@ -146,6 +147,12 @@ int serve_main(int argc, char** argv) {
     sd_notify(0, ("READY=1\n" + status).c_str());
     spdlog::info("assayd ready: {} state {} key {}", service.backend(), config.state_dir.string(),
                  service.key_id());
+    if (::access(config.hf_worker.c_str(), X_OK) != 0)
+      spdlog::warn(
+          "no transformers worker at {} (config hf_worker): requests for the transformers "
+          "backend, the numerics envelope or an engine audit are refused at admission, and Kiln "
+          "requests run without Kiln's prompt check",
+          config.hf_worker.string());
     io.run();
     return 0;
   } catch (const common::Error& e) {

@@ -273,6 +273,15 @@ Admission admit_next_token(const Json& document, const SubmitContext& context) {
                 "request.numerics needs assay-hf-worker (transformers), which this host does not "
                 "have (" +
                     context.config.hf_worker.string() + ")");
+  // The transformers backend on a host without its worker: refused now, by name, rather than
+  // accepted and failed when the step cannot start.
+  const std::string backend = request.backend.value_or(context.config.oracle_backend);
+  if (backend != "libtorch" && !prompt_check_available(context.config))
+    throw Error("request.backend_unavailable",
+                "oracle backend \"" + backend +
+                    "\" needs assay-hf-worker (transformers), which this host does not have (" +
+                    context.config.hf_worker.string() +
+                    "; config hf_worker names it, packaging/README.md says how to install it)");
   Json receipts = check_receipts(request, context.receipts_dir, context.peer);
   std::string dir =
       !context.query_model_dir.empty() ? context.query_model_dir : request.model_dir.value_or("");

@@ -76,6 +76,31 @@ TEST_CASE("assayd's refusals exit 4 and carry the daemon's error code") {
   CHECK(r.out == "no jobs\n");
 }
 
+TEST_CASE(
+    "a host without the transformers worker says so at start and refuses its backend at "
+    "admission, by name") {
+  Daemon d({"--hf-worker", "/nonexistent/assay-hf-worker"});
+  CHECK(common::read_file(d.dir() / "assayd.log", 1 << 20)
+            .find("no transformers worker at /nonexistent/assay-hf-worker") != std::string::npos);
+  std::string model = broken_model(d.dir());
+  for (const char* backend : {"transformers", "both"}) {
+    Json doc = request_doc(std::string("hf-") + backend);
+    doc["oracle"] = {{"backend", backend}};
+    std::string req = d.dir().write("hf.json", doc.dump());
+    auto r = run({"submit", req, "--model", model}, d.env());
+    CAPTURE(r.err);
+    CHECK(r.status == 4);
+    CHECK(r.err.find("HTTP 422 request.backend_unavailable") != std::string::npos);
+    CHECK(r.err.find("/nonexistent/assay-hf-worker") != std::string::npos);
+  }
+  CHECK(run({"list"}, d.env()).out == "no jobs\n");  // nothing was queued
+  // The C++ oracle's backend is still taken.
+  Json doc = request_doc("libtorch");
+  doc["oracle"] = {{"backend", "libtorch"}};
+  CHECK(run({"submit", d.dir().write("lt.json", doc.dump()), "--model", model}, d.env()).status ==
+        0);
+}
+
 TEST_CASE("a job that fails in the pipeline: wait follows it and exits 5, resubmit finds it") {
   Daemon d;
   std::string model = broken_model(d.dir());

@@ -1,7 +1,7 @@
 // `assay report` (report.h): picks the page for the result's schema, and the HTML helpers both
 // pages share (report_html.h): escaping, formatting, key/value tables and the page shell with
-// its inline CSS. The pages are report_next_token.cpp, report_fidelity.cpp and
-// report_layers.cpp.
+// its inline CSS. The pages are report_next_token.cpp, report_fidelity.cpp, report_layers.cpp,
+// report_numerics.cpp (engine audits) and report_trajectory.cpp (trajectories and batches).
 #include "client/report.h"
 
 #include <cstdio>
@@ -12,6 +12,8 @@
 #include "common/audit.h"
 #include "common/error.h"
 #include "common/layers.h"
+#include "common/protocol.h"
+#include "common/trajectory.h"
 
 namespace assay::client {
 namespace html {
@@ -134,12 +136,16 @@ std::string page_of(const common::Json& result, const std::filesystem::path& art
   if (schema == "assay.fidelity-result.v1") return html::fidelity_page(result, artifact_dir);
   if (schema == common::kLayerResult) return html::layers_page(result, artifact_dir);
   if (schema == common::kAuditResult) return html::audit_page(result, artifact_dir);
+  if (schema == common::kTrajectoryResult) return html::trajectory_page(result, artifact_dir);
+  if (schema == protocol::kNextTokenBatchResult) return html::batch_page(result, artifact_dir);
   throw common::Error("client.report",
                       "a report needs an assay.next-token-oracle-result.v1, "
                       "assay.fidelity-result.v1, " +
-                          std::string(common::kLayerResult) + " or " +
-                          std::string(common::kAuditResult) + " document, not schema \"" + schema +
-                          "\"");
+                          std::string(common::kLayerResult) + ", " +
+                          std::string(common::kAuditResult) + ", " +
+                          std::string(common::kTrajectoryResult) + " or " +
+                          std::string(protocol::kNextTokenBatchResult) +
+                          " document, not schema \"" + schema + "\"");
 }
 
 }  // namespace

@@ -32,6 +32,11 @@ std::string next_token_page(const common::Json& r, const std::filesystem::path& 
 std::string fidelity_page(const common::Json& r, const std::filesystem::path& dir);
 // An assay.layer-attribution-result.v1 page; layers.safetensors is looked for in `dir`.
 std::string layers_page(const common::Json& r, const std::filesystem::path& dir);
+// An assay.trajectory-result.v1 page; trajectory.safetensors is looked for in `dir`
+// (report_trajectory.cpp).
+std::string trajectory_page(const common::Json& r, const std::filesystem::path& dir);
+// An assay.next-token-batch-result.v1 page; states.jsonl is looked for in `dir`.
+std::string batch_page(const common::Json& r, const std::filesystem::path& dir);
 // An assay.engine-audit-result.v1 page (report_numerics.cpp).
 std::string audit_page(const common::Json& r, const std::filesystem::path& dir);
 // A next-token result's "numerics" (the envelope, its class and a strip plot), or why it did not

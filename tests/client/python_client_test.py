@@ -114,6 +114,10 @@ def main(build):
               result["verdict"]["argmax_candidate"] in ("kiln", "vllm", "neither"))
         art = c.artifact(job.id, tmp / "logits.safetensors")
         check("artifact is written whole", art.stat().st_size == result["reference_artifact"]["bytes"])
+        umask = os.umask(0)
+        os.umask(umask)
+        check("it has the caller's usual mode (0666 less the umask)",
+              (art.stat().st_mode & 0o777) == (0o666 & ~umask), oct(art.stat().st_mode))
         check("no temporary file is left beside it",
               sorted(p.name for p in tmp.iterdir() if p.name.startswith(".logits")) == [])
 

@@ -281,6 +281,13 @@ def main(assay):
                  (envelope, ["Bug or numerics", env_class, "legitimate bf16 executions",
                              "reduction:15", "kv-cache", "batched:3", "fp32 (not a member)",
                              "grid: one bf16 step", "every member's figures"]),
+                 (FIX / "trajectory-result.json", ["Trajectory: where each engine left the reference",
+                                                   "vllm departed first", "at index 2 of the continuation",
+                                                   "The engines first differ at index 2", "→ kiln",
+                                                   "First departures", "(position 13)"]),
+                 (FIX / "batch-result.json", ["Next-token batch", "3 states: 3 succeeded, 0 failed",
+                                              "kiln 1, neither 1, vllm 1", "state-2", "Oracle runs",
+                                              "States"]),
                  (audit, ["Engine audit", "engine <b>rope+1%</b>", "beyond_legitimate",
                           "Beyond legitimate", "1 = the farthest legitimate execution",
                           "x the legitimate spread", "Per context", "c11", "reduction:2"])]
@@ -300,7 +307,9 @@ def main(assay):
             want_svgs = {"fidelity-result.json": 3, "numerics-result.json": 2}.get(name, 1)
             check(html.count("<svg") >= want_svgs, f"{name}: inline SVG charts")
             check(path == audit or "from logits.safetensors" in html or "from kl.safetensors" in html
-                  or "layers.safetensors beside the result is the result&#39;s artifact" in html,
+                  or "layers.safetensors beside the result is the result&#39;s artifact" in html
+                  or "trajectory.safetensors beside the result is the result&#39;s artifact" in html
+                  or "states.jsonl beside the result is the result&#39;s artifact" in html,
                   f"{name}: the artifact beside the result was read")
             text = subprocess.run(["w3m", "-dump", "-T", "text/html", str(out)], capture_output=True,
                                   text=True).stdout if shutil.which("w3m") else unescape(html)
@@ -330,6 +339,16 @@ def main(assay):
                 # The engine's interval and point are drawn in the bug colour (#c0392b).
                 red = sum(k for k, (r_, g, b) in colors if abs(r_ - 0xc0) + abs(g - 0x39) + abs(b - 0x2b) < 40)
                 check(red > 150, f"{name}: {red} pixels of the engine's interval colour")
+            if path.name == "trajectory-result.json":
+                # Each engine's track: green while it follows the argmax, red at its departure.
+                for what, (cr, cg, cb) in (("followed", (0x2e, 0x9e, 0x5b)), ("departure", (0xc0, 0x39, 0x2b))):
+                    n = sum(k for k, (r_, g, b) in colors if abs(r_ - cr) + abs(g - cg) + abs(b - cb) < 40)
+                    check(n > 300, f"{name}: {n} pixels of the {what} cells' colour")
+            if path.name == "batch-result.json":
+                # The neither bar is drawn in red, the engines' in blue.
+                for what, (cr, cg, cb) in (("neither", (0xc0, 0x39, 0x2b)), ("engine", (0x3b, 0x6f, 0xd1))):
+                    n = sum(k for k, (r_, g, b) in colors if abs(r_ - cr) + abs(g - cg) + abs(b - cb) < 40)
+                    check(n > 300, f"{name}: {n} pixels of the {what} bars' colour")
             if path == layers:
                 # The decisive boundary's purple marker line and label are drawn (#8e44ad).
                 purple = sum(n for n, (r_, g, b) in colors
@@ -338,7 +357,8 @@ def main(assay):
             print(f"{name}: {len(html)} bytes of HTML, screenshot {png.stat().st_size} bytes, "
                   f"{len(colors)} colours, background {top:.1%}")
         # Each record changed after it was sealed (its verdict, say) is refused, nothing written.
-        for path in (FIX / "result.json", FIX / "fidelity-result.json", layers, envelope, audit):
+        for path in (FIX / "result.json", FIX / "fidelity-result.json", layers, envelope, audit,
+                     FIX / "trajectory-result.json", FIX / "batch-result.json"):
             doc = json.loads(path.read_text())
             doc["created_at_utc"] = "2000-01-01T00:00:00Z"
             changed = tmp / ("changed-" + path.name)

@@ -2,6 +2,7 @@
 import http.client
 import json
 import os
+import secrets
 import socket
 import tempfile
 import time
@@ -242,7 +243,10 @@ class Client:
                 except (ValueError, KeyError, TypeError):
                     raise AssayError("client.http", f"artifact: HTTP {resp.status}",
                                      resp.status) from None
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix="." + path.name + ".")
+            # Created with 0666 less the umask, as any file the caller writes (mkstemp's 0600
+            # would leave the artifact unreadable to the group the record is shared with).
+            tmp = str(path.parent / f".{path.name}.{secrets.token_hex(8)}")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
             try:
                 with os.fdopen(fd, "wb") as out:
                     while True:

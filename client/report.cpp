@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "client/format.h"
 #include "client/report_html.h"
 #include "common/audit.h"
 #include "common/error.h"
@@ -38,7 +39,29 @@ details{margin:6px 0}summary{cursor:pointer;color:#3b5b9a}
 tr.marked td{background:#fff4e0}table.layers td,table.layers th{padding:2px 5px;font-size:12px}
 .verified,.unverified{border-radius:6px;padding:8px 12px;margin:0 0 12px;font-weight:600}
 .verified{background:#e6f4ea;border:1px solid #8cc79c}.unverified{background:#fff4e0;border:1px solid #e0b25c}
+.kv td.mono{word-break:break-all}.ctl{color:#b3261e;background:#fdecea;border-radius:3px;padding:0 2px;font-family:ui-monospace,monospace}
 )";
+
+// A leaf's text, with its unit humanised where its key names one (`peak_bytes`, `user_usec`,
+// `timeout_ms`, `elapsed_seconds`, `_ns`): "1.5 MiB (1572864)".
+std::string leaf_text(const std::string& key, const Json& v) {
+  if (!v.is_number() || v.is_boolean()) return text_of(v);
+  const double x = v.get<double>();
+  auto ends = [&](const char* suffix) { return key.ends_with(suffix); };
+  std::string human;
+  if (ends("bytes") || ends("_bytes_before") || ends("memory_max") || ends("memory_high"))
+    human = format_bytes(x);
+  else if (ends("_usec"))
+    human = format_duration(x / 1e6);
+  else if (ends("_ns") || ends("cpuacct.usage") || ends("cpuacct.usage_sys") ||
+           ends("cpuacct.usage_user"))
+    human = format_duration(x / 1e9);
+  else if (ends("_ms"))
+    human = format_duration(x / 1e3);
+  else if (ends("_seconds"))
+    human = format_duration(x);
+  return human.empty() ? text_of(v) : human + " (" + text_of(v) + ")";
+}
 
 // Appends `j`'s leaves as (dotted key, text) rows.
 void flatten(const Json& j, const std::string& prefix,
@@ -50,7 +73,7 @@ void flatten(const Json& j, const std::string& prefix,
     for (std::size_t i = 0; i < j.size(); ++i)
       flatten(j[i], prefix + "[" + std::to_string(i) + "]", out);
   } else {
-    out.emplace_back(prefix, text_of(j));
+    out.emplace_back(prefix, leaf_text(prefix, j));
   }
 }
 
@@ -77,6 +100,21 @@ std::string esc(const std::string& s) {
         break;
       default:
         o += c;
+    }
+  }
+  return o;
+}
+
+std::string visible(const std::string& s) {
+  std::string o;
+  for (unsigned char c : s) {
+    if (c < 0x20 || c == 0x7f) {
+      char b[8];
+      const char* named = c == '\n' ? "\\n" : c == '\t' ? "\\t" : c == '\r' ? "\\r" : nullptr;
+      if (!named) std::snprintf(b, sizeof b, "\\u%04x", c);
+      o += std::string("<span class=\"ctl\">") + (named ? named : b) + "</span>";
+    } else {
+      o += esc(std::string(1, static_cast<char>(c)));
     }
   }
   return o;

@@ -28,52 +28,105 @@ struct KlPoint {
   double kl;
 };
 
-constexpr double kFloor = 1e-16;  // KL 0 and below are drawn on the floor of the log axis
+// A log axis scaled to the data: from the decade below the smallest positive value (one more
+// below it when some values are exactly 0, drawn on that floor decade and labelled "0") to the
+// decade above the largest, so that no point sits on an edge; `marks` (gate bounds) are kept
+// inside it.
+struct LogRange {
+  double lo = -1, hi = 0;  // exponents
+  bool zero_floor = false;
 
-double log_y(double v) {
-  return std::log10(std::max(v, kFloor));
+  LogRange(const std::vector<double>& values, const std::vector<double>& marks) {
+    double pmin = 0, pmax = 0;
+    for (const auto* set : {&values, &marks})
+      for (double v : *set) {
+        if (v > 0 && std::isfinite(v)) {
+          pmin = pmin == 0 ? v : std::min(pmin, v);
+          pmax = std::max(pmax, v);
+        } else if (set == &values && v <= 0) {
+          zero_floor = true;
+        }
+      }
+    if (pmax > 0) {
+      lo = std::floor(std::log10(pmin)) - (zero_floor ? 1 : 0);
+      hi = std::floor(std::log10(pmax)) + 1;
+    }
+    if (hi - lo < 1) lo = hi - 1;
+  }
+  // Where v sits, in exponents: 0 and below on the floor.
+  double at(double v) const { return v > 0 ? std::log10(v) : lo; }
+  double fraction(double v) const { return (at(v) - lo) / (hi - lo); }
+};
+
+// "1e-5", "1e0", "1e3": a decade's label, short enough to sit under a narrow bin.
+std::string decade(int e) {
+  return "1e" + std::to_string(e);
 }
 
-std::string log_axis(int left, int top, int w, int h, double lo_exp, double hi_exp, bool vertical) {
+std::string log_axis(int left, int top, int w, int h, const LogRange& range, bool vertical) {
   std::ostringstream s;
-  const double span = hi_exp - lo_exp;
-  const int step = span > 12 ? 2 : 1;
-  for (int e = static_cast<int>(std::ceil(lo_exp)); e <= static_cast<int>(hi_exp); e += step) {
-    const double f = (e - lo_exp) / span;
+  const double span = range.hi - range.lo;
+  // At most about one label per 60 px (vertical: 30 px).
+  const int room = vertical ? h / 30 : w / 60;
+  const int step = std::max(1, static_cast<int>(std::ceil(span / std::max(1, room))));
+  for (int e = static_cast<int>(std::ceil(range.lo)); e <= static_cast<int>(range.hi); e += step) {
+    const double f = (e - range.lo) / span;
+    const std::string label = range.zero_floor && e == static_cast<int>(range.lo) ? "0" : decade(e);
     if (vertical) {
       const double y = top + h - f * h;
       s << "<line class=\"grid\" x1=\"" << left << "\" y1=\"" << y << "\" x2=\"" << left + w
         << "\" y2=\"" << y << "\"/><text x=\"" << left - 4 << "\" y=\"" << y + 4
-        << "\" text-anchor=\"end\">1e" << e << "</text>";
+        << "\" text-anchor=\"end\">" << label << "</text>";
     } else {
       const double x = left + f * w;
       s << "<line class=\"grid\" x1=\"" << x << "\" y1=\"" << top << "\" x2=\"" << x << "\" y2=\""
         << top + h << "\"/><text x=\"" << x << "\" y=\"" << top + h + 14
-        << "\" text-anchor=\"middle\">1e" << e << "</text>";
+        << "\" text-anchor=\"middle\">" << label << "</text>";
     }
   }
   return s.str();
 }
 
+// A gate on a KL statistic: its name, rule and bound, drawn on the KL axis.
+struct KlGate {
+  std::string label;
+  double bound = 0;
+};
+
+std::vector<KlGate> kl_gates(const Json& r) {
+  std::vector<KlGate> out;
+  const Json& gates = r.value("gates", Json::object());
+  if (!gates.is_object()) return out;
+  for (const Json& t : gates.value("thresholds", Json::array())) {
+    const Json& bound = t.value("bound", Json());
+    if (!t.value("statistic", std::string()).starts_with("kl.") || !bound.is_number()) continue;
+    out.push_back({get(t, {"name"}) + " " + get(t, {"comparison"}) + " " + text_of(bound),
+                   bound.get<double>()});
+  }
+  return out;
+}
+
 std::string kl_along_positions(const std::vector<std::string>& ids,
-                               const std::vector<std::vector<KlPoint>>& per_context) {
+                               const std::vector<std::vector<KlPoint>>& per_context,
+                               const std::vector<KlGate>& gates) {
   const int width = 900, height = 320, left = 60, top = 16, w = width - left - 20, h = height - 70;
   std::int64_t pmax = 1;
-  double hi = kFloor;
+  std::vector<double> values, bounds;
   for (const auto& pts : per_context)
     for (const KlPoint& p : pts) {
       pmax = std::max(pmax, p.position);
-      hi = std::max(hi, p.kl);
+      values.push_back(p.kl);
     }
-  const double lo_e = std::log10(kFloor), hi_e = std::max(std::ceil(std::log10(hi)), lo_e + 1);
+  for (const KlGate& g : gates) bounds.push_back(g.bound);
+  const LogRange range(values, bounds);
   std::ostringstream s;
   s << "<svg role=\"img\" viewBox=\"0 0 " << width << " " << height << "\" width=\"" << width
     << "\" height=\"" << height
     << "\" xmlns=\"http://www.w3.org/2000/svg\"><title>Token-wise KL "
        "along positions, per context (log scale)</title>"
-    << log_axis(left, top, w, h, lo_e, hi_e, true);
+    << log_axis(left, top, w, h, range, true);
   auto px = [&](double p) { return left + p / static_cast<double>(pmax) * w; };
-  auto py = [&](double v) { return top + h - (log_y(v) - lo_e) / (hi_e - lo_e) * h; };
+  auto py = [&](double v) { return top + h - range.fraction(v) * h; };
   for (std::size_t c = 0; c < per_context.size(); ++c) {
     const char* color = kPalette[c % std::size(kPalette)];
     std::string path;
@@ -90,64 +143,119 @@ std::string kl_along_positions(const std::vector<std::string>& ids,
       << "\"/><text x=\"" << left + 24 + 150 * static_cast<int>(c % 5) << "\" y=\"" << height - 13
       << "\">" << esc(ids[c].substr(0, 20)) << "</text>";
   }
+  for (const KlGate& g : gates)
+    s << "<line class=\"threshold\" x1=\"" << left << "\" y1=\"" << fmt(py(g.bound), "%.1f")
+      << "\" x2=\"" << left + w << "\" y2=\"" << fmt(py(g.bound), "%.1f")
+      << "\" stroke=\"#c0392b\" stroke-dasharray=\"6 4\" stroke-width=\"1.5\"/><text x=\""
+      << left + w - 4 << "\" y=\"" << fmt(py(g.bound) - 4, "%.1f")
+      << "\" text-anchor=\"end\" style=\"fill:#c0392b\">gate " << esc(g.label) << "</text>";
   s << "<text x=\"" << left + w << "\" y=\"" << top + h + 14 << "\" text-anchor=\"end\">position "
     << pmax << "</text><text x=\"" << left << "\" y=\"" << top + h + 14
     << "\">position 0</text><text x=\"" << left + w / 2 << "\" y=\"" << top + h + 14
-    << "\" text-anchor=\"middle\">KL (nats) by position; 0 drawn at 1e-16</text></svg>";
+    << "\" text-anchor=\"middle\">KL (nats) by position, log axis"
+    << (range.zero_floor ? "; an exact 0 on the floor line" : "") << "</text></svg>";
   return s.str();
 }
 
-std::string histogram_chart(const Json& h) {
-  const Json& edges = h.value("edges", Json::array());
-  const Json& counts = h.value("counts", Json::array());
+// Bins of the token-wise KL: from the artifact's values, 24 equal on a log axis over the data's
+// own range (exact zeros in a bin of their own); without them, the result's decade histogram, cut
+// to the bins that hold data and one either side.
+std::string histogram_chart(const Json& h, const std::vector<double>& values) {
   std::vector<std::pair<std::string, std::int64_t>> bins;
-  bins.emplace_back("0", h.value("zero", std::int64_t{0}));
-  if (h.value("negative", std::int64_t{0}) > 0)
-    bins.emplace_back("<0", h["negative"].get<std::int64_t>());
-  for (std::size_t i = 0; i < counts.size(); ++i) {
-    std::string label = i == 0             ? "<" + fmt(edges[0].get<double>(), "%.0e")
-                        : i < edges.size() ? fmt(edges[i - 1].get<double>(), "%.0e")
-                                           : "≥" + fmt(edges[i - 1].get<double>(), "%.0e");
-    bins.emplace_back(label, counts[i].get<std::int64_t>());
+  std::string unit;
+  if (!values.empty()) {
+    // 24 bins equal on a log axis from the smallest positive value to the largest.
+    double lo = 0, hi = 0;
+    std::int64_t zero = 0;
+    for (double v : values) {
+      if (!(v > 0)) {
+        ++zero;
+        continue;
+      }
+      lo = lo == 0 ? std::log10(v) : std::min(lo, std::log10(v));
+      hi = hi == 0 ? std::log10(v) : std::max(hi, std::log10(v));
+    }
+    const int n = hi > lo ? 24 : 1;
+    const double width_e = hi > lo ? (hi - lo) / n : 1;
+    std::vector<std::int64_t> count(static_cast<std::size_t>(n), 0);
+    for (double v : values)
+      if (v > 0)
+        ++count[static_cast<std::size_t>(
+            std::clamp(static_cast<int>((std::log10(v) - lo) / width_e), 0, n - 1))];
+    if (zero > 0) bins.emplace_back("0", zero);
+    for (int i = 0; i < n; ++i)
+      bins.emplace_back(fmt(std::pow(10.0, lo + i * width_e), "%.2g"),
+                        count[static_cast<std::size_t>(i)]);
+    unit = "24 bins over the data's range, from kl.safetensors";
+  } else {
+    const Json& edges = h.value("edges", Json::array());
+    const Json& counts = h.value("counts", Json::array());
+    bins.emplace_back("0", h.value("zero", std::int64_t{0}));
+    if (h.value("negative", std::int64_t{0}) > 0)
+      bins.emplace_back("<0", h["negative"].get<std::int64_t>());
+    std::vector<std::pair<std::string, std::int64_t>> decades;
+    for (std::size_t i = 0; i < counts.size(); ++i) {
+      auto e = [&](std::size_t k) {
+        return decade(static_cast<int>(std::lround(std::log10(edges[k].get<double>()))));
+      };
+      decades.emplace_back(i == 0             ? "<" + e(0)
+                           : i < edges.size() ? e(i - 1)
+                                              : "≥" + e(i - 1),
+                           counts[i].get<std::int64_t>());
+    }
+    std::size_t first = decades.size(), last = 0;
+    for (std::size_t i = 0; i < decades.size(); ++i)
+      if (decades[i].second > 0) first = std::min(first, i), last = i;
+    if (first < decades.size())
+      for (std::size_t i = first > 0 ? first - 1 : 0; i <= std::min(last + 1, decades.size() - 1);
+           ++i)
+        bins.push_back(decades[i]);
+    unit = "the result's decade bins (kl.safetensors not beside it)";
   }
   std::int64_t most = 1;
   for (const auto& [l, n] : bins) most = std::max(most, n);
   const int width = 900, height = 240, left = 50, top = 14, h_ = height - 60;
   const double bw = static_cast<double>(width - left - 20) / static_cast<double>(bins.size());
+  // Labels at least 44 px apart.
+  const std::size_t every = std::max<std::size_t>(1, static_cast<std::size_t>(std::ceil(44 / bw)));
   std::ostringstream s;
   s << "<svg role=\"img\" viewBox=\"0 0 " << width << " " << height << "\" width=\"" << width
     << "\" height=\"" << height
     << "\" xmlns=\"http://www.w3.org/2000/svg\"><title>Histogram of "
-       "token-wise KL, decade bins</title>";
+       "token-wise KL</title>";
   for (std::size_t i = 0; i < bins.size(); ++i) {
     const double bh = static_cast<double>(bins[i].second) / static_cast<double>(most) * h_;
     const double x = left + bw * static_cast<double>(i);
-    s << "<rect x=\"" << x + 2 << "\" y=\"" << top + h_ - bh << "\" width=\"" << bw - 4
-      << "\" height=\"" << bh << "\" fill=\"" << (i == 0 ? "#2e9c6a" : "#3366cc") << "\"/>";
-    if (bins[i].second > 0)
+    const bool zero_bin = bins[i].first == "0";
+    s << "<rect x=\"" << x + 1 << "\" y=\"" << top + h_ - bh << "\" width=\""
+      << std::max(1.0, bw - 2) << "\" height=\"" << bh << "\" fill=\""
+      << (zero_bin ? "#2e9c6a" : "#3366cc") << "\"/>";
+    if (bins[i].second > 0 && bw >= 18)
       s << "<text x=\"" << x + bw / 2 << "\" y=\"" << top + h_ - bh - 3
         << "\" text-anchor=\"middle\">" << bins[i].second << "</text>";
-    s << "<text x=\"" << x + bw / 2 << "\" y=\"" << top + h_ + 14 << "\" text-anchor=\"middle\">"
-      << esc(bins[i].first) << "</text>";
+    if (!bins[i].first.empty() && (zero_bin || i % every == 0))
+      s << "<text x=\"" << x << "\" y=\"" << top + h_ + 14 << "\" text-anchor=\"middle\">"
+        << esc(bins[i].first) << "</text>";
   }
   s << "<text x=\"" << left << "\" y=\"" << height - 10
-    << "\">KL (nats), bin lower edge; green: exactly 0</text></svg>";
+    << "\">KL (nats), bin lower edges on a log axis; green: exactly 0; " << esc(unit)
+    << "</text></svg>";
   return s.str();
 }
 
-std::string cdf_chart(std::vector<double> kl) {
+std::string cdf_chart(std::vector<double> kl, const std::vector<KlGate>& gates) {
   std::sort(kl.begin(), kl.end());
   const int width = 900, height = 260, left = 60, top = 14, w = width - left - 20, h = height - 50;
-  double hi = kFloor;
-  for (double v : kl) hi = std::max(hi, v);
-  const double lo_e = std::log10(kFloor), hi_e = std::max(std::ceil(std::log10(hi)), lo_e + 1);
-  auto px = [&](double v) { return left + (log_y(v) - lo_e) / (hi_e - lo_e) * w; };
+  std::vector<double> bounds;
+  for (const KlGate& g : gates) bounds.push_back(g.bound);
+  const LogRange range(kl, bounds);
+  auto px = [&](double v) { return left + range.fraction(v) * w; };
   std::ostringstream s;
   s << "<svg role=\"img\" viewBox=\"0 0 " << width << " " << height << "\" width=\"" << width
     << "\" height=\"" << height
     << "\" xmlns=\"http://www.w3.org/2000/svg\"><title>Cumulative "
        "distribution of token-wise KL, log axis</title>"
-    << log_axis(left, top, w, h, lo_e, hi_e, false);
+    << log_axis(left, top, w, h, range, false);
   for (int q = 0; q <= 4; ++q) {
     const double y = top + h - q / 4.0 * h;
     s << "<text x=\"" << left - 4 << "\" y=\"" << y + 4 << "\" text-anchor=\"end\">" << q * 25
@@ -161,10 +269,18 @@ std::string cdf_chart(std::vector<double> kl) {
     path += " L" + fmt(x, "%.1f") + " " + fmt(top + h - static_cast<double>(i + 1) / n * h, "%.1f");
   }
   path += " L" + fmt(left + w, "%.1f") + " " + fmt(top, "%.1f");
-  s << "<path d=\"" << path << "\" fill=\"none\" stroke=\"#3366cc\" stroke-width=\"2\"/>"
-    << "<text x=\"" << left + w / 2 << "\" y=\"" << height - 6
-    << "\" text-anchor=\"middle\">KL (nats), log axis; 0 drawn at 1e-16 · fraction of positions "
-       "with KL ≤ x</text></svg>";
+  s << "<path d=\"" << path << "\" fill=\"none\" stroke=\"#3366cc\" stroke-width=\"2\"/>";
+  for (const KlGate& g : gates)
+    s << "<line class=\"threshold\" x1=\"" << fmt(px(g.bound), "%.1f") << "\" y1=\"" << top
+      << "\" x2=\"" << fmt(px(g.bound), "%.1f") << "\" y2=\"" << top + h
+      << "\" stroke=\"#c0392b\" stroke-dasharray=\"6 4\" stroke-width=\"1.5\"/><text x=\""
+      << fmt(px(g.bound) + (px(g.bound) > left + 0.7 * w ? -4 : 4), "%.1f") << "\" y=\"" << top + 12
+      << "\" text-anchor=\"" << (px(g.bound) > left + 0.7 * w ? "end" : "start")
+      << "\" style=\"fill:#c0392b\">gate " << esc(g.label) << "</text>";
+  s << "<text x=\"" << left + w / 2 << "\" y=\"" << height - 6
+    << "\" text-anchor=\"middle\">KL (nats), log axis"
+    << (range.zero_floor ? "; an exact 0 at the floor" : "")
+    << " · fraction of positions with KL ≤ x</text></svg>";
   return s.str();
 }
 
@@ -337,7 +453,7 @@ std::string fidelity_page(const Json& r, const fs::path& dir) {
          "no per-position chart.</p>";
   else
     b << "<p class=\"sub\">" << esc(tokenwise.note) << "</p>"
-      << kl_along_positions(tokenwise.ids, tokenwise.per_context);
+      << kl_along_positions(tokenwise.ids, tokenwise.per_context, kl_gates(r));
   b << "<table><tr><th>context</th><th>positions</th><th>mean KL</th><th>max KL</th><th>p99 "
        "KL</th><th>top-1</th></tr>";
   for (const Json& c : cmp.value("contexts", Json::array()))
@@ -347,8 +463,9 @@ std::string fidelity_page(const Json& r, const fs::path& dir) {
       << esc(get(c, {"kl", "p99"})) << "</td><td class=\"num\">" << esc(get(c, {"top1_agreement"}))
       << "</td></tr>";
   b << "</table>";
-  b << "<h2>KL histogram</h2>" << histogram_chart(cmp.value("histogram", Json::object()));
-  if (!all.empty()) b << "<h2>KL cumulative distribution (log axis)</h2>" << cdf_chart(all);
+  b << "<h2>KL histogram</h2>" << histogram_chart(cmp.value("histogram", Json::object()), all);
+  if (!all.empty())
+    b << "<h2>KL cumulative distribution (log axis)</h2>" << cdf_chart(all, kl_gates(r));
   b << "<h2>Statistics</h2>" << stats_table(cmp);
   b << "<h2>Record</h2>"
     << kv_table(Json{{"result_sha256", r.value("result_sha256", Json())},

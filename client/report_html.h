@@ -15,6 +15,9 @@ namespace assay::client::html {
 
 // s with & < > " ' escaped for text and attribute values.
 std::string esc(const std::string& s);
+// A token's text for the page: HTML-escaped, each control byte shown as its escape (\n, \t,
+// \u0019) in a marked span, never as an invisible character or an empty box.
+std::string visible(const std::string& s);
 // v through snprintf's format f.
 std::string fmt(double v, const char* f = "%.6g");
 // A JSON value as table text: "—" for null, strings unquoted, numbers as fmt does.

@@ -79,7 +79,8 @@ std::string logit_chart(const std::vector<Bar>& top, const std::vector<Bar>& out
     const bool cand = !b.engines.empty();
     const double x0 = std::min(x(0), x(b.logit)), x1 = std::max(x(0), x(b.logit));
     std::string label =
-        "#" + std::to_string(b.rank) + "  " + std::to_string(b.token) + " " + b.text;
+        "#" + std::to_string(b.rank) + "  " + std::to_string(b.token) + " " +
+        Json(b.text).dump(-1, ' ', false, Json::error_handler_t::replace);  // control bytes escaped
     if (label.size() > 30) label = label.substr(0, 29) + "…";
     s << "<text x=\"" << left - 8 << "\" y=\"" << y + 15 << "\" text-anchor=\"end\">" << esc(label)
       << "</text>";
@@ -204,7 +205,8 @@ std::string next_token_page(const Json& r, const fs::path& dir) {
   b << "<div class=\"verdict " << (winner == "neither" ? "bad" : "ok") << "\"><b>"
     << (winner == "neither" ? "Neither engine" : "Engine " + esc(winner))
     << "</b> produced the reference argmax: token <code>" << esc(get(v, {"argmax_token_id"}))
-    << "</code> " << esc(get(o, {"argmax_text"}).empty() ? "" : "(" + get(o, {"argmax_text"}) + ")")
+    << "</code> "
+    << (get(o, {"argmax_text"}).empty() ? "" : "(" + visible(get(o, {"argmax_text"})) + ")")
     << ".<br>Top-logit margin <b>" << esc(get(o, {"top_logit_margin"})) << "</b>"
     << (o.value("top_logit_tie", false) ? " (a TIE)" : "") << " · candidate attribution "
     << (v.value("candidate_attribution_complete", false) ? "complete" : "INCOMPLETE") << "</div>";
@@ -213,7 +215,7 @@ std::string next_token_page(const Json& r, const fs::path& dir) {
        "<th>rank</th><th>is argmax</th></tr>";
   for (const Json& c : cands)
     b << "<tr><td>" << esc(get(c, {"engine"})) << "</td><td class=\"num\">"
-      << esc(get(c, {"token_id"})) << "</td><td class=\"mono\">" << esc(get(c, {"text"}))
+      << esc(get(c, {"token_id"})) << "</td><td class=\"mono\">" << visible(get(c, {"text"}))
       << "</td><td class=\"num\">" << esc(get(c, {"logit"})) << "</td><td class=\"num\">"
       << esc(get(c, {"rank"})) << "</td><td>" << esc(get(c, {"is_argmax"})) << "</td></tr>";
   b << "</table>";
@@ -228,7 +230,7 @@ std::string next_token_page(const Json& r, const fs::path& dir) {
       std::string engines;
       for (const auto& e : x.engines) engines += (engines.empty() ? "" : ", ") + e;
       b << "<tr><td class=\"num\">" << x.rank << "</td><td class=\"num\">" << x.token
-        << "</td><td class=\"mono\">" << esc(x.text) << "</td><td class=\"num\">"
+        << "</td><td class=\"mono\">" << visible(x.text) << "</td><td class=\"num\">"
         << fmt(x.logit, "%.6f") << "</td><td>" << esc(engines) << "</td></tr>";
     }
   b << "</table>";

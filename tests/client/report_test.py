@@ -339,6 +339,18 @@ def main(assay):
                 # The engine's interval and point are drawn in the bug colour (#c0392b).
                 red = sum(k for k, (r_, g, b) in colors if abs(r_ - 0xc0) + abs(g - 0x39) + abs(b - 0x2b) < 40)
                 check(red > 150, f"{name}: {red} pixels of the engine's interval colour")
+            if path.name == "fidelity-result.json":
+                # Axes scaled to the data (its KL sits in 1e-3..1e-2), the KL gate drawn on both
+                # KL axes, the histogram binned over the data's own range.
+                check("1e-16" not in html and ">1e-3<" in html and ">1e-1<" in html,
+                      f"{name}: the KL axes span the data's decades, not a fixed 1e-16 floor")
+                check(html.count('class="threshold"') == 2 and "gate max_mean_kl &lt;= 0.05" in html,
+                      f"{name}: the max_mean_kl gate is drawn on the positions and CDF charts")
+                check("24 bins over the data&#39;s range" in html,
+                      f"{name}: the histogram bins the artifact's values over their range")
+                bars = re.findall(r'<rect x="[0-9.]+" y="[0-9.]+" width="[0-9.]+" height="([0-9.]+)" '
+                                  r'fill="#3366cc"', html)
+                check(sum(float(h) > 0 for h in bars) >= 10, f"{name}: {len(bars)} bars, most not empty")
             if path.name == "trajectory-result.json":
                 # Each engine's track: green while it follows the argmax, red at its departure.
                 for what, (cr, cg, cb) in (("followed", (0x2e, 0x9e, 0x5b)), ("departure", (0xc0, 0x39, 0x2b))):
@@ -356,6 +368,24 @@ def main(assay):
                 check(purple > 150, f"{name}: {purple} pixels of the decisive marker's colour")
             print(f"{name}: {len(html)} bytes of HTML, screenshot {png.stat().st_size} bytes, "
                   f"{len(colors)} colours, background {top:.1%}")
+        # A candidate whose text holds control bytes: each shown as its escape, marked, never as
+        # an invisible byte or an empty box; the containment figures with their units.
+        doc = json.loads((FIX / "result.json").read_text())
+        doc["oracle"]["candidate_tokens"][0]["text"] = "a\u0019b\n"
+        doc.pop("result_sha256")
+        ctl = tmp / "ctl" / "result.json"
+        ctl.parent.mkdir()
+        write_sealed(ctl, doc)
+        out = tmp / "ctl.html"
+        r = subprocess.run([assay, "report", str(ctl), "-o", str(out)], capture_output=True, text=True)
+        check(r.returncode == 0, f"control-byte text: exit {r.returncode} {r.stderr}")
+        html = out.read_text() if out.exists() else ""
+        check('a<span class="ctl">\\u0019</span>b<span class="ctl">\\n</span>' in html,
+              "a candidate's control bytes are shown as marked escapes")
+        check("\x19" not in html, "no raw control byte reaches the page")
+        check("62.3 MiB (65359872)" in html and "host_memory.available_bytes_before" in html,
+              "containment bytes are humanised, the exact figure beside them")
+        check("word-break:break-all" in html, "long cgroup paths wrap")
         # Each record changed after it was sealed (its verdict, say) is refused, nothing written.
         for path in (FIX / "result.json", FIX / "fidelity-result.json", layers, envelope, audit,
                      FIX / "trajectory-result.json", FIX / "batch-result.json"):

@@ -50,6 +50,26 @@ if(ASSAY_PYTHON3)
   install(FILES ${CMAKE_BINARY_DIR}/openapi.json DESTINATION ${CMAKE_INSTALL_DATADIR}/assay
           COMPONENT assay)
 endif()
+# Man pages written from the programs' own --help (scripts/make-man), compressed reproducibly.
+if(ASSAY_PYTHON3 AND TARGET assay AND TARGET assayd)
+  string(TIMESTAMP _assay_man_date "%Y-%m-%d" UTC)  # honours SOURCE_DATE_EPOCH
+  set(_assay_man_dir ${CMAKE_BINARY_DIR}/man)
+  add_custom_command(
+    OUTPUT ${_assay_man_dir}/assay.1.gz ${_assay_man_dir}/assayd.8.gz
+    COMMAND ${CMAKE_COMMAND} -E make_directory ${_assay_man_dir}
+    COMMAND ${ASSAY_PYTHON3} ${PROJECT_SOURCE_DIR}/scripts/make-man $<TARGET_FILE:assay> 1
+            ${PROJECT_VERSION} ${_assay_man_dir}/assay.1.gz --date ${_assay_man_date}
+            --summary "submit disputes between LLM inference engines to assayd and verify its signed results"
+    COMMAND ${ASSAY_PYTHON3} ${PROJECT_SOURCE_DIR}/scripts/make-man $<TARGET_FILE:assayd> 8
+            ${PROJECT_VERSION} ${_assay_man_dir}/assayd.8.gz --date ${_assay_man_date}
+            --summary "settle disputes between LLM inference engines: the contained, signing daemon"
+    DEPENDS assay assayd ${PROJECT_SOURCE_DIR}/scripts/make-man
+    COMMENT "Writing the man pages from --help"
+    VERBATIM)
+  add_custom_target(assay_man ALL DEPENDS ${_assay_man_dir}/assay.1.gz ${_assay_man_dir}/assayd.8.gz)
+  install(FILES ${_assay_man_dir}/assay.1.gz DESTINATION ${CMAKE_INSTALL_MANDIR}/man1 COMPONENT assay)
+  install(FILES ${_assay_man_dir}/assayd.8.gz DESTINATION ${CMAKE_INSTALL_MANDIR}/man8 COMPONENT assay)
+endif()
 install(FILES ${PROJECT_SOURCE_DIR}/README.md ${PROJECT_SOURCE_DIR}/docs/architecture.md
         DESTINATION ${CMAKE_INSTALL_DOCDIR} COMPONENT assay)
 foreach(doc client/README.md supervisor/README.md fingerprint/README.md)

@@ -50,6 +50,13 @@ if(ASSAY_PYTHON3)
   install(FILES ${CMAKE_BINARY_DIR}/openapi.json DESTINATION ${CMAKE_INSTALL_DATADIR}/assay
           COMPONENT assay)
 endif()
+# The transformers worker: its script and the lock of its Python environment, which
+# assay-hf-setup makes on the host (one command; the launcher lands at config hf_worker).
+install(FILES ${PROJECT_SOURCE_DIR}/worker/hf/assay_hf_worker.py ${PROJECT_SOURCE_DIR}/requirements.lock
+        DESTINATION ${CMAKE_INSTALL_DATADIR}/assay/hf COMPONENT assay)
+install(PROGRAMS ${PROJECT_SOURCE_DIR}/packaging/assay-hf-setup DESTINATION ${CMAKE_INSTALL_SBINDIR}
+        COMPONENT assay)
+
 # Man pages written from the programs' own --help (scripts/make-man), compressed reproducibly.
 if(ASSAY_PYTHON3 AND TARGET assay AND TARGET assayd)
   string(TIMESTAMP _assay_man_date "%Y-%m-%d" UTC)  # honours SOURCE_DATE_EPOCH

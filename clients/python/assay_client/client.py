@@ -47,6 +47,16 @@ class Job:
         return self.state in TERMINAL_STATES
 
 
+def _raise_answer(status: int, data: bytes, what: str):
+    """assayd's error document as AssayError; anything else as client.http."""
+    try:
+        err = json.loads(data)["error"]
+        code, message = err["code"], err["message"]
+    except (ValueError, KeyError, TypeError):
+        raise AssayError("client.http", f"{what}: HTTP {status}: {data[:300]!r}", status) from None
+    raise AssayError(code, message, status)
+
+
 class _UnixConnection(http.client.HTTPConnection):
     def __init__(self, path: str, timeout: float):
         super().__init__("localhost", timeout=timeout)
@@ -108,12 +118,7 @@ class Client:
         finally:
             conn.close()
         if resp.status >= 400:
-            try:
-                err = json.loads(data)["error"]
-                raise AssayError(err["code"], err["message"], resp.status)
-            except (ValueError, KeyError, TypeError):
-                raise AssayError("client.http", f"{method} {path}: HTTP {resp.status}: "
-                                 f"{data[:300]!r}", resp.status) from None
+            _raise_answer(resp.status, data, f"{method} {path}")
         if raw:
             return data
         try:
@@ -170,13 +175,7 @@ class Client:
                                 timeout=timeout)
         try:
             if resp.status >= 400:
-                data = resp.read()
-                try:
-                    err = json.loads(data)["error"]
-                    raise AssayError(err["code"], err["message"], resp.status)
-                except (ValueError, KeyError, TypeError):
-                    raise AssayError("client.http", f"events: HTTP {resp.status}",
-                                     resp.status) from None
+                _raise_answer(resp.status, resp.read(), "events")
             while True:
                 try:
                     line = resp.readline()
@@ -236,13 +235,7 @@ class Client:
         conn, resp = self._open("GET", "/v1/jobs/" + self._id(job_id) + "/artifact")
         try:
             if resp.status >= 400:
-                data = resp.read()
-                try:
-                    err = json.loads(data)["error"]
-                    raise AssayError(err["code"], err["message"], resp.status)
-                except (ValueError, KeyError, TypeError):
-                    raise AssayError("client.http", f"artifact: HTTP {resp.status}",
-                                     resp.status) from None
+                _raise_answer(resp.status, resp.read(), "artifact")
             # Created with 0666 less the umask, as any file the caller writes (mkstemp's 0600
             # would leave the artifact unreadable to the group the record is shared with).
             tmp = str(path.parent / f".{path.name}.{secrets.token_hex(8)}")

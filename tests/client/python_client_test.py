@@ -112,6 +112,17 @@ def main(build):
         check("the result is the job's", result.get("job_id") == job.id, result.get("job_id"))
         check("its verdict names an engine or neither",
               result["verdict"]["argmax_candidate"] in ("kiln", "vllm", "neither"))
+        # The source facts the build recorded (issue 39): the commit's tree object, and what
+        # origin/main named, as git says of this checkout.
+        src = result["source"]
+        if src.get("git_commit"):
+            git = lambda *a: subprocess.run(["git", "-C", str(ROOT), *a], capture_output=True,  # noqa: E731
+                                            text=True).stdout.strip()
+            check("source.git_tree is the recorded commit's tree",
+                  src.get("git_tree") == git("rev-parse", src["git_commit"] + "^{tree}"), src)
+            check("source.origin_main is what refs/remotes/origin/main names (null without it)",
+                  src.get("origin_main") == (git("rev-parse", "--verify", "-q",
+                                                 "refs/remotes/origin/main^{commit}") or None), src)
         art = c.artifact(job.id, tmp / "logits.safetensors")
         check("artifact is written whole", art.stat().st_size == result["reference_artifact"]["bytes"])
         umask = os.umask(0)

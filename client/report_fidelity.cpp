@@ -54,8 +54,9 @@ struct LogRange {
     if (hi - lo < 1) lo = hi - 1;
   }
   // Where v sits, in exponents: 0 and below on the floor.
-  double at(double v) const { return v > 0 ? std::log10(v) : lo; }
-  double fraction(double v) const { return (at(v) - lo) / (hi - lo); }
+  // Where v sits, in exponents: 0 and below on the floor, a non-finite value at the top.
+  double at(double v) const { return !(v > 0) ? lo : std::isfinite(v) ? std::log10(v) : hi; }
+  double fraction(double v) const { return std::clamp((at(v) - lo) / (hi - lo), 0.0, 1.0); }
 };
 
 // "1e-5", "1e0", "1e3": a decade's label, short enough to sit under a narrow bin.
@@ -166,20 +167,20 @@ std::string histogram_chart(const Json& h, const std::vector<double>& values) {
   if (!values.empty()) {
     // 24 bins equal on a log axis from the smallest positive value to the largest.
     double lo = 0, hi = 0;
+    bool any = false;
     std::int64_t zero = 0;
     for (double v : values) {
-      if (!(v > 0)) {
-        ++zero;
-        continue;
-      }
-      lo = lo == 0 ? std::log10(v) : std::min(lo, std::log10(v));
-      hi = hi == 0 ? std::log10(v) : std::max(hi, std::log10(v));
+      if (v <= 0) ++zero;
+      if (!(v > 0) || !std::isfinite(v)) continue;  // NaN and infinity are in no bin
+      lo = any ? std::min(lo, std::log10(v)) : std::log10(v);
+      hi = any ? std::max(hi, std::log10(v)) : std::log10(v);
+      any = true;
     }
     const int n = hi > lo ? 24 : 1;
     const double width_e = hi > lo ? (hi - lo) / n : 1;
     std::vector<std::int64_t> count(static_cast<std::size_t>(n), 0);
     for (double v : values)
-      if (v > 0)
+      if (v > 0 && std::isfinite(v))
         ++count[static_cast<std::size_t>(
             std::clamp(static_cast<int>((std::log10(v) - lo) / width_e), 0, n - 1))];
     if (zero > 0) bins.emplace_back("0", zero);

@@ -55,9 +55,14 @@ std::string process_line(const Json& p) {
 // One track per engine: a cell per continuation token, green while it is the reference argmax,
 // red at its first departure, grey after it.
 std::string trajectory_chart(const Json& engines) {
+  // A record names its own lengths: at most kMaxCells are drawn, whatever it says.
+  constexpr std::size_t kMaxCells = 4096;
+  auto length = [&](const Json& e) {
+    const Json& n = e.value("continuation_length", Json());
+    return n.is_number_unsigned() ? std::min<std::size_t>(n.get<std::size_t>(), kMaxCells) : 0;
+  };
   std::size_t longest = 1;
-  for (const Json& e : engines)
-    longest = std::max<std::size_t>(longest, e.value("continuation_length", 0));
+  for (const Json& e : engines) longest = std::max(longest, length(e));
   const int left = 110, top = 28, row_h = 34, width = 900;
   const double cell = std::min(40.0, (width - left - 20.0) / static_cast<double>(longest));
   const int height = top + static_cast<int>(engines.size()) * row_h + 30;
@@ -71,7 +76,7 @@ std::string trajectory_chart(const Json& engines) {
       << "\" text-anchor=\"middle\">" << i << "</text>";
   int y = top;
   for (const Json& e : engines) {
-    const std::size_t n = e.value("continuation_length", 0);
+    const std::size_t n = length(e);
     const Json& dep = e.value("departure", Json());
     const std::int64_t first = dep.is_object() && dep.value("index", Json()).is_number_integer()
                                    ? dep["index"].get<std::int64_t>()

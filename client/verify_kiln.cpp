@@ -143,6 +143,15 @@ void check_kiln_next_token(const Json& doc, Checks& checks) {
   }
 }
 
+// One of Kiln's cross-field rules: two parts of a record name the same value (and it is there).
+void check_same(Checks& checks, const char* name, const Json& a, const char* a_name, const Json& b,
+                const char* b_name) {
+  const bool ok = !a.is_null() && a == b;
+  checks.add(
+      name, ok,
+      std::string(a_name) + " " + a.dump() + (ok ? " = " : " != ") + b_name + " " + b.dump());
+}
+
 // Kiln's cross-field rules of a next-token record (rocm_hf_next_token_oracle.py validate_result,
 // v1 and v2): what each part says of another must agree, so that a record resealed after one of
 // them was changed is refused as Kiln refuses it.
@@ -151,12 +160,7 @@ void check_kiln_bindings(const Json& doc, Checks& checks) {
     return member(member(doc, part), key);
   };
   auto same = [&](const char* name, const Json& a, const char* a_name, const Json& b,
-                  const char* b_name) {
-    const bool ok = !a.is_null() && a == b;
-    checks.add(
-        name, ok,
-        std::string(a_name) + " " + a.dump() + (ok ? " = " : " != ") + b_name + " " + b.dump());
-  };
+                  const char* b_name) { check_same(checks, name, a, a_name, b, b_name); };
   same("kiln.request_sha256", at("oracle", "request_sha256"), "oracle.request_sha256",
        at("request", "sha256"), "request.sha256");
   same("kiln.request_id", at("oracle", "request_id"), "oracle.request_id", at("request", "id"),
@@ -283,12 +287,7 @@ void check_kiln_layer(const Json& doc, Checks& checks) {
                  (growth_ok ? "" : "; the record says " + growth.dump()));
 
   auto same = [&](const char* name, const Json& a, const char* a_name, const Json& b,
-                  const char* b_name) {
-    const bool ok = !a.is_null() && a == b;
-    checks.add(
-        name, ok,
-        std::string(a_name) + " " + a.dump() + (ok ? " = " : " != ") + b_name + " " + b.dump());
-  };
+                  const char* b_name) { check_same(checks, name, a, a_name, b, b_name); };
   same("kiln.layer.last_rows_sha256", at({"worker", "hf_layer_last_rows_sha256"}),
        "worker.hf_layer_last_rows_sha256", at({"reference", "evidence", "layer_last_rows_sha256"}),
        "reference.evidence.layer_last_rows_sha256");

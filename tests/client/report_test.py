@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from html import unescape
 
 from PIL import Image
@@ -386,6 +387,42 @@ def main(assay):
         check("62.3 MiB (65359872)" in html and "host_memory.available_bytes_before" in html,
               "containment bytes are humanised, the exact figure beside them")
         check("word-break:break-all" in html, "long cgroup paths wrap")
+        # A record's own figures never make the page unbounded or wrong: a trajectory claiming a
+        # continuation of 10^12 tokens draws at most 4096 cells, fast; KL values that are NaN or
+        # infinite (artifact and record rehashed to match) place no point off the axes.
+        doc = json.loads((FIX / "trajectory-result.json").read_text())
+        doc["engines"][0]["continuation_length"] = 10 ** 12
+        huge = tmp / "huge" / "trajectory-result.json"
+        huge.parent.mkdir()
+        write_sealed(huge, doc)
+        t0 = time.monotonic()
+        r = subprocess.run([assay, "report", str(huge), "-o", str(tmp / "huge.html")],
+                           capture_output=True, text=True, timeout=60)
+        check(r.returncode == 0 and time.monotonic() - t0 < 20
+              and (tmp / "huge.html").read_text().count("<rect") < 4096 + 100,
+              f"a claimed 10^12-token continuation: exit {r.returncode}, {time.monotonic() - t0:.1f} s")
+        import numpy as np
+        from safetensors.numpy import load_file, save_file
+        kl = load_file(str(FIX / "kl.safetensors"))
+        name = next(k for k, v in kl.items() if v.dtype == np.float64 or v.dtype == np.float32)
+        kl[name] = kl[name].copy()
+        kl[name][0], kl[name][1] = np.inf, np.nan
+        bad = tmp / "nonfinite"
+        bad.mkdir()
+        save_file(kl, str(bad / "kl.safetensors"))
+        doc = json.loads((FIX / "fidelity-result.json").read_text())
+        data = (bad / "kl.safetensors").read_bytes()
+        doc["kl_artifact"]["sha256"] = sha256_id(data)
+        doc["kl_artifact"]["bytes"] = len(data)
+        write_sealed(bad / "fidelity-result.json", doc)
+        r = subprocess.run([assay, "report", str(bad / "fidelity-result.json"), "-o",
+                            str(tmp / "nonfinite.html")], capture_output=True, text=True, timeout=60)
+        page = (tmp / "nonfinite.html").read_text() if r.returncode == 0 else ""
+        coords = re.findall(r'(?:c[xy]|[xy][12]?|d)="([^"]*)"', page)
+        check(r.returncode == 0 and "from kl.safetensors" in page
+              and not any(re.search(r"nan|inf", c, re.I) for c in coords),
+              f"NaN and infinite KL values: exit {r.returncode} {r.stderr[-200:]}, "
+              f"{[c for c in coords if re.search(r'nan|inf', c, re.I)][:3]}")
         # Each record changed after it was sealed (its verdict, say) is refused, nothing written.
         for path in (FIX / "result.json", FIX / "fidelity-result.json", layers, envelope, audit,
                      FIX / "trajectory-result.json", FIX / "batch-result.json"):

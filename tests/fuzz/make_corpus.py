@@ -14,7 +14,6 @@ command; each run makes a new key, so the DSSE seeds change every run (they carr
 """
 
 import base64
-import decimal
 import hashlib
 import json
 import os
@@ -34,55 +33,11 @@ SEPARATOR = b"\n--assay-fuzz-part--\n"  # tests/fuzz/fuzz.h kPartSeparator
 sys.path.insert(0, str(ROOT / "tests/fixtures"))
 
 
-# ---- canonical forms and digests, as common/json.h and common/identity.h define them
+# ---- canonical forms and digests, as common/json.h and common/identity.h define them: the
+# Python client's (clients/python/assay_client/canonical.py), one implementation for both.
 
-
-def es_number(x: float) -> str:
-    """ECMAScript's Number.prototype.toString of a finite double (RFC 8785 numbers)."""
-    if x == 0:
-        return "0"
-    sign = "-" if x < 0 else ""
-    t = decimal.Decimal(repr(abs(x))).as_tuple()
-    digits = "".join(map(str, t.digits))
-    n = len(digits) + t.exponent  # the decimal point's place: value = 0.DIGITS x 10^n
-    digits = digits.rstrip("0")
-    k = len(digits)
-    if k <= n <= 21:
-        return sign + digits + "0" * (n - k)
-    if 0 < n <= 21:
-        return sign + digits[:n] + "." + digits[n:]
-    if -6 < n <= 0:
-        return sign + "0." + "0" * -n + digits
-    e = n - 1
-    mantissa = digits if k == 1 else digits[0] + "." + digits[1:]
-    return sign + mantissa + "e" + ("+" if e > 0 else "-") + str(abs(e))
-
-
-def canonical(v) -> str:
-    """RFC 8785 (common::canonical)."""
-    if v is None or isinstance(v, bool):
-        return json.dumps(v)
-    if isinstance(v, int):
-        return str(v)
-    if isinstance(v, float):
-        return es_number(v)
-    if isinstance(v, str):
-        return json.dumps(v, ensure_ascii=False)
-    if isinstance(v, list):
-        return "[" + ",".join(canonical(x) for x in v) + "]"
-    keys = sorted(v, key=lambda k: k.encode("utf-16-be"))
-    return "{" + ",".join(json.dumps(k, ensure_ascii=False) + ":" + canonical(v[k]) for k in keys) + "}"
-
-
-def python_canonical(v) -> str:
-    """Kiln's canonical form (common::python_canonical)."""
-    return json.dumps(v, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
-
-
-def sha256_id(data) -> str:
-    if isinstance(data, str):
-        data = data.encode()
-    return "sha256:" + hashlib.sha256(data).hexdigest()
+sys.path.insert(0, str(ROOT / "clients/python"))
+from assay_client.canonical import canonical, es_number, python_canonical, sha256_id  # noqa: E402,F401
 
 
 def token_ids_sha256(ids) -> str:

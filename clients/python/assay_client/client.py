@@ -14,6 +14,8 @@ __all__ = ["Client", "Job", "AssayError", "DEFAULT_SOCKET", "TERMINAL_STATES"]
 
 DEFAULT_SOCKET = "/run/assay/assayd.sock"
 TERMINAL_STATES = ("succeeded", "failed", "cancelled")
+# assayd holds at most 4 MiB of unsent events per stream; one event is far smaller.
+MAX_EVENT_BYTES = 4 << 20
 
 
 class AssayError(Exception):
@@ -178,15 +180,22 @@ class Client:
                 _raise_answer(resp.status, resp.read(), "events")
             while True:
                 try:
-                    line = resp.readline()
+                    line = resp.readline(MAX_EVENT_BYTES + 1)
                 except socket.timeout:
                     raise AssayError("client.timeout", f"no event from {job_id} in {timeout} s"
                                      ) from None
                 if not line:
                     return
+                if len(line) > MAX_EVENT_BYTES and not line.endswith(b"\n"):
+                    raise AssayError("client.bad_answer", f"an event of {job_id} is longer than "
+                                     f"{MAX_EVENT_BYTES} bytes")
                 line = line.strip()
                 if line:
-                    yield json.loads(line)
+                    try:
+                        yield json.loads(line)
+                    except ValueError:
+                        raise AssayError("client.bad_answer",
+                                         f"an event of {job_id} is not JSON: {line[:200]!r}") from None
         finally:
             conn.close()
 

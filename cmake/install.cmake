@@ -63,6 +63,7 @@ if(ASSAY_PYTHON3 AND TARGET assay AND TARGET assayd)
   set(_assay_man_dir ${CMAKE_BINARY_DIR}/man)
   add_custom_command(
     OUTPUT ${_assay_man_dir}/assay.1.gz ${_assay_man_dir}/assayd.8.gz
+           ${_assay_man_dir}/assay-hf-setup.8.gz
     COMMAND ${CMAKE_COMMAND} -E make_directory ${_assay_man_dir}
     COMMAND ${ASSAY_PYTHON3} ${PROJECT_SOURCE_DIR}/scripts/make-man $<TARGET_FILE:assay> 1
             ${PROJECT_VERSION} ${_assay_man_dir}/assay.1.gz --date ${_assay_man_date}
@@ -70,12 +71,19 @@ if(ASSAY_PYTHON3 AND TARGET assay AND TARGET assayd)
     COMMAND ${ASSAY_PYTHON3} ${PROJECT_SOURCE_DIR}/scripts/make-man $<TARGET_FILE:assayd> 8
             ${PROJECT_VERSION} ${_assay_man_dir}/assayd.8.gz --date ${_assay_man_date}
             --summary "settle disputes between LLM inference engines: the contained, signing daemon"
+    COMMAND ${ASSAY_PYTHON3} ${PROJECT_SOURCE_DIR}/scripts/make-man
+            ${PROJECT_SOURCE_DIR}/packaging/assay-hf-setup 8 ${PROJECT_VERSION}
+            ${_assay_man_dir}/assay-hf-setup.8.gz --date ${_assay_man_date}
+            --summary "make assay's transformers worker usable on this host (its pinned Python environment and launcher)"
     DEPENDS assay assayd ${PROJECT_SOURCE_DIR}/scripts/make-man
+            ${PROJECT_SOURCE_DIR}/packaging/assay-hf-setup
     COMMENT "Writing the man pages from --help"
     VERBATIM)
-  add_custom_target(assay_man ALL DEPENDS ${_assay_man_dir}/assay.1.gz ${_assay_man_dir}/assayd.8.gz)
+  add_custom_target(assay_man ALL DEPENDS ${_assay_man_dir}/assay.1.gz ${_assay_man_dir}/assayd.8.gz
+                                          ${_assay_man_dir}/assay-hf-setup.8.gz)
   install(FILES ${_assay_man_dir}/assay.1.gz DESTINATION ${CMAKE_INSTALL_MANDIR}/man1 COMPONENT assay)
-  install(FILES ${_assay_man_dir}/assayd.8.gz DESTINATION ${CMAKE_INSTALL_MANDIR}/man8 COMPONENT assay)
+  install(FILES ${_assay_man_dir}/assayd.8.gz ${_assay_man_dir}/assay-hf-setup.8.gz
+          DESTINATION ${CMAKE_INSTALL_MANDIR}/man8 COMPONENT assay)
 endif()
 install(FILES ${PROJECT_SOURCE_DIR}/README.md ${PROJECT_SOURCE_DIR}/docs/architecture.md
         DESTINATION ${CMAKE_INSTALL_DOCDIR} COMPONENT assay)

@@ -16,8 +16,9 @@ make() {
 make "$assay" 1 "$tmp/assay.1.gz" "the client" || exit 1
 make "$assayd" 8 "$tmp/assayd.8.gz" "the daemon" || exit 1
 make "$assay" 1 "$tmp/again.1.gz" "the client" || exit 1
+make "$root/packaging/assay-hf-setup" 8 "$tmp/assay-hf-setup.8.gz" "the worker's setup" || exit 1
 check "two runs give the same bytes" 'cmp -s "$tmp/assay.1.gz" "$tmp/again.1.gz"'
-for page in assay.1 assayd.8; do
+for page in assay.1 assayd.8 assay-hf-setup.8; do
   zcat "$tmp/$page.gz" >"$tmp/$page"
   warnings=$(LC_ALL=C.UTF-8 groff -man -Tutf8 -ww -z "$tmp/$page" 2>&1)
   check "$page: groff has no warning" '[ -z "$warnings" ]'

@@ -147,6 +147,15 @@ std::optional<std::int64_t> int_at(const Json& o, const char* key) {
   return o[key].get<std::int64_t>();
 }
 
+// One of Kiln's cross-field rules: two parts of a record name the same value (and it is there).
+void check_same(Checks& checks, const char* name, const Json& a, const char* a_name, const Json& b,
+                const char* b_name) {
+  const bool ok = !a.is_null() && a == b;
+  checks.add(
+      name, ok,
+      std::string(a_name) + " " + a.dump() + (ok ? " = " : " != ") + b_name + " " + b.dump());
+}
+
 std::string repr(double value) {
   if (std::isnan(value)) return "nan";
   if (std::isinf(value)) return value > 0 ? "inf" : "-inf";

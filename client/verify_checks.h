@@ -1,4 +1,5 @@
-// Private to `assay verify` (verify.cpp: assay's results; verify_kiln.cpp: Kiln's records): the
+// Private to `assay verify` (verify.cpp: assay's results; verify_kiln.cpp and
+// verify_kiln_layer.cpp: Kiln's records): the
 // list of checks a verification builds, readers of a document that never throw whatever it
 // holds, and the numerics envelope's checks, which a result and a Kiln record's addendum share.
 #pragma once
@@ -34,6 +35,12 @@ std::optional<std::string> string_at(const common::Json& doc,
 // The number (the integer) at `key` of an object, or nullopt.
 std::optional<double> number_at(const common::Json& o, const char* key);
 std::optional<std::int64_t> int_at(const common::Json& o, const char* key);
+// One of Kiln's cross-field rules, as the check `name`: two parts of a record name the same value
+// (and it is there); the detail shows both.
+void check_same(Checks& checks, const char* name, const common::Json& a, const char* a_name,
+                const common::Json& b, const char* b_name);
+// Kiln's rules of a layer-attribution record (verify_kiln_layer.cpp).
+void check_kiln_layer(const common::Json& doc, Checks& checks);
 // A number as Python's repr writes it, for a check's detail. Unlike python_float_repr it never
 // throws: an artifact's logit, or the difference of two huge JSON numbers, may not be finite.
 std::string repr(double value);

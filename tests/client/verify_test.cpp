@@ -528,6 +528,21 @@ TEST_CASE("verify --kiln fails a one-field change to each real result, naming wh
       CHECK_FALSE(check_named(r, c.check)->ok);
     }
   }
+  SUBCASE("layer metrics whose quotient or step overflows to infinity fail, never throw") {
+    Json doc = layer;
+    auto& x = doc["worker"]["boundaries"][3];
+    x["root_mean_square_error"] = 1e308;
+    x["reference_root_mean_square"] = 1e-308;
+    x["relative_root_mean_square_error"] = 1.7e308;
+    doc["worker"]["boundaries"][4]["relative_root_mean_square_error"] = -1.7e308;
+    client::VerifyReport r;
+    CHECK_NOTHROW(r = client::verify_kiln(write_kiln(tmp, doc, true)));
+    REQUIRE(check_named(r, "kiln.layer.metrics") != nullptr);
+    CHECK_FALSE(check_named(r, "kiln.layer.metrics")->ok);
+    CHECK(check_named(r, "kiln.layer.metrics")->detail.find("inf") != std::string::npos);
+    REQUIRE(check_named(r, "kiln.layer.largest_growth") != nullptr);
+    CHECK_FALSE(check_named(r, "kiln.layer.largest_growth")->ok);
+  }
   SUBCASE("a field Kiln's schema forbids, hash recomputed: each record fails schema_valid") {
     Json doc = layer;
     doc["worker"]["extra"] = 1;

@@ -144,35 +144,32 @@ def main(assayd):
         p.send_signal(signal.SIGTERM)
         p.wait(timeout=30)
 
+        def refused(name, value):
+            """assayd started with metrics_listen VALUE: whether it came up, its exit, its log."""
+            p, d, up = start(assayd, tmp, name, {"metrics_listen": value})
+            procs.append(p)
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pass
+            return up, p.returncode, (d / "assayd.log").read_text()
+
         for value, why in (("0.0.0.0:9464", "is not a loopback address"),
                            ("10.1.2.3:9464", "is not a loopback address"),
                            ("127.0.0.1", "is not HOST:PORT"),
                            ("127.0.0.1:0", "has no port"),
                            ("metrics.example:9464", "does not name a numeric IP")):
-            p, d, up = start(assayd, tmp, "bad-" + str(len(procs)), {"metrics_listen": value})
-            procs.append(p)
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                pass
-            log = (d / "assayd.log").read_text()
+            up, code, log = refused(f"bad-{len(procs)}", value)
             check(f"{value!r}: assayd refuses to start, naming it",
-                  not up and p.returncode not in (None, 0) and value in log and why in log,
-                  log[-400:])
+                  not up and code not in (None, 0) and value in log and why in log, log[-400:])
         # The port taken by someone else: a clear error, not a daemon without its listener.
         with socket.socket() as holder:
             holder.bind(("127.0.0.1", 0))
             holder.listen()
             taken = holder.getsockname()[1]
-            p, d, up = start(assayd, tmp, "taken", {"metrics_listen": f"127.0.0.1:{taken}"})
-            procs.append(p)
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                pass
-            log = (d / "assayd.log").read_text()
+            up, code, log = refused("taken", f"127.0.0.1:{taken}")
             check("a port in use stops assayd naming it",
-                  not up and p.returncode not in (None, 0) and f"127.0.0.1:{taken}" in log, log[-400:])
+                  not up and code not in (None, 0) and f"127.0.0.1:{taken}" in log, log[-400:])
     finally:
         for p in procs:
             if p.poll() is None:

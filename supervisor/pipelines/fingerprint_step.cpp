@@ -204,10 +204,7 @@ bool fingerprint_cache_on(const Config& config) {
   return config.fingerprint_cache && !config.state_dir.empty();
 }
 
-namespace {
-
-// The cache file of `model_dir`, or null when there is none or it is unreadable or malformed.
-Json load_cache_file(const fs::path& state_dir, const std::string& model_dir) {
+Json load_fingerprint_cache(const fs::path& state_dir, const std::string& model_dir) {
   std::error_code ec;
   fs::path file = fingerprint_cache_file(state_dir, model_dir);
   if (!fs::exists(file, ec)) return nullptr;
@@ -220,18 +217,6 @@ Json load_cache_file(const fs::path& state_dir, const std::string& model_dir) {
   } catch (const Error&) {
     return nullptr;  // a damaged cache costs a re-hash, never a job
   }
-}
-
-}  // namespace
-
-Json load_fingerprint_cache(const fs::path& state_dir, const std::string& model_dir) {
-  Json doc = load_cache_file(state_dir, model_dir);
-  return doc.is_object() ? doc["entries"] : Json::array();
-}
-
-Json load_directory_record(const fs::path& state_dir, const std::string& model_dir) {
-  Json doc = load_cache_file(state_dir, model_dir);
-  return doc.is_object() ? doc.value("directory", Json()) : Json();
 }
 
 void store_fingerprint_cache(const fs::path& state_dir, const std::string& model_dir,
@@ -331,6 +316,13 @@ Step fingerprint_step(const Config& config, const std::string& role, const std::
   auto passed = std::make_shared<Json>(Json::array());
   bool cache = fingerprint_cache_on(config);
   fs::path state_dir = config.state_dir;
+  // The cache file, read once per step: by the reuse check when it runs, else when the input is
+  // made (its entries), never twice.
+  auto file = std::make_shared<std::optional<Json>>();
+  auto cache_file = [file, state_dir, model_dir]() -> const Json& {
+    if (!*file) *file = load_fingerprint_cache(state_dir, model_dir);
+    return **file;
+  };
   fs::path worker = config.fingerprint_worker;
   auto seen = std::make_shared<SeenDirectory>();
   Step step{role,
@@ -338,9 +330,9 @@ Step fingerprint_step(const Config& config, const std::string& role, const std::
             "run",
             model_dir,
             {},
-            [input, passed, cache, state_dir, model_dir] {
+            [input, passed, cache, cache_file] {
               Json in = input;
-              if (cache) *passed = load_fingerprint_cache(state_dir, model_dir);
+              if (cache && cache_file().is_object()) *passed = cache_file()["entries"];
               if (!passed->empty()) in["cache"] = *passed;
               return in;
             },
@@ -397,8 +389,9 @@ Step fingerprint_step(const Config& config, const std::string& role, const std::
   // Before the worker reads them: every file settled, so that a write after this point moves a
   // ctime that the completed fingerprint's record then no longer matches.
   step.opened_model = [seen](const OpenedModel& m) { see(*seen, m); };
-  step.reuse = [&out, expected, state_dir, model_dir, name, worker](const OpenedModel& m) {
-    Json record = load_directory_record(state_dir, model_dir);
+  step.reuse = [&out, expected, cache_file, name, worker](const OpenedModel& m) {
+    const Json& doc = cache_file();
+    const Json record = doc.is_object() ? doc.value("directory", Json()) : Json();
     std::optional<Json> output = reusable(record, m, name, worker_state(worker));
     if (!output) return false;
     check_expected((*output)["model_identity"], expected, false);

@@ -81,12 +81,11 @@ void complete_fingerprint(FingerprintRun& fingerprint, const common::Json& outpu
 // directory), the worker reuses a digest only on an exact match, and after a successful step the
 // file is rewritten (common::replace_file_fast: losing it only costs a re-hash).
 bool fingerprint_cache_on(const Config& config);
-// The entries known for `model_dir` ([] when none, or when the file is unreadable or malformed).
+// The cache file of `model_dir`: {entries (the per-file digests), directory (the whole-directory
+// record fingerprint_step keeps beside them, or absent)}, or null when there is none or it is
+// unreadable or malformed.
 common::Json load_fingerprint_cache(const std::filesystem::path& state_dir,
                                     const std::string& model_dir);
-// The whole-directory record kept beside the entries (fingerprint_step), or null.
-common::Json load_directory_record(const std::filesystem::path& state_dir,
-                                   const std::string& model_dir);
 // Stores the files of a successful fingerprint output: digests computed now under `job_id` and
 // `at`, reused ones with their original job and time; a file whose mtime or ctime is less than
 // 2 s old is left out (it could change again within the same timestamp tick). `directory`, when

@@ -219,6 +219,15 @@ void add_work_commands(CLI::App& app, cli::Options& o, Commands& c) {
                        "checked");
   c.report->add_option("--envelope", o.envelope,
                        "DSSE envelope (default: <stem>.dsse.json beside RESULT)");
+  c.report
+      ->add_option("--request", o.request_file,
+                   "next-token: the request the job ran, shown as the prompt (its sha256 must be "
+                   "the result's request.sha256, else exit 6)")
+      ->check(CLI::ExistingFile);
+  c.report->add_option("--model", o.model,
+                       "with --request: the model directory whose tokenizer decodes the prompt's "
+                       "ids (default: the request's model_dir; used only when its tokenizer.json "
+                       "is the result's tokenizer_hash)");
 }
 
 // wait, status, list, result, artifact and cancel: the commands about one job or all of them.

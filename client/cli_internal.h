@@ -35,6 +35,7 @@ struct Options {
   std::string receipts;          // submit: the directory with a Kiln request's engine receipts
   std::string format = "assay";  // result: assay or kiln-v2
   std::string contract_path;     // result --format kiln-v2: request.contract_path
+  std::string request_file;      // report --request: the request the job ran, for its prompt
   bool wait = false;
   bool decide = false;  // submit --wait, wait, status, show: a "neither" verdict exits 12
   bool retry = false;

@@ -2,6 +2,7 @@
 // file and its DSSE envelope beside it), artifact, `fidelity show` / `trajectory show` /
 // `layer show` (the job's report for people) and report (a result file as self-contained HTML).
 #include <filesystem>
+#include <optional>
 
 #include "client/batch.h"
 #include "client/cli_internal.h"
@@ -197,9 +198,28 @@ int Cli::report() {
     banner =
         "NOT VERIFIED: the self-hash holds, but no signature was checked (give --pubkey "
         "with assayd's key, from `assay keys`): anyone could have written this record.";
+  std::optional<Prompt> prompt;
+  const std::string schema = result.is_object() ? result.value("schema", std::string()) : "";
+  if (!o_.request_file.empty() && schema != protocol::kNextTokenResult)
+    throw ExitWith{kExitInvalidInput, "--request applies to a next-token result, not to " +
+                                          o_.file + " (schema \"" + schema + "\")"};
+  if (!o_.request_file.empty()) {
+    try {
+      prompt = load_prompt(result, o_.request_file,
+                           o_.model.empty() ? std::nullopt : std::optional<fs::path>(o_.model));
+    } catch (const common::Error& e) {
+      if (e.code() == "client.report_request_invalid")
+        throw ExitWith{kExitInvalidInput, std::string(e.what()) + "; no report written"};
+      if (e.code() != "client.report_request") throw;
+      throw ExitWith{kExitVerifyFailed, std::string(e.what()) + "; no report written"};
+    }
+  } else if (!o_.model.empty()) {
+    throw ExitWith{kExitUsage, "--model " + o_.model + " needs --request (it decodes the prompt)"};
+  }
   std::string html;
   try {
-    html = render_report(result, fs::absolute(o_.file).parent_path(), banner, !o_.pubkey.empty());
+    html = render_report(result, fs::absolute(o_.file).parent_path(), banner, !o_.pubkey.empty(),
+                         prompt ? &*prompt : nullptr);
   } catch (const common::Error& e) {
     if (e.code() != "client.report") throw;
     throw ExitWith{kExitInvalidInput, o_.file + ": " + e.what()};

@@ -39,7 +39,7 @@ details{margin:6px 0}summary{cursor:pointer;color:#3b5b9a}
 tr.marked td{background:#fff4e0}table.layers td,table.layers th{padding:2px 5px;font-size:12px}
 .verified,.unverified{border-radius:6px;padding:8px 12px;margin:0 0 12px;font-weight:600}
 .verified{background:#e6f4ea;border:1px solid #8cc79c}.unverified{background:#fff4e0;border:1px solid #e0b25c}
-.kv td.mono{word-break:break-all}.ctl{color:#b3261e;background:#fdecea;border-radius:3px;padding:0 2px;font-family:ui-monospace,monospace}
+.kv td.mono{word-break:break-all}pre.prompt{white-space:pre-wrap;word-break:break-word;background:#f5f7fa;border:1px solid #e3e7ee;border-radius:6px;padding:8px 10px;margin:4px 0;font:12px/1.5 ui-monospace,SFMono-Regular,Menlo,monospace}h3{font-size:15px;margin:16px 0 4px}.ctl{color:#b3261e;background:#fdecea;border-radius:3px;padding:0 2px;font-family:ui-monospace,monospace}
 )";
 
 // A leaf's text, with its unit humanised where its key names one (`peak_bytes`, `user_usec`,
@@ -167,10 +167,14 @@ std::string page(const std::string& title, const std::string& body) {
 
 namespace {
 
-std::string page_of(const common::Json& result, const std::filesystem::path& artifact_dir) {
+std::string page_of(const common::Json& result, const std::filesystem::path& artifact_dir,
+                    const Prompt* prompt) {
   const std::string schema = result.is_object() ? result.value("schema", std::string()) : "";
   if (schema == "assay.next-token-oracle-result.v1")
-    return html::next_token_page(result, artifact_dir);
+    return html::next_token_page(result, artifact_dir, prompt);
+  if (prompt)
+    throw common::Error("client.report", "--request applies to a next-token result, not to a \"" +
+                                             schema + "\" document");
   if (schema == "assay.fidelity-result.v1") return html::fidelity_page(result, artifact_dir);
   if (schema == common::kLayerResult) return html::layers_page(result, artifact_dir);
   if (schema == common::kAuditResult) return html::audit_page(result, artifact_dir);
@@ -189,8 +193,8 @@ std::string page_of(const common::Json& result, const std::filesystem::path& art
 }  // namespace
 
 std::string render_report(const common::Json& result, const std::filesystem::path& artifact_dir,
-                          const std::string& verification, bool verified) {
-  std::string out = page_of(result, artifact_dir);
+                          const std::string& verification, bool verified, const Prompt* prompt) {
+  std::string out = page_of(result, artifact_dir, prompt);
   // First thing in the body: what was checked before this page was drawn.
   const std::string body = "<body>\n";
   std::size_t at = out.find(body);

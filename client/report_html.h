@@ -1,14 +1,14 @@
 // Private to `assay report`: the HTML helpers both pages share (escaping, number formatting,
 // key/value tables of JSON objects, the page shell with its inline CSS) and the pages, one per
 // result kind (report_next_token.cpp, report_fidelity.cpp, report_layers.cpp,
-// report_numerics.cpp); report.cpp picks
-// the page.
+// report_numerics.cpp, report_trajectory.cpp, report_prompt.cpp); report.cpp picks the page.
 #pragma once
 
 #include <filesystem>
 #include <initializer_list>
 #include <string>
 
+#include "client/report.h"
 #include "common/json.h"
 
 namespace assay::client::html {
@@ -29,8 +29,12 @@ std::string kv_table(const common::Json& j);
 // The whole document: title, inline CSS, body and the footer.
 std::string page(const std::string& title, const std::string& body);
 
-// An assay.next-token-oracle-result.v1 page; the artifact is looked for in `dir`.
-std::string next_token_page(const common::Json& r, const std::filesystem::path& dir);
+// An assay.next-token-oracle-result.v1 page; the artifact is looked for in `dir`; the prompt
+// section shows `prompt` or says how to get it.
+std::string next_token_page(const common::Json& r, const std::filesystem::path& dir,
+                            const Prompt* prompt);
+// The next-token page's prompt section (report_prompt.cpp).
+std::string prompt_section(const Prompt* prompt);
 // An assay.fidelity-result.v1 page; the artifact is looked for in `dir`.
 std::string fidelity_page(const common::Json& r, const std::filesystem::path& dir);
 // An assay.layer-attribution-result.v1 page; layers.safetensors is looked for in `dir`.

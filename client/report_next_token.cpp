@@ -188,7 +188,7 @@ Chart chart_of(const Json& r, const fs::path& dir) {
 
 }  // namespace
 
-std::string next_token_page(const Json& r, const fs::path& dir) {
+std::string next_token_page(const Json& r, const fs::path& dir, const Prompt* prompt) {
   const Json& o = r.value("oracle", Json::object());
   const Json& v = r.value("verdict", Json::object());
   const Json cands = o.value("candidate_tokens", Json::array());
@@ -236,6 +236,7 @@ std::string next_token_page(const Json& r, const fs::path& dir) {
   b << "</table>";
 
   if (r.contains("numerics")) b << numerics_section(r["numerics"]);
+  b << prompt_section(prompt);
 
   b << "<h2>Model identity</h2>" << kv_table(r.value("model_identity", Json::object()));
   b << "<h2>Oracle</h2>";

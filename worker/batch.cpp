@@ -37,7 +37,7 @@ int run_next_token_batch(const std::string& input_path, const std::string& workd
   ModelFiles files = open_model_files(in.model_dir, in.model_fds);
   ExecOptions options = prepare_execution(in.execution, files);
 
-  Tokenizer tokenizer = Tokenizer::load(files);
+  Tokenizer tokenizer = load_tokenizer(files);
   auto t0 = Clock::now();
   LoadedModel loaded = load_model(files, options, io_threads());
   double load_seconds = seconds_since(t0);

@@ -95,7 +95,7 @@ int run_next_token(const std::string& input_path, const std::string& workdir) {
   files.expect_unchanged(in.unchanged_files);
   ExecOptions options = prepare_execution(in.execution, files);
 
-  Tokenizer tokenizer = Tokenizer::load(files);
+  Tokenizer tokenizer = load_tokenizer(files);
   // What the tokenizer alone can refuse is refused before the weights are read.
   check_candidate_texts(in.candidates, tokenizer);
   check_prefix_texts(in.continuation_prefix, tokenizer);

@@ -165,7 +165,7 @@ int run_serve(const std::string& input_path, const std::string& workdir) {
   r.execution = in.execution;
   r.files = std::make_unique<ModelFiles>(open_model_files(in.model_dir, in.model_fds));
   r.options = prepare_execution(in.execution, *r.files);
-  r.tokenizer = std::make_unique<Tokenizer>(Tokenizer::load(*r.files));
+  r.tokenizer = std::make_unique<Tokenizer>(load_tokenizer(*r.files));
   auto t0 = Clock::now();
   r.loaded = load_model(*r.files, r.options, io_threads());
   // Waits for every digest: what the worker binds is fixed before it serves any job.

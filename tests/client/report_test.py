@@ -243,6 +243,96 @@ def audit_result(directory, assay):
     return path, stats
 
 
+def kiln_id(doc):
+    """Kiln's canonical sha256 (json.dumps sort_keys, compact, ASCII), as model identities use."""
+    return sha256_id(json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode())
+
+
+def prompt_result(directory):
+    """The committed next-token result made to answer an assay request written here: resealed
+    with the request's sha256, its token ids' sha256 and the hash of the tokenizer in the model
+    directory beside it (fixture_lib's byte-level BPE, id = byte), the identity's content_sha256
+    recomputed. Returns (result, request, model directory)."""
+    sys.path.insert(0, str(HERE.parent / "fixtures"))
+    import fixture_lib
+    canonical = _make_corpus().canonical
+    model = directory / "model"
+    model.mkdir(parents=True)
+    tok, cfg = fixture_lib.build_tokenizer(512)
+    (model / "tokenizer.json").write_text(json.dumps(tok))
+    (model / "tokenizer_config.json").write_text(json.dumps(cfg))
+    doc = json.loads((FIX / "result.json").read_text())
+    ids = list("Say \"hi\"\x01\nto me".encode())
+    request = {"schema": "assay.next-token-request.v1", "id": doc["request"]["id"],
+               "model_dir": str(model), "input_token_ids": ids,
+               "candidates": [{"engine": c["engine"], "token_id": c["token_id"], "text": c["text"]}
+                              for c in doc["oracle"]["candidate_tokens"]]}
+    (directory / "request.json").write_text(json.dumps(request))
+    doc["request"]["sha256"] = sha256_id(canonical(request).encode())
+    doc["request"]["input_token_ids_sha256"] = sha256_id(json.dumps(ids, separators=(",", ":")).encode())
+    identity = doc["model_identity"]
+    identity["tokenizer_hash"] = sha256_id((model / "tokenizer.json").read_bytes())
+    identity["content_sha256"] = kiln_id({k: identity[k] for k in (
+        "id", "config_hash", "tokenizer_hash", "chat_template_hash", "weight_files")})
+    result = directory / "result.json"
+    write_sealed(result, doc)
+    shutil.copy(FIX / "logits.safetensors", directory / "logits.safetensors")
+    return result, directory / "request.json", model
+
+
+def prompt_refusals(tmp, assay, result, request, model):
+    """What `assay report --request` refuses, and what it shows without a tokenizer it trusts."""
+    def report(*args):
+        out = tmp / "refused.html"
+        out.unlink(missing_ok=True)
+        r = subprocess.run([assay, "report", *map(str, args), "-o", str(out)], capture_output=True, text=True)
+        return r, (out.read_text() if out.exists() else None)
+    # A request with one id changed is not the one the result answers: exit 6, nothing written.
+    other = json.loads(request.read_text())
+    other["input_token_ids"][0] += 1
+    changed = tmp / "other-request.json"
+    changed.write_text(json.dumps(other))
+    r, page = report(result, "--request", changed)
+    check(r.returncode == 6 and "is not the request this result answers" in r.stderr and page is None,
+          f"--request with another request: exit {r.returncode} {r.stderr[-300:]}")
+    r, page = report(result, "--request", HERE / "fixtures" / "kiln-request-v1.json")
+    check(r.returncode == 6 and page is None, f"--request with Kiln's request: exit {r.returncode}")
+    r, page = report(result, "--request", FIX / "fidelity-result.json")
+    check(r.returncode == 7 and "is not a next-token request" in r.stderr and page is None,
+          f"--request with a result file: exit {r.returncode} {r.stderr[-200:]}")
+    r, page = report(result, "--model", model)
+    check(r.returncode == 2 and "needs --request" in r.stderr, f"--model alone: exit {r.returncode}")
+    r, page = report(FIX / "fidelity-result.json", "--request", request)
+    check(r.returncode == 7 and "applies to a next-token result" in r.stderr,
+          f"--request with a fidelity result: exit {r.returncode} {r.stderr[-200:]}")
+    # A tokenizer that is not the result's is not used: the ids are not decoded, the page says why.
+    r, page = report(result, "--request", request, "--model", HERE.parent / "fixtures" / "qwen3-tokenizer")
+    check(r.returncode == 0 and page and "not decoded:" in page and "not the result&#39;s tokenizer_hash" in page
+          and '<pre class="prompt">' not in page, f"another tokenizer: exit {r.returncode} {r.stderr[-200:]}")
+    # Without --request the page says how to show the prompt.
+    r, page = report(result)
+    check(r.returncode == 0 and page and "--request FILE" in page, "without --request the page says how")
+    # Kiln's real request against a record resealed to answer it: its message and template
+    # options shown, the continuation prefix counted apart, no model directory to decode with.
+    check_out = subprocess.run([assay, "--json", "request", "check", str(HERE / "fixtures" / "kiln-request-v1.json")],
+                               capture_output=True, text=True)
+    check(check_out.returncode == 0, f"request check of Kiln's request: {check_out.stderr[-200:]}")
+    if check_out.returncode == 0:
+        digests = json.loads(check_out.stdout)
+        doc = json.loads(result.read_text())
+        doc["request"]["sha256"] = digests["request_sha256"]
+        doc["request"]["input_token_ids_sha256"] = digests["input_token_ids_sha256"]
+        kiln = tmp / "kiln" / "result.json"
+        kiln.parent.mkdir()
+        write_sealed(kiln, doc)
+        r, page = report(kiln, "--request", HERE / "fixtures" / "kiln-request-v1.json")
+        text = " ".join(unescape(re.sub(r"<[^>]+>", " ", page or "")).split())
+        check(r.returncode == 0 and "Marker sequence: raven | nickel" in text and "enable_thinking" in text
+              and "166 input tokens (163 of the prompt, then 3 forced by the continuation prefix)" in text
+              and "a Kiln request names no model directory" in text,
+              f"Kiln's request: exit {r.returncode} {r.stderr[-200:]} {text[:600]}")
+
+
 def main(assay):
     chromium = shutil.which("chromium")
     if not chromium:
@@ -266,6 +356,8 @@ def main(assay):
                                 str(HERE.parent.parent / "schemas" / f"{schema}.schema.json"), str(doc)],
                                capture_output=True, text=True)
             check(v.returncode == 0, f"{doc.name} validates against {schema}: " + v.stdout + v.stderr)
+        prompt, request, model = prompt_result(tmp / "prompt")
+        prompt_refusals(tmp, assay, prompt, request, model)
         env_class = json.loads(envelope.read_text())["numerics"]["verdict"]["class"]
         check(stats["class"] == "beyond_legitimate", f"the audit's seeded panel is beyond: {stats}")
         cases = [(FIX / "result.json", ["Next-token oracle verdict", "produced the reference argmax",
@@ -289,13 +381,16 @@ def main(assay):
                  (FIX / "batch-result.json", ["Next-token batch", "3 states: 3 succeeded, 0 failed",
                                               "kiln 1, neither 1, vllm 1", "state-2", "Oracle runs",
                                               "States"]),
+                 (prompt, ["Next-token oracle verdict", "Prompt", "As the model saw it", "decoded with",
+                           'Say "hi"\\u0001\\n', "to me", "15 input tokens"], ["--request", request]),
                  (audit, ["Engine audit", "engine <b>rope+1%</b>", "beyond_legitimate",
                           "Beyond legitimate", "1 = the farthest legitimate execution",
                           "x the legitimate spread", "Per context", "c11", "reduction:2"])]
-        for path, words in cases:
-            name = path.name
+        for path, words, *extra in cases:
+            name = path.name if path != prompt else "prompt-result.json"
             out = tmp / (name + ".html")
-            r = subprocess.run([assay, "report", str(path), "-o", str(out)], capture_output=True, text=True)
+            r = subprocess.run([assay, "report", str(path), "-o", str(out)] + [str(a) for a in (extra[0] if extra else [])],
+                               capture_output=True, text=True)
             check(r.returncode == 0, f"{name}: exit {r.returncode} {r.stderr}")
             if r.returncode:
                 continue

@@ -1,5 +1,5 @@
 // tokenizer.json (and tokenizer_config.json) as the oracle reads them: written into a model
-// directory and loaded by oracle::Tokenizer::load through oracle::ModelFiles, as assay-oracle
+// directory and loaded by oracle::load_tokenizer through oracle::ModelFiles, as assay-oracle
 // does (worker/tokenizer.cpp and worker/model_files.cpp, which need no LibTorch). The input is
 // tokenizer.json, optionally a part separator and tokenizer_config.json. Whatever loads decodes
 // every id to valid UTF-8, and utf8_lossy makes any bytes valid UTF-8.
@@ -29,7 +29,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   std::optional<oracle::Tokenizer> t;
   try {
     oracle::ModelFiles files = oracle::ModelFiles::from_directory(dir);
-    t.emplace(oracle::Tokenizer::load(files));
+    t.emplace(oracle::load_tokenizer(files));
   } catch (const common::Error&) {
     return 0;
   }

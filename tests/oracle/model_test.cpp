@@ -541,7 +541,7 @@ TEST_CASE("next-token writes output.json and logits.safetensors that agree with 
   for (std::size_t v = 0; v < ref.values.size(); ++v) {
     if (ref.values[v] > ref.values[best]) best = static_cast<std::int64_t>(v);
   }
-  std::string best_text = assay::oracle::Tokenizer::load(model).decode_one(best);
+  std::string best_text = assay::oracle::load_tokenizer(model).decode_one(best);
   Json cands = {{{"engine", "kiln"}, {"token_id", best}, {"text", best_text + "x"}},
                 {{"engine", "vllm"}, {"token_id", 104}, {"text", "h"}}};
   fs::path work = scratch_root() / "next-token";
@@ -688,7 +688,7 @@ Json read_json(const fs::path& p) {
 }
 
 Json two_candidates(const fs::path& model) {
-  auto tok = assay::oracle::Tokenizer::load(model);
+  auto tok = assay::oracle::load_tokenizer(model);
   return {{{"engine", "kiln"}, {"token_id", 5}, {"text", tok.decode_one(5)}},
           {{"engine", "vllm"}, {"token_id", 6}, {"text", tok.decode_one(6)}}};
 }

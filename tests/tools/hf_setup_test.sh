@@ -48,6 +48,16 @@ out=$("$root/packaging/assay-hf-setup" --venv relative/dir 2>&1); rc=$?
 check "a relative --venv is refused by name (exit 2)" '[ $rc = 2 ] && grep -q "relative/dir" <<<"$out"'
 out=$("$root/packaging/assay-hf-setup" --lock "$tmp/none.lock" 2>&1); rc=$?
 check "a missing lock is named" '[ $rc = 1 ] && grep -q "$tmp/none.lock does not exist" <<<"$out"'
+out=$("$root/packaging/assay-hf-setup" --wheels "$tmp/no-such-dir" 2>&1); rc=$?
+check "a --wheels that is not a directory is refused by name (exit 2)" '[ $rc = 2 ] && grep -q "no-such-dir" <<<"$out"'
+# --wheels installs from that directory only: with no wheels there, pip finds nothing and never
+# asks the network (tests/vm/e2e.sh installs the real lock this way in a VM without one).
+mkdir "$tmp/wheels"
+out=$("$root/packaging/assay-hf-setup" --venv "$tmp/offline-venv" --python "$(command -v python3)" \
+  --lock "$root/requirements.lock" --worker-script "$root/worker/hf/assay_hf_worker.py" \
+  --launcher "$tmp/libexec/offline" --wheels "$tmp/wheels" 2>&1); rc=$?
+check "--wheels with no wheels: pip fails offline, no launcher, no stamp" \
+  '[ $rc != 0 ] && grep -qi "no matching distribution" <<<"$out" && [ ! -e "$tmp/libexec/offline" ] && [ ! -e "$tmp/offline-venv/.assay-lock-sha256" ]'
 out=$("$root/packaging/assay-hf-setup" --bogus 2>&1); rc=$?
 check "an unknown argument exits 2" '[ $rc = 2 ]'
 exit $fail

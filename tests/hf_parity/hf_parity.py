@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Parity of assay-oracle with Hugging Face transformers itself.
 
-    hf_parity.py --oracle PATH/assay-oracle [--device cpu|cuda] [--threads N] [--keep DIR]
-                 [--only NAME[,NAME]] [--lengths 1,2,...]
+    hf_parity.py --oracle PATH/assay-oracle [--hf-worker PATH/assay-hf-worker]
+                 [--device cpu|cuda] [--threads N] [--keep DIR] [--only NAME[,NAME]]
+                 [--lengths 1,2,...]
 
 Builds tiny random models of every architecture assay-oracle supports that this transformers
 has a class for (Llama, Qwen2, Qwen3, Qwen3.5 text with its Gated DeltaNet layers), in several
@@ -12,7 +13,9 @@ scaling), with transformers' own classes, saves them as bf16 safetensors, reload
 logits (`model(ids).logits` under inference_mode, deterministic algorithms, TF32 off, the same
 thread count) with assay-oracle's through every mode that computes them: `logits
 --all-positions` at every length, `next-token`, `capture` (with a block size that splits the
-rows unevenly) and `next-token-batch`. Every comparison is bitwise on the float32 bits; where one
+rows unevenly) and `next-token-batch`; with --hf-worker, the transformers worker's
+`next-token` too (it builds the model without random initialisation and assigns the weights as
+views of its read-only copy of the file: its logits must be from_pretrained's). Every comparison is bitwise on the float32 bits; where one
 differs it prints the largest difference and the test fails. Exits 77 (CTest's skip code) only
 when transformers is not importable, saying why. Spark2.5 has no class in transformers: its
 Hugging Face remote code (written for transformers 4.57) is compared by
@@ -210,6 +213,23 @@ def check_model(transformers, torch, name, config, args, oracle, report):
                 name, t, out["argmax"], want))
             report.failures += 1
 
+    if args.hf_worker:
+        work = os.path.join(oracle.root, "%s-hf-%d" % (name, long))
+        os.makedirs(work)
+        with open(os.path.join(work, "input.json"), "w") as f:
+            json.dump({"schema": "assay.oracle-input.v1", "model_dir": os.path.abspath(model_dir),
+                       "input_token_ids": ids[long],
+                       "candidate_tokens": candidates(tokenizer, expected[long][-1]),
+                       "execution": oracle.execution()}, f)
+        r = subprocess.run([args.hf_worker, "next-token", "--input", "input.json", "--workdir", "."],
+                           cwd=work, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError("assay-hf-worker next-token failed (%d): %s" % (
+                r.returncode, r.stderr.strip()[-2000:]))
+        got = read_safetensors(os.path.join(work, "logits.safetensors"), "logits")
+        report.compare("%s assay-hf-worker next-token T=%d" % (name, long), got.reshape(-1),
+                       expected[long][-1])
+
     work = oracle.protocol("capture", "%s-capture" % name, {
         "schema": "assay.oracle-capture-input.v1", "model_dir": os.path.abspath(model_dir),
         "contexts": [{"id": "long", "token_ids": ids[long], "positions": "all"},
@@ -241,6 +261,7 @@ def check_model(transformers, torch, name, config, args, oracle, report):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--oracle", required=True)
+    parser.add_argument("--hf-worker", help="also compare assay-hf-worker next-token")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--keep", help="keep the generated models and outputs in this directory")

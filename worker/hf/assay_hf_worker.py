@@ -13,8 +13,10 @@ is a fact of the output, not an error (assayd refuses the job).
 
 next-token (assay.oracle-input.v1, as assay-oracle reads it): the transformers backend. The
 model is built with AutoModelForCausalLM.from_config (eager attention, bfloat16 or float32, no
-remote code) and its weights loaded from the bytes of the descriptors (safetensors from bytes,
-never a path), hashed while read (bytes_used); one forward with use_cache=False under
+remote code) without random initialisation, and its weights are the bytes of the descriptors
+(never a path), each file read once into a private copy, hashed while read (bytes_used) and then
+made read-only, its tensors assigned as views of that copy (transformers initialises only what
+the files do not hold, as from_pretrained does); one forward with use_cache=False under
 deterministic algorithms, no TF32, inference mode; DIR/logits.safetensors and DIR/output.json
 (assay.oracle-output.v1, with "backend": "transformers" and the transformers version and the
 sha256 of the modeling and configuration source files it imported).
@@ -89,6 +91,115 @@ def read_fd(fd, name, limit=None):
         chunks.append(chunk)
         offset += len(chunk)
     return b"".join(chunks)
+
+
+def read_fd_private(fd, name):
+    """The whole file behind an inherited descriptor in one private anonymous mapping, by pread
+    (no path is opened), its sha256 computed as it is read; then the mapping is made read-only,
+    so that nothing (a kernel writing in place, an initialiser) can change the bytes after they
+    were hashed: the bytes computed with are the bytes hashed. Returns (mapping, "sha256:...",
+    the file's size); the mapping is at least one byte long."""
+    import mmap
+
+    try:
+        size = os.fstat(fd).st_size
+    except OSError as e:
+        raise WorkerError("model.bad_fd", f"{name} (fd {fd}): {e.strerror}") from e
+    buf = mmap.mmap(-1, max(size, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    view, digest, offset = memoryview(buf), hashlib.sha256(), 0
+    try:
+        while offset < size:
+            n = os.preadv(fd, [view[offset:offset + min(64 << 20, size - offset)]], offset)
+            if n == 0:
+                raise WorkerError("model.file_changed", f"{name} shrank while it was read")
+            digest.update(view[offset:offset + n])
+            offset += n
+    finally:
+        view.release()
+    protect_read_only(buf)
+    return buf, "sha256:" + digest.hexdigest(), size
+
+
+def protect_read_only(buf):
+    """mprotect(PROT_READ) over an anonymous mapping: a later write faults instead of changing
+    hashed bytes."""
+    import ctypes
+    import mmap
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    address = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    if libc.mprotect(address, len(buf), mmap.PROT_READ) != 0:
+        raise WorkerError("model.bad_fd", "mprotect of a weight file's copy failed: "
+                          + os.strerror(ctypes.get_errno()))
+
+
+def safetensors_views(torch, buf, size, name):
+    """The tensors of a safetensors image (the first `size` bytes of `buf`) as views of `buf`,
+    without a copy, checked as the safetensors library checks a file: a JSON header object, each
+    tensor's shape and byte range agreeing, the ranges tiling the data exactly. A tensor whose
+    start is not a multiple of its element size is copied. None when a dtype is one this reader
+    does not map (the caller then uses safetensors' own loader)."""
+    import math
+
+    def bad(why):
+        raise WorkerError("model.invalid_safetensors", f"{name}: {why}")
+
+    dtypes = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32,
+              "F64": torch.float64, "I64": torch.int64, "I32": torch.int32, "I16": torch.int16,
+              "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}
+    if size < 8:
+        bad(f"{size} bytes cannot hold the header length")
+    n = int.from_bytes(buf[:8], "little")
+    if n > size - 8:
+        bad(f"header length {n} exceeds the {size - 8} bytes after it")
+    try:
+        header = json.loads(buf[8:8 + n].decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        bad(f"the header is not JSON: {e}")
+    if not isinstance(header, dict):
+        bad("the header is not a JSON object")
+    base, data = 8 + n, size - 8 - n
+    entries = []
+    for key, entry in header.items():
+        if key == "__metadata__":
+            continue
+        if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "data_offsets"}:
+            bad(f"tensor {key!r} is not {{dtype, shape, data_offsets}}")
+        dtype = dtypes.get(entry["dtype"])
+        if dtype is None:
+            return None
+        shape, offsets = entry["shape"], entry["data_offsets"]
+        def ints(v):
+            return isinstance(v, list) and all(type(x) is int and x >= 0 for x in v)
+        if not ints(shape) or not ints(offsets) or len(offsets) != 2:
+            bad(f"tensor {key!r}: shape {shape!r} or data_offsets {offsets!r} malformed")
+        begin, end = offsets
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        numel = math.prod(shape)
+        if not begin <= end <= data or end - begin != numel * itemsize:
+            bad(f"tensor {key!r}: data_offsets {offsets!r} do not hold {shape!r} {entry['dtype']} "
+                f"within {data} data bytes")
+        entries.append((begin, end, key, dtype, shape, numel, itemsize))
+    entries.sort(key=lambda e: (e[0], e[1]))
+    at = 0
+    for begin, end, key, *_ in entries:
+        if begin != at:
+            bad(f"tensor {key!r} starts at {begin}, not at {at} where the one before ends")
+        at = end
+    if at != data:
+        bad(f"the tensors end at {at}, not at the end of the {data} data bytes")
+    out = {}
+    for begin, end, key, dtype, shape, numel, itemsize in entries:
+        start = base + begin
+        if numel == 0:
+            t = torch.empty(shape, dtype=dtype)
+        elif start % itemsize == 0:
+            t = torch.frombuffer(buf, dtype=dtype, count=numel, offset=start).view(shape)
+        else:
+            t = torch.frombuffer(bytearray(buf[start:base + end]), dtype=dtype).view(shape)
+        out[key] = t
+    return out
 
 
 def model_files(doc, wanted=None):
@@ -380,6 +491,7 @@ def build_model(doc, workdir):
     import safetensors.torch
     import torch
     import transformers
+    from transformers.initialization import no_init_weights
 
     execution = doc["execution"]
     device, dtype_name = execution["device"], execution["dtype"]
@@ -396,11 +508,14 @@ def build_model(doc, workdir):
     tokenizer_hash = (sha256_id(read_fd(files["tokenizer.json"], "tokenizer.json",
                                         SMALL_FILE_LIMIT))
                       if "tokenizer.json" in files else None)
+    # Each weight file once, into a private read-only copy, hashed as read; its tensors are views
+    # of that copy (no second allocation), which the model's parameters then become.
     weights, state = [], {}
     for name in sorted(n for n in files if n.endswith(".safetensors")):
-        data = read_fd(files[name], name)
-        weights.append({"path": name, "bytes": len(data), "sha256": sha256_id(data)})
-        state.update(safetensors.torch.load(data))
+        buf, digest, size = read_fd_private(files[name], name)
+        weights.append({"path": name, "bytes": size, "sha256": digest})
+        views = safetensors_views(torch, buf, size, name)
+        state.update(views if views is not None else safetensors.torch.load(bytes(buf[:size])))
     if not weights:
         raise WorkerError("model.no_weights", "the model has no .safetensors file")
 
@@ -408,14 +523,29 @@ def build_model(doc, workdir):
     model_type = config_dict.get("model_type")
     try:
         config = transformers.AutoConfig.for_model(**config_dict)
-        model = transformers.AutoModelForCausalLM.from_config(
-            config, attn_implementation="eager", dtype=dtype, trust_remote_code=False)
+        # No random initialisation of parameters the weights replace: the allocations stay
+        # untouched (no page is faulted in) and are dropped when the file's views are assigned.
+        with no_init_weights():
+            model = transformers.AutoModelForCausalLM.from_config(
+                config, attn_implementation="eager", dtype=dtype, trust_remote_code=False)
     except (KeyError, ValueError) as e:
         raise WorkerError("model.unsupported",
                           f"transformers {transformers.__version__} cannot build "
                           f"{config_dict.get('architectures')} ({model_type}): {e}") from e
     state = text_model_state(model, state)
-    missing, unexpected = model.load_state_dict(state, strict=False)
+    # As load_state_dict's copy would: each tensor in the dtype of the model's own (a cast copies;
+    # a tensor already in that dtype is used as it is), then assigned instead of copied.
+    own = dict(model.named_parameters(remove_duplicate=False))
+    own.update(model.named_buffers(remove_duplicate=False))
+    state = {k: (t.to(own[k].dtype) if k in own and t.dtype != own[k].dtype else t)
+             for k, t in state.items()}
+    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+    # What from_pretrained does after loading: what was loaded is marked initialised, and
+    # transformers' initialisation sets the rest (non-persistent buffers such as RoPE's
+    # inv_freq, a tied head before it is tied). It cannot change a loaded tensor: those are
+    # read-only pages (read_fd_private), and a write would fault, not pass silently.
+    for key in set(state) - set(unexpected):
+        model.get_parameter_or_buffer(key)._is_hf_initialized = True
     tied = set(getattr(model, "_tied_weights_keys", None) or [])
     missing = [k for k in missing if k not in tied and not k.endswith("lm_head.weight")]
     if missing or unexpected:
@@ -429,6 +559,8 @@ def build_model(doc, workdir):
         if head is not None and head.weight.data_ptr() != embed.weight.data_ptr():
             raise WorkerError("model.untied", f"{type(model).__name__}: tie_word_embeddings is "
                               "set but lm_head is not the embedding")
+    # After tying, so that a tied head is the loaded embedding and is not initialised first.
+    model.initialize_weights()
     # The parameters are already in dtype (from_config); .to(dtype) would also cast float32
     # buffers such as RoPE's inv_freq, which from_pretrained keeps in float32.
     model = model.to(device=device).eval()

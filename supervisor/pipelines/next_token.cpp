@@ -44,10 +44,10 @@ class NextTokenPipeline final : public Pipeline {
     return prompt_check_applies(request_) ? std::max(need, kPromptCheckBytes) : need;
   }
   common::RequestLimits limits() const override { return request_.limits; }
+  // Either backend's oracle may run on a resident worker (assay-oracle serve, assay-hf-worker
+  // serve) that holds exactly this job's bytes.
   bool may_use_resident() const override {
-    return config_.resident.count > 0 &&
-           request_.backend.value_or(config_.oracle_backend) != "transformers" &&
-           !request_.limits.memory_bytes;
+    return config_.resident.count > 0 && !request_.limits.memory_bytes;
   }
 
   std::vector<Step> plan() override {
@@ -78,19 +78,23 @@ class NextTokenPipeline final : public Pipeline {
     Step oracle =
         oracle_step("oracle", backend == "transformers" ? config_.hf_worker : config_.oracle_worker,
                     input, oracle_, oracle_evidence_);
-    // The libtorch oracle may run on a resident worker that holds exactly this job's bytes.
     // A shard left to the oracle must still be the file the fingerprint saw when the oracle's
     // descriptors are opened (the oracle checks it again while it reads).
     if (defer)
       oracle.opened_model = [this](const OpenedModel& m) {
         check_deferred_unchanged(fingerprint_, m, "oracle");
       };
-    if (may_use_resident())
+    Step second =
+        oracle_step("oracle-transformers", config_.hf_worker, input, second_, second_evidence_);
+    if (may_use_resident()) {
       oracle.resident_bytes = [this](const Json& bytes_used) {
         check_bytes_used(Json{{"bytes_used", bytes_used}}, fingerprint_, "resident oracle");
       };
-    Step second =
-        oracle_step("oracle-transformers", config_.hf_worker, input, second_, second_evidence_);
+      second.resident_bytes = [this](const Json& bytes_used) {
+        check_bytes_used(Json{{"bytes_used", bytes_used}}, fingerprint_,
+                         "resident transformers oracle");
+      };
+    }
     std::vector<Step> steps;
     steps.push_back(std::move(fingerprint));
     if (!prompt_check_applies(request_))

@@ -21,7 +21,8 @@ struct Resident {
   explicit Resident(double idle_seconds = 120, const std::string& oracle = kOracle,
                     Json config = Json::object()) {
     model = fixture_model(tmp.path / "llama-tiny");
-    config["resident_models"] = {{"count", 1}, {"idle_seconds", idle_seconds}};
+    if (!config.contains("resident_models"))
+      config["resident_models"] = {{"count", 1}, {"idle_seconds", idle_seconds}};
     spit(tmp.path / "assayd.json", config.dump());
     d = std::make_unique<Daemon>(
         tmp.path / "state", tmp.path / "assayd.sock",
@@ -242,6 +243,71 @@ TEST_CASE(
   CHECK(fs::is_empty(r.d->state() / "resident"));
   REQUIRE_MESSAGE(r.d->start(), r.d->log());
   CHECK_MESSAGE(r.d->log().find("orphan") == std::string::npos, r.d->log());
+  CHECK(r.d->stop() == 0);
+}
+
+TEST_CASE(
+    "resident: transformers-backend jobs run on a resident assay-hf-worker that holds the model: "
+    "the second job loads nothing, its logits are the first's and the C++ oracle's; a changed "
+    "shard makes the next job load a new worker") {
+  if (!have(kFingerprint) || !have(kOracle) || !have(kHfWorker)) {
+    MESSAGE("skipped: assay-fingerprint, assay-oracle or assay-hf-worker was not built");
+    return;
+  }
+  // Two residents: the C++ oracle's job below does not displace the transformers worker.
+  Resident r(
+      120, kOracle,
+      Json{{"hf_worker", kHfWorker}, {"resident_models", {{"count", 2}, {"idle_seconds", 120}}}});
+  REQUIRE_MESSAGE(r.d->start(), r.d->log());
+  auto hf = [&](int n) {
+    Json q = numbered(r.model, n);
+    q["oracle"] = {{"backend", "transformers"}};
+    return q;
+  };
+  Json first = r.run(hf(1));
+  REQUIRE_MESSAGE(first["state"] == "succeeded", first.dump(2) << r.d->log());
+  Json a = r.result(first);
+  CHECK(a["oracle"]["backend"] == "transformers");
+  const Json& ra = a["oracle"]["process"]["resident"];
+  REQUIRE_MESSAGE(ra.is_object(), a["oracle"]["process"].dump(2));
+  CHECK(ra["jobs_before"] == 0);
+  Json second = r.run(hf(2));
+  REQUIRE_MESSAGE(second["state"] == "succeeded", second.dump(2) << r.d->log());
+  Json b = r.result(second);
+  const Json& rb = b["oracle"]["process"]["resident"];
+  CHECK(rb["worker"] == ra["worker"]);
+  CHECK(rb["jobs_before"] == 1);
+  CHECK(b["oracle"]["load_seconds"] == 0.0);
+  CHECK(b["oracle"]["backend"] == "transformers");
+  CHECK(b["oracle"]["bytes_used"]["weight_files"] == b["model_identity"]["weight_files"]);
+  CHECK(b["oracle"]["logits_sha256"] == a["oracle"]["logits_sha256"]);
+  spit(r.tmp.path / "hf-result.json", b.dump());
+  std::string v = validate_schemas({{"next-token-oracle-result", r.tmp.path / "hf-result.json"}});
+  CHECK_MESSAGE(v.rfind("0:", 0) == 0, v);
+  // The C++ oracle (on a resident worker of its own) computes the same logits, bit for bit.
+  Json cpp = r.run(numbered(r.model, 3));
+  REQUIRE_MESSAGE(cpp["state"] == "succeeded", cpp.dump(2) << r.d->log());
+  CHECK(r.result(cpp)["oracle"]["logits_sha256"] == a["oracle"]["logits_sha256"]);
+
+  // One weight byte changes in place: the next transformers job loads a new worker.
+  fs::path shard = r.model / "model.safetensors";
+  {
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    auto size = fs::file_size(shard);
+    f.seekg(static_cast<std::streamoff>(size - 2));
+    char c = 0;
+    f.read(&c, 1);
+    c ^= 1;
+    f.seekp(static_cast<std::streamoff>(size - 2));
+    f.write(&c, 1);
+  }
+  Json fourth = r.run(hf(4));
+  REQUIRE_MESSAGE(fourth["state"] == "succeeded", fourth.dump(2) << r.d->log());
+  Json d = r.result(fourth);
+  CHECK(d["oracle"]["process"]["resident"]["worker"] != ra["worker"]);
+  CHECK(d["oracle"]["process"]["resident"]["jobs_before"] == 0);
+  CHECK(d["oracle"]["bytes_used"]["weight_files"] == d["model_identity"]["weight_files"]);
+  CHECK(d["model_identity"]["content_sha256"] != a["model_identity"]["content_sha256"]);
   CHECK(r.d->stop() == 0);
 }
 

@@ -1,6 +1,6 @@
 """assay-hf-worker: the work assay does with Hugging Face transformers itself, as a worker.
 
-Usage: assay-hf-worker render-prompt|next-token|layers|envelope|audit --input input.json --workdir DIR
+Usage: assay-hf-worker render-prompt|next-token|layers|envelope|audit|serve --input input.json --workdir DIR
 
 render-prompt (assay.prompt-check-input.v1, schemas/prompt-check-input.schema.json): Kiln's
 prompt check. The model's own tokenizer files, read through the descriptors assayd opened
@@ -20,6 +20,13 @@ the files do not hold, as from_pretrained does); one forward with use_cache=Fals
 deterministic algorithms, no TF32, inference mode; DIR/logits.safetensors and DIR/output.json
 (assay.oracle-output.v1, with "backend": "transformers" and the transformers version and the
 sha256 of the modeling and configuration source files it imported).
+
+serve (assay.oracle-serve-input.v1, as `assay-oracle serve` reads it): a resident worker. The
+model is built once, as for next-token, from the descriptors; DIR/loaded.json
+(assay.oracle-serve-loaded.v1, with its bytes_used) is written and "loaded" sent on control_fd
+(a SOCK_SEQPACKET socket); then each "run NAME" runs the next-token job of DIR/NAME/input.json
+(the worker's own model_dir and execution, no descriptors) on that model and is answered
+"done NAME" or "failed NAME" (DIR/NAME/error.json); the worker exits 0 when the socket closes.
 
 layers (assay.oracle-layers-input.v1): the same model and forward with forward hooks on the
 modules named as boundaries (embedding, per layer input_layernorm, self_attn or linear_attn,
@@ -654,18 +661,27 @@ def check_token_ids(ids, vocab, field):
                               f"{field}[{i}] = {t} is outside the vocabulary [0, {vocab})")
 
 
-def next_token(doc, workdir):
-    built = build_model(doc, workdir)
-    import safetensors.torch
-    import torch
+def load_tokenizer(doc, workdir):
     import transformers
 
-    model, device = built.model, built.device
     folder, _ = copy_tokenizer(doc, workdir)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(
+    return transformers.AutoTokenizer.from_pretrained(
         folder, local_files_only=True, trust_remote_code=False)
-    load_seconds = time.monotonic() - built.start
 
+
+def next_token(doc, workdir):
+    built = build_model(doc, workdir)
+    tokenizer = load_tokenizer(doc, workdir)
+    return next_token_on(built, tokenizer, doc, workdir, time.monotonic() - built.start,
+                         built.start)
+
+
+def next_token_on(built, tokenizer, doc, workdir, load_seconds, start):
+    """The next-token job of `doc` on a built model: DIR/logits.safetensors and the output."""
+    import safetensors.torch
+    import torch
+
+    model, device = built.model, built.device
     ids = [int(i) for i in doc["input_token_ids"]]
     vocab = int(model.config.vocab_size)
     check_token_ids(ids, vocab, "input_token_ids")
@@ -722,8 +738,98 @@ def next_token(doc, workdir):
         "load_seconds": load_seconds,
         "forward_seconds": forward_seconds,
         "peak_rss_bytes": peak_rss_bytes(),
-        "duration_seconds": time.monotonic() - built.start,
+        "duration_seconds": time.monotonic() - start,
     }
+
+
+# --- serve: a resident transformers worker (the protocol of `assay-oracle serve`) ---------------
+
+SERVE_INPUT, SERVE_LOADED = "assay.oracle-serve-input.v1", "assay.oracle-serve-loaded.v1"
+
+
+def write_json_atomic(path, doc):
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(doc, f, sort_keys=True, ensure_ascii=False)
+        f.flush()
+        os.fsync(f.fileno())
+    os.rename(tmp, path)
+
+
+def plain_name(name):
+    return 0 < len(name) <= 200 and name not in (".", "..") and "/" not in name and "\0" not in name
+
+
+def serve(doc, workdir):
+    """Loads the model once through the descriptors (its bytes_used fixed from then), writes
+    DIR/loaded.json and says "loaded" on the control socket; then, for each "run NAME", runs the
+    next-token job of DIR/NAME/input.json on that model and answers "done NAME" (output.json and
+    logits.safetensors written) or "failed NAME" (error.json {code, message}); returns when the
+    supervisor closes the socket, or with an error on a message it cannot read."""
+    import socket
+
+    for key in ("model_dir", "model_fds", "execution", "control_fd"):
+        if key not in doc:
+            raise WorkerError("input.invalid", f"input.json: {key} is missing")
+    unknown = set(doc) - {"schema", "model_dir", "model_fds", "execution", "control_fd"}
+    if unknown:
+        raise WorkerError("input.invalid", f"input.json: unknown field {sorted(unknown)[0]!r}")
+    fd = doc["control_fd"]
+    if type(fd) is not int or not 3 <= fd <= 65535:
+        raise WorkerError("input.invalid", f"input.json: control_fd {fd!r} is not a descriptor >= 3")
+    control = socket.socket(fileno=fd)
+    built = build_model(doc, workdir)
+    tokenizer = load_tokenizer(doc, workdir)
+    load_seconds = time.monotonic() - built.start
+    loaded_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    model_dir, execution = doc["model_dir"], doc["execution"]
+    write_json_atomic(os.path.join(workdir, "loaded.json"), {
+        "schema": SERVE_LOADED, "model_dir": model_dir,
+        "architecture": type(built.model).__name__, "model_type": built.config_dict.get("model_type"),
+        "bytes_used": built.bytes_used, "loaded_at": loaded_at, "load_seconds": load_seconds,
+        "peak_rss_bytes": peak_rss_bytes()})
+    control.send(b"loaded")
+    jobs = 0
+    while True:
+        message = control.recv(4096)
+        if not message:
+            return None
+        text = message.decode("utf-8", "replace")
+        if not text.startswith("run ") or not plain_name(text[4:]):
+            raise WorkerError("serve.control", f"unknown control message {text[:80]!r}")
+        name = text[4:]
+        job = os.path.join(workdir, name)
+        try:
+            with open(os.path.join(job, "input.json"), "rb") as f:
+                job_doc = json.loads(f.read())
+            if job_doc.get("schema") != "assay.oracle-input.v1":
+                raise WorkerError("input.invalid", f"schema {job_doc.get('schema')!r} is not "
+                                  "assay.oracle-input.v1 (a resident transformers worker runs "
+                                  "next-token jobs)")
+            if "model_fds" in job_doc or job_doc.get("unchanged_files"):
+                raise WorkerError("input.invalid", "a resident worker's job input names no "
+                                  "model_fds and no unchanged_files (it read its model at load)")
+            if job_doc.get("model_dir") != model_dir:
+                raise WorkerError("input.invalid", f"job model_dir {job_doc.get('model_dir')!r} is "
+                                  f"not the resident worker's {model_dir!r}")
+            if job_doc.get("execution") != execution:
+                raise WorkerError("input.invalid", f"job execution {job_doc.get('execution')!r} is "
+                                  "not the resident worker's")
+            out = next_token_on(built, tokenizer, job_doc, job, 0.0, time.monotonic())
+            out["bytes_used"] = built.bytes_used
+            out["resident"] = {"loaded_at": loaded_at, "load_seconds": load_seconds,
+                               "jobs_before": jobs}
+            write_json_atomic(os.path.join(job, "output.json"), out)
+            reply = "done " + name
+        except Exception as e:  # the job fails; the worker and its model serve the next one
+            code = e.code if isinstance(e, WorkerError) else f"hf.{type(e).__name__}"
+            print(f"assay-hf-worker serve: {name}: error [{code}]: {middle_cut(str(e))}",
+                  file=sys.stderr, flush=True)
+            write_json_atomic(os.path.join(job, "error.json"),
+                              {"code": code, "message": middle_cut(str(e))})
+            reply = "failed " + name
+        jobs += 1
+        control.send(reply.encode())
 
 
 # --- envelope: the numerics envelope of a state (assay_numerics.py) ---------------------------
@@ -1135,7 +1241,8 @@ def main(argv):
              "next-token": ("assay.oracle-input.v1", next_token),
              "layers": ("assay.oracle-layers-input.v1", layers),
              "envelope": ("assay.numerics-input.v1", envelope),
-             "audit": ("assay.audit-input.v1", audit)}
+             "audit": ("assay.audit-input.v1", audit),
+             "serve": (SERVE_INPUT, serve)}
     if len(argv) != 6 or argv[1] not in modes or argv[2] != "--input" or \
             argv[4] != "--workdir":
         print(__doc__.strip(), file=sys.stderr)
@@ -1148,12 +1255,8 @@ def main(argv):
         if doc.get("schema") != schema:
             raise WorkerError("input.invalid", f"schema {doc.get('schema')!r} is not {schema}")
         out = run(doc, workdir)
-        tmp = os.path.join(workdir, "output.json.tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(out, f, sort_keys=True, ensure_ascii=False)
-            f.flush()
-            os.fsync(f.fileno())
-        os.rename(tmp, os.path.join(workdir, "output.json"))
+        if out is not None:
+            write_json_atomic(os.path.join(workdir, "output.json"), out)
         return 0
     except WorkerError as e:
         print(f"assay-hf-worker: error [{e.code}]: {middle_cut(str(e))}", file=sys.stderr)

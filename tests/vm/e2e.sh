@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
 # e2e.sh: the end-to-end test on a real systemd host with a pure cgroup v2 hierarchy.
 #
-#   tests/vm/e2e.sh [--build-dir DIR] [--debs DIR] [--keep]
+#   tests/vm/e2e.sh [--build-dir DIR] [--debs DIR] [--no-hf] [--keep]
 #
 # --debs DIR: install the assay*.deb already in DIR instead of running packaging/build-deb.
+# --no-hf: skip the transformers backend (its wheels, about 2.7 GB, are downloaded once into
+# BUILD_DIR/hf-wheels with pip download; the guest installs them with assay-hf-setup --wheels).
 #
 # On the host (as root): builds the Debian packages (packaging/build-deb), a tiny Llama fixture
 # model (tests/fixtures/make_fixture.py) and the job requests, then boots the Debian 12 VM of
 # ../shared/vm/ ONCE and runs tests/vm/guest.sh inside it, which installs the packages and checks
 # socket activation, a verified job as a user in group "assay", cgroup v2 evidence, an
 # OOM-killed job with the service still healthy, a restart with a queued job, refusal of a user
-# outside "assay", no leftover worker cgroup, and remove/purge. Exit status: guest.sh's
+# outside "assay", no leftover worker cgroup, and remove/purge; and the transformers backend:
+# refused at admission until assay-hf-setup has made its environment, then a dispute settled
+# by transformers' own forward with the C++ oracle's argmax. Exit status: guest.sh's
 # (0 = every check passed), 125 if the VM failed.
 #
 # Needs: apt-get install --no-install-recommends qemu-system-x86 qemu-utils mmdebstrap
@@ -22,13 +26,15 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=$root/build-pkg
 keep=0
+hf=1
 debs=""
 while [ $# -gt 0 ]; do
   case $1 in
     --build-dir) build=$(realpath -m "$2"); shift 2 ;;
     --debs) debs=$(realpath -e "$2"); shift 2 ;;
+    --no-hf) hf=0; shift ;;
     --keep) keep=1; shift ;;
-    -h | --help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "e2e.sh: unknown argument \"$1\" (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -45,13 +51,15 @@ done
 say() { printf '== %s\n' "$*" >&2; }
 
 # Runtime packages the binaries need inside the VM (the packages' Depends, resolved offline:
-# the VM has no network), plus jq for the checks.
+# the VM has no network), plus jq for the checks; Debian's python3 and its venv module for
+# assay-hf-setup (the environment it makes holds about 5 GB, hence the image's size).
 # (LibTorch comes bundled in the assay-oracle package: packaging/build-deb.)
-packages=libspdlog1.10,libsystemd0,libfmt9,libssl3,jq
-if [ "$(cat "$image/assay-packages" 2>/dev/null)" != "$packages" ]; then
-  say "building the VM image in $image (once; packages: $packages)"
-  VMTEST_EXTRA_PACKAGES=$packages VMTEST_IMAGE_SIZE=5G "$vm/build-image.sh" "$image" >&2
-  echo "$packages" >"$image/assay-packages"
+packages=libspdlog1.10,libsystemd0,libfmt9,libssl3,jq,python3,python3-venv
+size=16G
+if [ "$(cat "$image/assay-packages" 2>/dev/null)" != "$packages $size" ]; then
+  say "building the VM image in $image (once; packages: $packages; $size)"
+  VMTEST_EXTRA_PACKAGES=$packages VMTEST_IMAGE_SIZE=$size "$vm/build-image.sh" "$image" >&2
+  echo "$packages $size" >"$image/assay-packages"
 fi
 
 # The shared folder must not be under /tmp or /var/tmp: assayd.service has PrivateTmp=yes, so
@@ -105,12 +113,34 @@ json.dump({"schema": "assay.fidelity-request.v1", "id": "e2e-fidelity",
            "reproduction_confirmation": True},
           open(work + "/fidelity.json", "w"), indent=1)
 PY
+if [ $hf = 1 ]; then
+  # The transformers worker's pinned packages, as wheels (the VM has no network): downloaded
+  # once per lock, hard-linked into the shared folder.
+  lock=$root/requirements.lock
+  want=$(sha256sum "$lock" | cut -d' ' -f1)
+  if [ "$(cat "$build/hf-wheels/.lock-sha256" 2>/dev/null)" != "$want" ]; then
+    say "downloading the wheels of requirements.lock into $build/hf-wheels (about 2.7 GB)"
+    rm -rf "$build/hf-wheels"
+    mkdir -p "$build/hf-wheels"
+    $py -m pip download -q --no-input --only-binary=:all: -r "$lock" -d "$build/hf-wheels" >&2
+    echo "$want" >"$build/hf-wheels/.lock-sha256"
+  fi
+  cp -al "$build/hf-wheels" "$work/hf-wheels" 2>/dev/null || cp -a "$build/hf-wheels" "$work/hf-wheels"
+  $py - "$work" <<'PY'
+import json, sys
+work = sys.argv[1]
+r = json.load(open(work + "/ok.json"))
+r["id"] = "e2e-hf"
+r["oracle"] = {"backend": "transformers"}
+json.dump(r, open(work + "/hf.json", "w"), indent=1)
+PY
+fi
 cp "$root/tests/vm/guest.sh" "$work/guest.sh"
 chmod -R a+rX "$work"
 
 say "booting the VM and running the checks (guest.sh)"
 set +e
-VMTEST_PASS_ENV="ASSAY_E2E_WORKER_USER ${VMTEST_PASS_ENV:-}" VMTEST_IMAGE_DIR=$image VMTEST_MEM=${VMTEST_MEM:-3072} VMTEST_TIMEOUT=${VMTEST_TIMEOUT:-1500} \
+VMTEST_PASS_ENV="ASSAY_E2E_WORKER_USER ${VMTEST_PASS_ENV:-}" VMTEST_IMAGE_DIR=$image VMTEST_MEM=${VMTEST_MEM:-4096} VMTEST_TIMEOUT=${VMTEST_TIMEOUT:-3600} \
   "$vm/run-in-vm.sh" "$work" ./guest.sh
 rc=$?
 set -e

@@ -113,6 +113,41 @@ check "fidelity: mean KL > 0 for the 4-bit copy" jq_true '.comparison.metrics.kl
 echo "fidelity: $(jq -c '.comparison.metrics' $f)"
 check "fidelity: no captured logits left" [ -z "$(find /var/lib/assay/jobs/$fid_id -mindepth 2 -name '*.safetensors')" ]
 
+# 3c. the transformers backend from the packages: refused at admission (by name) until the
+# operator runs assay-hf-setup (here from the wheels beside the packages: the VM has no network),
+# then a dispute settled by transformers' own forward: the C++ oracle's argmax and its logits bit
+# for bit, the record verified.
+if [ -d "$work/hf-wheels" ]; then
+  assay-hf-setup --check >$logs/hf-check.log 2>&1
+  eq "assay-hf-setup --check before setup (1: missing)" $? 1 || cat $logs/hf-check.log
+  check "assayd said at start that it has no transformers worker" \
+    bash -c "journalctl -u assayd.service -o cat --no-pager | grep -q 'no transformers worker at /usr/libexec/assay/assay-hf-worker'"
+  out=$(as_alice assay --json submit "$work/hf.json" 2>&1)
+  eq "alice: backend transformers refused at admission (exit 4)" $? 4 || echo "$out"
+  check "the refusal names request.backend_unavailable" grep -q backend_unavailable <<<"$out"
+  t=$(date +%s)
+  assay-hf-setup --wheels "$work/hf-wheels" >$logs/hf-setup.log 2>&1
+  eq "assay-hf-setup --wheels exit status" $? 0 || tail -20 $logs/hf-setup.log
+  echo "assay-hf-setup (pip install of $(ls "$work/hf-wheels" | wc -l) wheels, offline) took $(($(date +%s) - t))s; /opt/assay/venv $(du -sh /opt/assay/venv | cut -f1)"
+  check "assay-hf-setup --check: ready" assay-hf-setup --check
+  out=$(as_alice assay --json submit "$work/hf.json" --wait --wait-timeout 1800 2>&1)
+  eq "alice: submit --wait hf.json (transformers) exit status" $? 0 || { echo "$out"; journalctl -u assayd.service --no-pager | tail -30; }
+  hf_id=$(job_id "$out")
+  echo "transformers job $hf_id finished after $(elapsed)"
+  as_alice assay result "$hf_id" -o /home/alice/out/hf.json >/dev/null
+  as_alice assay artifact "$hf_id" -o /home/alice/out/hf-logits.safetensors >/dev/null
+  as_alice assay verify /home/alice/out/hf.json --pubkey /home/alice/out/pub.pem \
+    --artifact /home/alice/out/hf-logits.safetensors >$logs/verify-hf.log 2>&1
+  check "alice: assay verify of the transformers result" [ $? = 0 ] || cat $logs/verify-hf.log
+  h=/home/alice/out/hf.json
+  eq "hf: oracle backend" "$(jq -r .oracle.backend $h)" transformers
+  eq "hf: the same verdict as the C++ oracle's" "$(jq -c .verdict $h)" "$(jq -c .verdict $r)"
+  eq "hf: the same logits, bit for bit" "$(jq -r .oracle.logits_sha256 $h)" "$(jq -r .oracle.logits_sha256 $r)"
+  eq "hf: worker ran as the worker user" "$(jq -r .oracle.process.spawn.uid $h)" "$worker_uid"
+  eq "hf: worker process evidence mode" "$(jq -r .oracle.process.mode $h)" cgroup-v2
+  echo "hf: transformers $(jq -r .oracle.transformers.version $h), peak $(jq -r .oracle.process.memory.peak_bytes $h) bytes, forward $(jq -r .oracle.forward_seconds $h) s"
+fi
+
 # 4. an over-limit job is OOM-killed; the service stays up and unrestarted
 restarts_before=$(systemctl show -P NRestarts assayd.service)
 out=$(as_alice assay --json submit "$work/oom.json" --wait --wait-timeout 900 2>/dev/null)

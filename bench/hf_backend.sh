@@ -4,15 +4,19 @@
 # through assay-oracle next-token (libtorch, the C++ port), on the same fixture, same threads,
 # interleaved in one run. Per worker process: wall time, peak RSS, load (start-up: interpreter,
 # imports, weights) and forward seconds as each reports them; ratios of medians, transformers
-# over libtorch. Also whether the two logits are bitwise equal.
+# over libtorch. Also whether the two logits are bitwise equal. Then each worker resident
+# (`serve`, driven as assayd drives it: bench/serve_repeat.py), interleaved: its load, and the
+# wall of REPEATS repeat jobs on the loaded model against its own forward. The machine's CPU,
+# ATEN_CPU_CAPABILITY and bf16 GEMM rate (1024^3, the same threads) are measured in the run.
 #
-#   bench/hf_backend.sh [BUILD_DIR] [RUNS]     (default build, 3)
+#   bench/hf_backend.sh [BUILD_DIR] [RUNS] [REPEATS]     (default build, 3, 3)
 # Environment: SIZE (small; tiny for a quick look), TOKENS (512), THREADS (2). Writes
 # bench/hf_backend.md (or $OUT).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$here/build}
 runs=${2:-3}
+repeats=${3:-3}
 size=${SIZE:-small}
 tokens=${TOKENS:-512}
 threads=${THREADS:-2}
@@ -50,15 +54,21 @@ measure() {  # name worker -> appends "wall rss_kb load forward logits_sha256" t
 import json; o = json.load(open('$ws/output.json'))
 print('$wall', '$rss', o['load_seconds'], o['forward_seconds'], o['logits_sha256'])" >>"$work/$name.txt"
 }
-rm -f "$work/libtorch.txt" "$work/transformers.txt"
+rm -f "$work/libtorch.txt" "$work/transformers.txt" "$work/serve-libtorch.jsonl" "$work/serve-transformers.jsonl"
 for _ in $(seq "$runs"); do
   measure libtorch "$build/worker/assay-oracle"
   measure transformers "$build/worker/assay-hf-worker"
 done
+for _ in $(seq "$runs"); do
+  $python "$here/bench/serve_repeat.py" "$build/worker/assay-oracle" "$model" "$work/input.json" \
+    "$work/serve-ws" "$repeats" >>"$work/serve-libtorch.jsonl"
+  $python "$here/bench/serve_repeat.py" "$build/worker/assay-hf-worker" "$model" "$work/input.json" \
+    "$work/serve-ws" "$repeats" >>"$work/serve-transformers.jsonl"
+done
 
-$python - "$work" "$out" "$size" "$tokens" "$threads" "$runs" <<'PY'
-import platform, statistics, subprocess, sys
-work, out, size, tokens, threads, runs = sys.argv[1:7]
+$python - "$work" "$out" "$size" "$tokens" "$threads" "$runs" "$repeats" <<'PY'
+import json, platform, statistics, subprocess, sys, time
+work, out, size, tokens, threads, runs, repeats = sys.argv[1:8]
 def rows(name):
     return [line.split() for line in open(f"{work}/{name}.txt")]
 med = lambda rs, i: statistics.median(float(r[i]) for r in rs)
@@ -66,12 +76,24 @@ lt, tf = rows("libtorch"), rows("transformers")
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
 import torch
 cap = torch.backends.cpu.get_cpu_capability()
-same = {r[4] for r in lt} == {r[4] for r in tf} and len({r[4] for r in lt}) == 1
+torch.set_num_threads(int(threads))
+a, b = torch.randn(1024, 1024).to(torch.bfloat16), torch.randn(1024, 1024).to(torch.bfloat16)
+torch.matmul(a, b)
+best = float("inf")
+for _ in range(3):
+    t0 = time.perf_counter(); torch.matmul(a, b); best = min(best, time.perf_counter() - t0)
+gflops = 2 * 1024 ** 3 / best / 1e9
+serve = {n: [json.loads(l) for l in open(f"{work}/serve-{n}.jsonl")] for n in ("libtorch", "transformers")}
+smed = lambda n, k: statistics.median(x for d in serve[n] for x in (d[k] if isinstance(d[k], list) else [d[k]]))
+served = {h for n in serve for d in serve[n] for h in d["logits_sha256"]}
+same = {r[4] for r in lt} == {r[4] for r in tf} and len({r[4] for r in lt}) == 1 and served == {lt[0][4]}
 lines = [
     "# transformers backend vs assay-oracle (issue 24 item 4)", "",
     f"`bench/hf_backend.sh`, {runs} interleaved runs each, llama `{size}` fixture, T = {tokens}, "
     f"{threads} threads, bf16, CPU. Machine: {cpu}, ATEN_CPU_CAPABILITY {cap}, "
-    f"{platform.machine()}. Baseline: assay-oracle (libtorch) in the same run.", "",
+    f"{platform.machine()}, bf16 GEMM (1024^3, {threads} threads) {gflops:.0f} GFLOP/s in this run. "
+    f"Baseline: assay-oracle (libtorch) in the same run.", "",
+    "## A job in a worker of its own (cold)", "",
     "| worker | wall s (median) | peak RSS MiB | load s | forward s |", "|---|---|---|---|---|",
 ]
 for name, rs in (("assay-oracle (libtorch)", lt), ("assay-hf-worker (transformers)", tf)):
@@ -80,7 +102,18 @@ for name, rs in (("assay-oracle (libtorch)", lt), ("assay-hf-worker (transformer
 lines += ["", f"Ratios, transformers / libtorch: wall {med(tf,0)/med(lt,0):.2f}x, peak RSS "
           f"{med(tf,1)/med(lt,1):.2f}x, load {med(tf,2)/med(lt,2):.2f}x, forward "
           f"{med(tf,3)/med(lt,3):.2f}x.", "",
-          f"Logits bitwise equal across backends and runs: {'yes' if same else 'NO'} "
+          "## Repeat jobs on a resident worker (`serve`)", "",
+          f"{runs} interleaved worker starts each, {repeats} jobs per start; a job's wall is from "
+          "\"run\" to \"done\" on the control socket (bench/serve_repeat.py).", "",
+          "| worker | load s (median) | repeat job s (median) | its forward s (median) | job / forward |",
+          "|---|---|---|---|---|"]
+for name, n in (("assay-oracle serve", "libtorch"), ("assay-hf-worker serve", "transformers")):
+    lines.append(f"| {name} | {smed(n,'load_seconds'):.2f} | {smed(n,'job_seconds'):.3f} | "
+                 f"{smed(n,'forward_seconds'):.3f} | {smed(n,'job_seconds')/smed(n,'forward_seconds'):.2f}x |")
+lines += ["", f"Ratios, transformers / libtorch, resident: repeat job "
+          f"{smed('transformers','job_seconds')/smed('libtorch','job_seconds'):.2f}x, load "
+          f"{smed('transformers','load_seconds')/smed('libtorch','load_seconds'):.2f}x.", "",
+          f"Logits bitwise equal across backends, runs and resident jobs: {'yes' if same else 'NO'} "
           f"({lt[0][4]}).", ""]
 open(out, "w").write("\n".join(lines))
 print("\n".join(lines))

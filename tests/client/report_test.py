@@ -413,8 +413,11 @@ def main(assay):
             for w in words:
                 check(w in text, f"{name}: the page says {w!r}")
             png = tmp / (name + ".png")
+            # The envelope's strip plot sits around y = 1520..1650: a 1600-px window cut its
+            # member dots off by a few pixels of layout (a flake seen twice).
+            height = 2400 if path == envelope else 1600
             s = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                                "--window-size=1000,1600", f"--screenshot={png}", out.as_uri()],
+                                f"--window-size=1000,{height}", f"--screenshot={png}", out.as_uri()],
                                capture_output=True, text=True, timeout=120)
             check(s.returncode == 0 and png.exists(), f"{name}: chromium screenshot: {s.stderr[-300:]}")
             if not png.exists():

@@ -1,7 +1,10 @@
 #include "fingerprint/model_fds.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/vfs.h>
+#include <unistd.h>
 
 #include <climits>
 #include <set>
@@ -177,6 +180,43 @@ std::optional<SettledState> settled_state(int fd, std::string name) {
   out.fsverity_digest = common::measure_fsverity(fd, name);
   out.state = file_state(std::move(name), st);
   return out;
+}
+
+std::size_t write_back_directory(const std::string& dir) {
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (dfd < 0) return 0;
+  DIR* d = ::fdopendir(dfd);  // owns dfd from here
+  if (!d) {
+    ::close(dfd);
+    return 0;
+  }
+  std::size_t seen = 0, written = 0;
+  while (const dirent* e = ::readdir(d)) {
+    if (++seen > kMaxWriteBackFiles + 2) break;  // "." and ".." count too
+    const std::string_view name(e->d_name);
+    if (name == "." || name == "..") continue;
+    const int path = ::openat(dfd, e->d_name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+    if (path < 0) continue;
+    struct stat st {};
+    if (::fstat(path, &st) == 0 && S_ISREG(st.st_mode)) {
+      // The inode the O_PATH descriptor holds, reopened: a regular file whatever the name names
+      // by now.
+      const std::string self = "/proc/self/fd/" + std::to_string(path);
+      const int fd = ::open(self.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+      if (fd >= 0) {
+        struct stat again {};
+        if (::fstat(fd, &again) == 0 && S_ISREG(again.st_mode) &&
+            ::sync_file_range(fd, 0, 0,
+                              SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE |
+                                  SYNC_FILE_RANGE_WAIT_AFTER) == 0)
+          ++written;
+        ::close(fd);
+      }
+    }
+    ::close(path);
+  }
+  ::closedir(d);
+  return written;
 }
 
 }  // namespace assay::fingerprint

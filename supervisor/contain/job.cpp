@@ -280,6 +280,20 @@ class Job : public std::enable_shared_from_this<Job> {
     do {
       r = ::syscall(SYS_waitid, P_PIDFD, pidfd_.native_handle(), &info, WEXITED, &ru);
     } while (r < 0 && errno == EINTR);
+    if (r < 0 && errno == EAGAIN && pidfd_.is_open()) {
+      // The reactor made the descriptor non-blocking, and the process has not exited: that
+      // readiness was not its exit (seen once in a bench run: the job then failed with "no exit
+      // status" while its worker still ran). Asked again after 10 ms, doubling up to 1 s: not a
+      // new wait on the descriptor, whose edge may already have passed.
+      exit_retry_ = exit_retry_.count() ? std::min(exit_retry_ * 2, std::chrono::milliseconds(1000))
+                                        : std::chrono::milliseconds(10);
+      auto self = shared_from_this();
+      poll_timer_.expires_after(exit_retry_);
+      poll_timer_.async_wait([self](boost::system::error_code ec) {
+        if (!ec) self->on_exit();
+      });
+      return;
+    }
     exit_time_ = Clock::now();
     exited_ = true;
     boost::system::error_code ignored;
@@ -481,6 +495,7 @@ class Job : public std::enable_shared_from_this<Job> {
   common::UniqueFd init_status_;
   asio::posix::stream_descriptor pidfd_;
   asio::steady_timer timeout_timer_, grace_timer_, poll_timer_;
+  std::chrono::milliseconds exit_retry_{0};  // on_exit's next retry after a readiness too early
   OutputSink out_, err_;
   std::string started_at_;
   Clock::time_point start_time_, exit_time_, empty_deadline_;

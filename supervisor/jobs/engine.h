@@ -49,6 +49,8 @@ struct JobRun {
   std::unique_ptr<boost::asio::steady_timer> progress_timer;  // a step with Step::progress
   std::optional<contain::Evidence> harvesting;  // the run whose parts are being recorded
   int resident = -1;  // the resident worker running its step (resident.cpp), or -1
+  // The step whose model files' dirty pages were written back off the loop (start_step).
+  std::string written_back;
   // Re-queued by a restart: with the Slurm executor, steps that ended before it are collected
   // from their records and a step still in Slurm is re-attached, until one starts afresh.
   bool recovered = false;

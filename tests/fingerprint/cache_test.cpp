@@ -5,8 +5,10 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
+#include <fstream>
 #include <optional>
 #include <set>
 
@@ -256,6 +258,31 @@ TEST_CASE(
   Fingerprint hit = fingerprint_model(dir.path(), "m", with_cache(entries_of(settled)));
   CHECK(file(hit, "model-a.safetensors").from_cache);
   CHECK(file(hit, "model-a.safetensors").storable);
+}
+
+TEST_CASE(
+    "write_back_directory writes back the regular files at the top of a directory only: a FIFO, "
+    "a device node, a link, a subdirectory are never opened (no hang), a link to a directory is "
+    "not followed") {
+  TempDir dir;
+  make_model(dir.path(), kShards);
+  std::size_t regular = 0;
+  for (const auto& e : fs::directory_iterator(dir.path())) regular += e.is_regular_file();
+  REQUIRE(::mkfifo((dir / "fifo").c_str(), 0600) == 0);
+  const bool root = ::geteuid() == 0;
+  if (root) REQUIRE(::mknod((dir / "null").c_str(), S_IFCHR | 0600, makedev(1, 3)) == 0);
+  fs::create_symlink(dir / "model-a.safetensors", dir / "link.safetensors");
+  fs::create_directory(dir / "sub");
+  {
+    std::ofstream f(dir / "sub" / "inner.bin");
+    f << "not at the top";
+  }
+  CHECK(write_back_directory(dir.path().string()) == regular);
+  TempDir other;
+  fs::create_directory_symlink(dir.path(), other / "linked-model");
+  CHECK(write_back_directory((other / "linked-model").string()) == 0);
+  CHECK(write_back_directory((dir / "no-such-dir").string()) == 0);
+  CHECK(write_back_directory((dir / "model-a.safetensors").string()) == 0);
 }
 
 TEST_CASE(

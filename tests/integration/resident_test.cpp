@@ -48,6 +48,18 @@ Json numbered(const fs::path& model, int n) {
   return r;
 }
 
+// Changes one weight byte of `shard` in place (same inode, new ctime), near its end.
+void flip_weight_byte(const fs::path& shard) {
+  std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+  auto size = fs::file_size(shard);
+  f.seekg(static_cast<std::streamoff>(size - 2));
+  char c = 0;
+  f.read(&c, 1);
+  c ^= 1;
+  f.seekp(static_cast<std::streamoff>(size - 2));
+  f.write(&c, 1);
+}
+
 // The pids of running `assay-oracle serve` processes.
 std::vector<pid_t> serving_pids() {
   std::vector<pid_t> out;
@@ -213,17 +225,7 @@ TEST_CASE(
 
   // One weight byte changes in place (same inode, new ctime): the fingerprint sees it, and the
   // worker that holds the old bytes is replaced before the job runs.
-  fs::path shard = r.model / "model.safetensors";
-  {
-    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
-    auto size = fs::file_size(shard);
-    f.seekg(static_cast<std::streamoff>(size - 2));
-    char c = 0;
-    f.read(&c, 1);
-    c ^= 1;
-    f.seekp(static_cast<std::streamoff>(size - 2));
-    f.write(&c, 1);
-  }
+  flip_weight_byte(r.model / "model.safetensors");
   Json third = r.run(numbered(r.model, 3));
   REQUIRE_MESSAGE(third["state"] == "succeeded", third.dump(2) << r.d->log());
   Json c = r.result(third);
@@ -290,17 +292,7 @@ TEST_CASE(
   CHECK(r.result(cpp)["oracle"]["logits_sha256"] == a["oracle"]["logits_sha256"]);
 
   // One weight byte changes in place: the next transformers job loads a new worker.
-  fs::path shard = r.model / "model.safetensors";
-  {
-    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
-    auto size = fs::file_size(shard);
-    f.seekg(static_cast<std::streamoff>(size - 2));
-    char c = 0;
-    f.read(&c, 1);
-    c ^= 1;
-    f.seekp(static_cast<std::streamoff>(size - 2));
-    f.write(&c, 1);
-  }
+  flip_weight_byte(r.model / "model.safetensors");
   Json fourth = r.run(hf(4));
   REQUIRE_MESSAGE(fourth["state"] == "succeeded", fourth.dump(2) << r.d->log());
   Json d = r.result(fourth);

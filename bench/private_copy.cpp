@@ -2,8 +2,12 @@
 // file, timed on one file in the page cache. Prints one JSON line:
 // {"method", "bytes", "copy_s", "touch_s", "free_s"}.
 //   anon-hugepage: anonymous memory with MADV_HUGEPAGE, pread in 256 KiB chunks, then read-only
-//                  (worker/model_files.cpp today).
+//                  (worker/model_files.cpp until 2026-12-07).
 //   anon-4k:       the same without MADV_HUGEPAGE.
+//   anon-prefault: anonymous memory, a second thread faulting the pages in (MADV_POPULATE_WRITE)
+//                  a 32 MiB step ahead of the reader, each step in the page size the steps
+//                  before it measured faster (worker/model_files.cpp now).
+//   anon-huge-prefault, anon-4k-prefault: the same, always in huge pages, always in 4 KiB pages.
 //   memfd:         sendfile into a memfd (shared-memory pages written whole are never zeroed
 //                  first), sealed against writes, mapped read-only.
 // copy_s: until the read-only image exists; touch_s: one byte of every 4 KiB page read
@@ -15,10 +19,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <thread>
 
 namespace {
 
@@ -46,6 +52,67 @@ unsigned char* anonymous_copy(int fd, std::size_t size, bool huge) {
   return data;
 }
 
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+
+enum class Pages { kHuge, k4k, kMeasured };
+
+// The reader waits (std::atomic::wait, a futex) until the faulting thread has populated the step
+// it is about to read into. kMeasured is worker/model_files.cpp's Prefaulter.
+unsigned char* prefaulted_copy(int fd, std::size_t size, Pages pages) {
+  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) die("mmap");
+  if (pages != Pages::k4k) ::madvise(p, size, MADV_HUGEPAGE);
+  auto* data = static_cast<unsigned char*>(p);
+  constexpr std::size_t kStep = 32u << 20;
+  std::atomic<std::size_t> ready{0};
+  std::thread faulter([&] {
+    // kMeasured, as worker/model_files.cpp's Prefaulter::run: step 0 huge, step 1 4 KiB, then
+    // each step in huge pages compared with the last in 4 KiB pages, retried after 8, 16, ...
+    double first = 0, small = 0;
+    bool huge = pages != Pages::k4k;
+    std::size_t interval = 8, next_try = 0;
+    for (std::size_t at = 0, i = 0; at < size; at += kStep, ++i) {
+      std::size_t n = std::min(kStep, size - at);
+      bool in_huge = pages == Pages::kMeasured ? i != 1 && (huge || i == next_try) : huge;
+      ::madvise(data + at, n, in_huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
+      double t0 = now();
+      ::madvise(data + at, n, MADV_POPULATE_WRITE);  // a failure leaves the fault to the read
+      double took = now() - t0;
+      ready.store(at + n, std::memory_order_release);
+      ready.notify_one();
+      if (pages != Pages::kMeasured) continue;
+      if (i == 0) {
+        first = took;
+      } else if (!in_huge) {
+        small = took;
+        if (i == 1 && first > small) {
+          huge = false;
+          next_try = i + interval;
+        }
+      } else if (took <= small) {
+        huge = true;
+        interval = 8;
+      } else {
+        if (!huge) interval *= 2;
+        huge = false;
+        next_try = i + interval;
+      }
+    }
+  });
+  for (std::size_t got = 0; got < size;) {
+    std::size_t n = std::min<std::size_t>(256 << 10, size - got);
+    for (std::size_t r = ready.load(); r < got + n; r = ready.load()) ready.wait(r);
+    ssize_t r = ::pread(fd, data + got, n, static_cast<off_t>(got));
+    if (r <= 0) die("pread");
+    got += static_cast<std::size_t>(r);
+  }
+  faulter.join();
+  ::mprotect(p, size, PROT_READ);
+  return data;
+}
+
 unsigned char* memfd_copy(int fd, std::size_t size) {
   int memory = ::memfd_create("private-copy", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (memory < 0) die("memfd_create");
@@ -63,7 +130,11 @@ unsigned char* memfd_copy(int fd, std::size_t size) {
 
 int main(int argc, char** argv) {
   if (argc != 3 || std::string(argv[1]) == "--help") {
-    std::fprintf(stderr, "usage: %s anon-hugepage|anon-4k|memfd FILE\n", argv[0]);
+    std::fprintf(
+        stderr,
+        "usage: %s anon-hugepage|anon-4k|anon-prefault|anon-huge-prefault|anon-4k-prefault|memfd "
+        "FILE\n",
+        argv[0]);
     return argc == 2 ? 0 : 2;
   }
   const std::string method = argv[1];
@@ -76,6 +147,12 @@ int main(int argc, char** argv) {
   unsigned char* image = nullptr;
   if (method == "anon-hugepage" || method == "anon-4k")
     image = anonymous_copy(fd, size, method == "anon-hugepage");
+  else if (method == "anon-prefault")
+    image = prefaulted_copy(fd, size, Pages::kMeasured);
+  else if (method == "anon-huge-prefault")
+    image = prefaulted_copy(fd, size, Pages::kHuge);
+  else if (method == "anon-4k-prefault")
+    image = prefaulted_copy(fd, size, Pages::k4k);
   else if (method == "memfd")
     image = memfd_copy(fd, size);
   else {

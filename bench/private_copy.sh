@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# The oracle's private copy of a weight file, three ways (bench/private_copy.cpp): anonymous
-# memory with MADV_HUGEPAGE (what worker/model_files.cpp does), the same with 4 KiB pages, and a
-# sealed memfd filled by sendfile (no page zeroed before it is overwritten). Each is timed on the
-# largest shard of the Qwen3-4B-shaped checkpoint (page cache warm) in two conditions: "warm",
-# right after a run of the same method freed its memory, and "after idle", after IDLE seconds in
-# which the host may take freed memory back (a VM with free page reporting does). Medians of
-# ROUNDS runs; ratios against anon-hugepage in the same run.
+# The oracle's private copy of a weight file, six ways (bench/private_copy.cpp): anonymous
+# memory with MADV_HUGEPAGE (what worker/model_files.cpp did until 2026-12-07), the same with
+# 4 KiB pages; a second thread faulting the pages in ahead of the reader, in the page size its
+# first two steps measured faster (what it does now), always in huge or always in 4 KiB pages;
+# and a sealed memfd filled by sendfile (no page zeroed before it is overwritten).
+# Each is timed on the largest shard of the Qwen3-4B-shaped checkpoint (page cache warm) in two
+# conditions: "warm", right after a run of the same method freed its memory, and "after idle",
+# after IDLE seconds in which the host may take freed memory back (a VM with free page reporting
+# does). Medians of ROUNDS runs; ratios against anon-hugepage in the same run.
 # Usage: bench/private_copy.sh [--file F] [--idle S] [--rounds N]   Writes bench/private_copy.md.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -17,7 +19,7 @@ while [ $# -gt 0 ]; do
     --file) file=$2; shift 2 ;;
     --idle) idle=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
-    -h | --help) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "usage: $0 [--file F] [--idle S] [--rounds N]" >&2; exit 2 ;;
   esac
 done
@@ -33,7 +35,7 @@ trap 'rm -rf "$work"' EXIT
 g++ -O2 -std=c++20 -o "$work/probe" "$root/bench/private_copy.cpp"
 cat "$file" >/dev/null  # page cache warm
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
-methods=(anon-hugepage anon-4k memfd)
+methods=(anon-hugepage anon-4k anon-prefault anon-huge-prefault anon-4k-prefault memfd)
 for ((r = 0; r < rounds; r++)); do
   for m in "${methods[@]}"; do
     sleep "$idle"
@@ -65,13 +67,13 @@ md = ["# The oracle's private copy of a weight file (`bench/private_copy.sh`)", 
       "File: `%s`, %d bytes, in the page cache. Medians of %s runs per cell. **copy**: until the read-only image exists; "
       "**touch**: one byte of every 4 KiB page afterwards (faults a lazily mapped image pays later); **free**: unmapping it "
       "(what the worker pays at exit). *After idle*: the run follows %s s of sleep; *warm*: it follows a run of the same method "
-      "that has just freed its memory. Baseline: `anon-hugepage`, what `worker/model_files.cpp` does." % (
+      "that has just freed its memory. Baseline: `anon-hugepage`, what `worker/model_files.cpp` did until 2026-12-07; it now does `anon-prefault`." % (
           path, size, rounds, idle), "",
       "| method | condition | copy (s) | touch (s) | free (s) | total (s) | GB/s | **total / anon-hugepage** |",
       "|---|---|---|---|---|---|---|---|"]
 for cond in ("after idle", "warm"):
     base = sum(med("anon-hugepage", cond, k) for k in ("copy_s", "touch_s", "free_s"))
-    for m in ("anon-hugepage", "anon-4k", "memfd"):
+    for m in ("anon-hugepage", "anon-4k", "anon-prefault", "anon-huge-prefault", "anon-4k-prefault", "memfd"):
         c, t, f = (med(m, cond, k) for k in ("copy_s", "touch_s", "free_s"))
         md.append("| %s | %s | %.3f | %.3f | %.3f | %.3f | %.2f | **%.2fx** |" % (
             m, cond, c, t, f, c + t + f, size / 1e9 / (c + t + f), (c + t + f) / base))

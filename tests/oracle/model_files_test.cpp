@@ -108,6 +108,24 @@ TEST_CASE("large files are read in parallel, recorded, and never read twice") {
   CHECK(error_of([&] { files.read_large({"s5", "s6"}, 2); }).starts_with("fs.open"));
 }
 
+TEST_CASE("a file large enough to be faulted in ahead of its reader is read and hashed whole") {
+  // Above the Prefaulter's 128 MiB, and not a whole number of its 32 MiB steps or of the reader's
+  // chunks; beside a small file read on the other thread.
+  TempDir d;
+  std::string big((150u << 20) + 12345, '\0');
+  for (std::size_t i = 0; i < big.size(); i += 509) big[i] = static_cast<char>(1 + i % 253);
+  big.back() = 'z';
+  write(d / "model-00001.safetensors", big);
+  write(d / "model-00002.safetensors", std::string(5000, 'q'));
+  ModelFiles files = ModelFiles::from_directory(d.path());
+  auto images = files.read_large({"model-00001.safetensors", "model-00002.safetensors"}, 2);
+  REQUIRE(images.size() == 2);
+  CHECK(images[0]->bytes().size() == big.size());
+  CHECK(text_of(images[0]) == big);
+  CHECK(images[0]->sha256() == assay::common::sha256_id(big));
+  CHECK(text_of(images[1]) == std::string(5000, 'q'));
+}
+
 TEST_CASE("bytes_used lists the weight files sorted by path, with config and tokenizer hashes") {
   TempDir d;
   write(d / "config.json", "{\"a\":1}");

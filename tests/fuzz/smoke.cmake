@@ -1,7 +1,7 @@
 # CI's fuzz smoke tests (included by the top CMakeLists.txt with the tests): fuzz_build_* build
 # every libFuzzer target with clang in its own directory (BUILD/fuzz, scripts/fuzz), then
 # fuzz_smoke_1..3 each replay the regression inputs of a third of the targets and run each of
-# those targets 20 s on its seeds with one fixed libFuzzer seed, so that a target that crashes at
+# those targets 6 s on its seeds with one fixed libFuzzer seed, so that a target that crashes at
 # once fails CI and a commit that passed once passes again (bench/fuzz.sh searches with random
 # seeds; what it finds lands in tests/fuzz/regressions/, which every run replays). Without clang
 # (scripts/install-deps installs it) there are no fuzz tests.
@@ -35,7 +35,7 @@ foreach(k 1 2 3)
   set_tests_properties(fuzz_build_${k} PROPERTIES FIXTURES_SETUP fuzz_targets_${k}
                        FIXTURES_REQUIRED "${_fuzz_previous}" RESOURCE_LOCK fuzz_tree TIMEOUT 900)
   add_test(NAME fuzz_smoke_${k}
-           COMMAND ${PROJECT_SOURCE_DIR}/scripts/fuzz 20 --seed 1 --no-build --build ${_fuzz_build}
+           COMMAND ${PROJECT_SOURCE_DIR}/scripts/fuzz 6 --seed 1 --no-build --build ${_fuzz_build}
                    --group ${k}/3)
   set_tests_properties(fuzz_smoke_${k} PROPERTIES FIXTURES_REQUIRED fuzz_targets_${k} TIMEOUT 600)
 endforeach()

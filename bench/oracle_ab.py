@@ -2,10 +2,11 @@
 """Two builds of assay-oracle against each other on the same checkpoint, interleaved.
 
     oracle_ab.py --a NAME=BIN --b NAME=BIN --model DIR --lengths 42,1024 [--repeat 3]
-                 [--threads N] --out MD
+                 [--threads N] [--rest S] [--gemm-size N] --out MD
 
 For each length T and each repeat, A then B run `assay-oracle logits --verbose` in fresh
-processes over the same T seeded ids (the page cache warmed first, 3 s of rest between runs):
+processes over the same T seeded ids (the page cache warmed first, S s of rest before each run,
+default 3; after 15 s a VM with free page reporting has handed the freed memory to its host):
 wall from outside, load/forward/total as the oracle reports them (total includes waiting for
 its weight digests, which every output waits for). The logits files of A and B must be equal
 byte for byte. Reports per T the fastest run of each side and the ratio B/A, with this CPU's
@@ -58,6 +59,9 @@ def main():
     p.add_argument("--lengths", default="42,1024")
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--threads", type=int, default=os.cpu_count())
+    p.add_argument("--rest", type=float, default=3, help="seconds between runs")
+    p.add_argument("--gemm-size", type=int, default=4096,
+                   help="N of the N^3 bf16 GEMM measured (1024 where bf16 is emulated)")
     p.add_argument("--out", required=True)
     args = p.parse_args()
     sides = [tuple(s.split("=", 1)) for s in (args.a, args.b)]
@@ -67,7 +71,7 @@ def main():
     import torch
 
     capability = torch.backends.cpu.get_cpu_capability()
-    gemm = gemm_gflops(torch.bfloat16, args.threads)
+    gemm = gemm_gflops(torch.bfloat16, args.threads, size=args.gemm_size)
     warm_page_cache(args.model)
     with open(os.path.join(args.model, "config.json")) as f:
         config = json.load(f)
@@ -82,6 +86,7 @@ def main():
             outs = []
             for name, binary in sides:
                 out = f"/tmp/oracle-ab-{os.getpid()}-{name}.safetensors"
+                time.sleep(args.rest)
                 r = run(binary, args.model, ids, out, args.threads)
                 log.append(f"T={t} run {rep + 1} {name}: wall {r['wall']:.2f} s, load "
                            f"{r['load_seconds']:.2f}, forward {r['forward_seconds']:.2f}, total "
@@ -90,7 +95,6 @@ def main():
                 if name not in best or r["wall"] < best[name]["wall"]:
                     best[name] = r
                 outs.append(out)
-                time.sleep(3)
             with open(outs[0], "rb") as fa, open(outs[1], "rb") as fb:
                 if fa.read() != fb.read():
                     sys.exit(f"T={t}: the logits of {sides[0][0]} and {sides[1][0]} differ")
@@ -101,9 +105,10 @@ def main():
     (an, abin), (bn, bbin) = sides
     lines = [f"# `{bn}` against `{an}`: two assay-oracle builds (`bench/oracle_ab.py`)", "",
              f"Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. CPU: {cpu_model()}, "
-             f"{args.threads} threads; `ATEN_CPU_CAPABILITY` {capability}; bf16 GEMM (4096^3, "
+             f"{args.threads} threads; `ATEN_CPU_CAPABILITY` {capability}; bf16 GEMM ({args.gemm_size}^3, "
              f"same run) **{gemm:.1f} GFLOP/s**. Model: `{args.model}`. Each side the fastest of "
-             f"{args.repeat} runs, interleaved A, B; logits byte-equal in every pair.", "",
+             f"{args.repeat} runs, interleaved A, B, {args.rest:g} s of rest before each; logits "
+             f"byte-equal in every pair.", "",
              f"| T | wall {an} (s) | wall {bn} (s) | **{bn} / {an}** | load {an} / {bn} (s) | "
              f"forward {an} / {bn} (s) |", "|---|---|---|---|---|---|"]
     for t, a, b in rows:

@@ -68,15 +68,15 @@ def read_logits(path):
     return torch.frombuffer(raw, dtype=torch.float32).reshape(info["shape"])
 
 
-def gemm_gflops(dtype, threads, reps=3):
+def gemm_gflops(dtype, threads, reps=3, size=4096):
     import torch
 
     torch.set_num_threads(threads)
-    a = torch.randn(4096, 4096).to(dtype)
-    b = torch.randn(4096, 4096).to(dtype)
+    a = torch.randn(size, size).to(dtype)
+    b = torch.randn(size, size).to(dtype)
     torch.matmul(a, b)
     best = min(_time(lambda: torch.matmul(a, b)) for _ in range(reps))
-    return 2 * 4096 ** 3 / best / 1e9
+    return 2 * size ** 3 / best / 1e9
 
 
 def warm_page_cache(model_dir):

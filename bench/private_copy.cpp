@@ -26,6 +26,8 @@
 #include <string>
 #include <thread>
 
+#include "worker/prefault.h"
+
 namespace {
 
 double now() {
@@ -52,63 +54,43 @@ unsigned char* anonymous_copy(int fd, std::size_t size, bool huge) {
   return data;
 }
 
-#ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23
-#endif
-
 enum class Pages { kHuge, k4k, kMeasured };
 
 // The reader waits (std::atomic::wait, a futex) until the faulting thread has populated the step
-// it is about to read into. kMeasured is worker/model_files.cpp's Prefaulter.
+// it is about to read into. kMeasured is the oracle's own Prefaulter (worker/prefault.h).
 unsigned char* prefaulted_copy(int fd, std::size_t size, Pages pages) {
   void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) die("mmap");
   if (pages != Pages::k4k) ::madvise(p, size, MADV_HUGEPAGE);
   auto* data = static_cast<unsigned char*>(p);
-  constexpr std::size_t kStep = 32u << 20;
-  std::atomic<std::size_t> ready{0};
-  std::thread faulter([&] {
-    // kMeasured, as worker/model_files.cpp's Prefaulter::run: step 0 huge, step 1 4 KiB, then
-    // each step in huge pages compared with the last in 4 KiB pages, retried after 8, 16, ...
-    double first = 0, small = 0;
-    bool huge = pages != Pages::k4k;
-    std::size_t interval = 8, next_try = 0;
-    for (std::size_t at = 0, i = 0; at < size; at += kStep, ++i) {
-      std::size_t n = std::min(kStep, size - at);
-      bool in_huge = pages == Pages::kMeasured ? i != 1 && (huge || i == next_try) : huge;
-      ::madvise(data + at, n, in_huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
-      double t0 = now();
-      ::madvise(data + at, n, MADV_POPULATE_WRITE);  // a failure leaves the fault to the read
-      double took = now() - t0;
-      ready.store(at + n, std::memory_order_release);
-      ready.notify_one();
-      if (pages != Pages::kMeasured) continue;
-      if (i == 0) {
-        first = took;
-      } else if (!in_huge) {
-        small = took;
-        if (i == 1 && first > small) {
-          huge = false;
-          next_try = i + interval;
-        }
-      } else if (took <= small) {
-        huge = true;
-        interval = 8;
-      } else {
-        if (!huge) interval *= 2;
-        huge = false;
-        next_try = i + interval;
-      }
+  auto read_all = [&](auto&& wait_for) {
+    for (std::size_t got = 0; got < size;) {
+      std::size_t n = std::min<std::size_t>(256 << 10, size - got);
+      wait_for(got + n);
+      ssize_t r = ::pread(fd, data + got, n, static_cast<off_t>(got));
+      if (r <= 0) die("pread");
+      got += static_cast<std::size_t>(r);
     }
-  });
-  for (std::size_t got = 0; got < size;) {
-    std::size_t n = std::min<std::size_t>(256 << 10, size - got);
-    for (std::size_t r = ready.load(); r < got + n; r = ready.load()) ready.wait(r);
-    ssize_t r = ::pread(fd, data + got, n, static_cast<off_t>(got));
-    if (r <= 0) die("pread");
-    got += static_cast<std::size_t>(r);
+  };
+  if (pages == Pages::kMeasured) {
+    assay::oracle::Prefaulter prefault(reinterpret_cast<std::byte*>(data), size);
+    read_all([&](std::size_t end) { prefault.wait_for(end); });
+  } else {
+    constexpr std::size_t kStep = assay::oracle::Prefaulter::kStep;
+    std::atomic<std::size_t> ready{0};
+    std::thread faulter([&] {
+      for (std::size_t at = 0; at < size; at += kStep) {
+        std::size_t n = std::min(kStep, size - at);
+        ::madvise(data + at, n, MADV_POPULATE_WRITE);  // a failure leaves the fault to the read
+        ready.store(at + n, std::memory_order_release);
+        ready.notify_one();
+      }
+    });
+    read_all([&](std::size_t end) {
+      for (std::size_t r = ready.load(); r < end; r = ready.load()) ready.wait(r);
+    });
+    faulter.join();
   }
-  faulter.join();
   ::mprotect(p, size, PROT_READ);
   return data;
 }

@@ -32,7 +32,7 @@ if [ -z "$file" ]; then
 fi
 work=$(mktemp -d /var/tmp/assay-private-copy.XXXXXX)
 trap 'rm -rf "$work"' EXIT
-g++ -O2 -std=c++20 -o "$work/probe" "$root/bench/private_copy.cpp"
+g++ -O2 -std=c++20 -I"$root" -o "$work/probe" "$root/bench/private_copy.cpp"
 cat "$file" >/dev/null  # page cache warm
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 methods=(anon-hugepage anon-4k anon-prefault anon-huge-prefault anon-4k-prefault memfd)

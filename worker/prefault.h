@@ -21,12 +21,13 @@ namespace assay::oracle {
 // Faults in (the kernel zeroes) the fresh pages of a large image one step ahead of its reader, on
 // a thread of its own: the reader's pread then only copies, and the zeroing runs beside it.
 // Which page size to fault with is measured, not assumed. On a host that keeps its memory, huge
-// pages win (fewer faults; bench/private_copy.md: 0.56 s against 1.43 s for 2.6 GB). In a VM
-// whose host took back the guest's free 2 MiB blocks (free page reporting), every huge page must
-// first be backed again by the host, and 4 KiB pages from the guest's own free lists win by 5x
-// (1.57 s against 8.45 s); a step in huge pages soon after another process freed its pages can
-// take 90-145 ms against 12-22. So each step's page size follows the last measurements (run()).
-// Destroyed before the mapping it fills: it stops at the next step and is joined.
+// pages win (fewer faults; bench/private_copy.md, two runs: 0.40-0.56 s against 1.23-1.43 s for
+// 2.6 GB). In a VM whose host took back the guest's free 2 MiB blocks (free page reporting),
+// every huge page must first be backed again by the host, and 4 KiB pages from the guest's own
+// free lists win by 2-5x (1.57-3.64 s against 6.97-8.45 s); a step in huge pages soon after
+// another process freed its pages can take 90-145 ms against 12-22. So each step's page size
+// follows the last measurements (run()). Destroyed before the mapping it fills: it stops at the
+// next step and is joined.
 class Prefaulter {
  public:
   static constexpr std::size_t kStep = 32u << 20;

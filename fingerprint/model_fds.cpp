@@ -2,7 +2,9 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <linux/openat2.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/vfs.h>
 #include <unistd.h>
 
@@ -183,8 +185,15 @@ std::optional<SettledState> settled_state(int fd, std::string name) {
 }
 
 std::size_t write_back_directory(const std::string& dir) {
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-  if (dfd < 0) return 0;
+  // No link in any component (openat2, as admission's open_no_links resolves): a directory of
+  // the path swapped for a link after admission checked it is not followed. Without openat2,
+  // nothing is written back.
+  struct open_how how {};
+  how.flags = O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC;
+  how.resolve = RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
+  const long opened = ::syscall(SYS_openat2, AT_FDCWD, dir.c_str(), &how, sizeof how);
+  if (opened < 0) return 0;
+  const int dfd = static_cast<int>(opened);
   DIR* d = ::fdopendir(dfd);  // owns dfd from here
   if (!d) {
     ::close(dfd);

@@ -72,7 +72,8 @@ std::optional<SettledState> settled_state(int fd, std::string name);
 // Writes back the dirty pages of every regular file at the top of `dir` (sync_file_range, as
 // settled_state does), so that a settled_state taken afterwards finds them clean and returns at
 // once: the supervisor runs this off its event loop first (a model copied in just before a job
-// has about 0.6 s of writeback per GiB). Best effort, and nothing else: no link is followed, a
+// has about 0.6 s of writeback per GiB). Best effort, and nothing else: no link is followed (in
+// any component of `dir`, nor at the top of it), a
 // file is opened for reading only after an O_PATH descriptor showed it is regular (a device node
 // or FIFO swapped in is never opened), at most kMaxWriteBackFiles files; errors are ignored
 // (the settle that follows is what counts). Returns how many files it wrote back.

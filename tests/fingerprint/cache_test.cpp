@@ -263,7 +263,7 @@ TEST_CASE(
 TEST_CASE(
     "write_back_directory writes back the regular files at the top of a directory only: a FIFO, "
     "a device node, a link, a subdirectory are never opened (no hang), a link to a directory is "
-    "not followed") {
+    "not followed, in any component of the path") {
   TempDir dir;
   make_model(dir.path(), kShards);
   std::size_t regular = 0;
@@ -281,6 +281,9 @@ TEST_CASE(
   TempDir other;
   fs::create_directory_symlink(dir.path(), other / "linked-model");
   CHECK(write_back_directory((other / "linked-model").string()) == 0);
+  // A link anywhere in the path, not only its last component (a directory swapped for a link
+  // after admission checked the path).
+  CHECK(write_back_directory((other / "linked-model" / ".").string()) == 0);
   CHECK(write_back_directory((dir / "no-such-dir").string()) == 0);
   CHECK(write_back_directory((dir / "model-a.safetensors").string()) == 0);
 }

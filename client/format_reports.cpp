@@ -233,6 +233,10 @@ std::string layer_report(const Json& r) {
   o << "first non-bitwise:    "
     << (first_nb < 0 ? "none: every boundary the engine gave is bitwise equal" : named(first_nb))
     << "\n";
+  // The rows that would narrow it: the boundaries inside it the engine did not give.
+  const Json narrow = r.value("narrow_with", Json::array());
+  if (narrow.is_array() && !narrow.empty())
+    o << "  narrow it with rows at: " << joined(narrow) << "\n";
   o << "first over tolerance: "
     << (first_over < 0 ? "none: no relative RMSE above " + number(tolerance)
                        : named(first_over) + " (relative RMSE " +
@@ -251,7 +255,8 @@ std::string layer_report(const Json& r) {
     std::int64_t rounded = 0;
     for (const auto& [i, p] : patched_at) rounded += p.value("rounded_elements", std::int64_t{0});
     o << "patching: engine's token " << candidate << ", reference argmax " << argmax << "; "
-      << field(patching, {"forwards"}) << " forwards in "
+      << field(patching, {"forwards"}) << " forwards"
+      << (patching.value("search", Json()) == "bisect" ? " (bisection)" : "") << " in "
       << format_seconds(patching.value("seconds", 0.0));
     if (rounded > 0) o << "; " << rounded << " engine elements rounded to the model's dtype";
     o << "\n  last hold:  "

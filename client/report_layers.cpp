@@ -1,7 +1,8 @@
 // `assay report`'s page for a layer-attribution result: where the engine first leaves the
 // reference and (with patching) which departure decides the token, relative RMSE against depth
-// on a log axis with those boundaries marked, the per-boundary table, and the engine, reference,
-// model identity and containment evidence. Every string of the result goes through esc().
+// on a log axis with those boundaries marked, the operators of the first departing block across
+// (block_drilldown), the per-boundary table, and the engine, reference, model identity and
+// containment evidence. Every string of the result goes through esc().
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -308,6 +309,71 @@ std::string artifact_note(const Json& r, const fs::path& dir) {
                    want;
 }
 
+// The drill-down across: the first departing block's operators (docs/operators.md), one bar per
+// boundary inside it, its relative RMSE on a log scale; bitwise-equal ones drawn as such, those
+// the engine did not give listed as the rows that would narrow it.
+std::string block_drilldown(const Json& r) {
+  const Json& first = r.value("first_non_bitwise", Json());
+  if (!first.is_object() || !first.value("name", Json()).is_string()) return "";
+  const std::string name = first["name"].get<std::string>();
+  std::string block;
+  for (const char* part : {".self_attn", ".mlp", ".linear_attn"}) {
+    auto at = name.find(part);
+    if (name.starts_with("layers.") && at != std::string::npos)
+      block = name.substr(0, at + std::string(part).size());
+  }
+  const Json narrow = r.value("narrow_with", Json::array());
+  if (block.empty() && (!narrow.is_array() || narrow.empty())) return "";
+  std::vector<Json> inside;  // copies: r.value() returns one
+  for (const Json& b : r.value("boundaries", Json::array())) {
+    const std::string n = b.is_object() ? b.value("name", std::string()) : std::string();
+    if (!block.empty() && (n == block || n.starts_with(block + "."))) inside.push_back(b);
+  }
+  std::ostringstream o;
+  o << "<h2>Inside " << esc(block.empty() ? name : block)
+    << "</h2><p class=\"sub\">Depth runs down the chart above; this runs across the block where "
+       "the engine first leaves the reference: each of its operators' relative RMSE (log "
+       "scale, 1e-8 to 1), bitwise-equal ones in green.</p>";
+  if (!inside.empty()) {
+    const int row = 22, label = 300, width = 400;
+    o << "<svg class=\"drill\" width=\"" << label + width + 80 << "\" height=\""
+      << row * static_cast<int>(inside.size()) + 10 << "\" role=\"img\">";
+    for (std::size_t i = 0; i < inside.size(); ++i) {
+      const Json& b = inside[i];
+      const int y = static_cast<int>(i) * row + 4;
+      const Json rel = b.value("relative_root_mean_square_error", Json());
+      const bool present = b.value("present", false);
+      const bool bitwise = b.value("bitwise_equal", Json()) == Json(true);
+      double frac = 0;
+      if (rel.is_number() && rel.get<double>() > 0)
+        frac = std::clamp((std::log10(rel.get<double>()) + 8) / 8, 0.02, 1.0);
+      o << "<text x=\"0\" y=\"" << y + 14 << "\" class=\"mono\">"
+        << esc(b.value("name", std::string())) << "</text>";
+      if (!present)
+        o << "<text x=\"" << label << "\" y=\"" << y + 14 << "\">not given</text>";
+      else if (bitwise)
+        o << "<rect x=\"" << label << "\" y=\"" << y + 4 << "\" width=\"6\" height=\"12\" "
+          << "fill=\"#2a7\"/><text x=\"" << label + 12 << "\" y=\"" << y + 14
+          << "\">bitwise</text>";
+      else
+        o << "<rect x=\"" << label << "\" y=\"" << y + 4 << "\" width=\""
+          << static_cast<int>(frac * width) << "\" height=\"12\" fill=\"#c33\"/><text x=\""
+          << label + static_cast<int>(frac * width) + 6 << "\" y=\"" << y + 14 << "\">"
+          << (rel.is_number() ? fmt(rel.get<double>(), "%.3g") : std::string("undefined"))
+          << "</text>";
+    }
+    o << "</svg>";
+  }
+  if (narrow.is_array() && !narrow.empty()) {
+    o << "<p>The engine gave this without the boundaries inside it. Its rows at these would "
+         "narrow the departure, with no rerun but the engine's capture:</p><ul>";
+    for (const Json& n : narrow)
+      o << "<li><code>" << esc(n.is_string() ? n.get<std::string>() : n.dump()) << "</code></li>";
+    o << "</ul>";
+  }
+  return o.str();
+}
+
 std::string at_text(const Json& at) {
   return get(at, {"index"}) + " " + get(at, {"name"});
 }
@@ -380,6 +446,7 @@ std::string layers_page(const Json& r, const fs::path& dir) {
        "boundary; purple: the decisive one (patching's first flip), with the bracket after the "
        "last hold shaded.</p>"
     << rel_rmse_chart(r, pts, tolerance);
+  b << block_drilldown(r);
   b << "<h2>Per boundary</h2>" << boundary_table(r);
   if (patching.is_object()) {
     Json facts = Json::object();

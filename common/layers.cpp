@@ -1,6 +1,8 @@
 #include "common/layers.h"
 
 #include <algorithm>
+#include <cstring>
+#include <initializer_list>
 #include <map>
 
 #include "common/error.h"
@@ -36,7 +38,7 @@ LayerRequest validate_layer_request(const Json& doc) {
                                               " is not \"" + std::string(kLayerRequest) + "\"");
   only_fields(doc,
               {"schema", "id", "model_dir", "model_identity", "input_token_ids", "engine", "rows",
-               "tolerance", "patching", "limits"},
+               "tolerance", "patching", "patch_search", "limits"},
               "request");
   LayerRequest r;
   r.schema = kLayerRequest;
@@ -101,6 +103,12 @@ LayerRequest validate_layer_request(const Json& doc) {
     if (!it->is_boolean()) invalid("request.patching must be true or false, got " + it->dump());
     r.patching = it->get<bool>();
   }
+  if (auto it = doc.find("patch_search"); it != doc.end()) {
+    if (*it != "bisect" && *it != "every")
+      invalid("request.patch_search must be \"bisect\" or \"every\", got " +
+              it->dump().substr(0, 80));
+    r.patch_search = it->get<std::string>();
+  }
   if (r.patching && r.rows != LayerRows::kAll)
     invalid(
         "request.patching needs request.rows \"all\": a hidden state substituted at the last "
@@ -140,42 +148,147 @@ std::vector<std::string> layer_boundaries(const Json& root) {
   return names;
 }
 
-EngineRows check_engine_rows(const SafetensorsIndex& index, const std::vector<std::string>& model,
-                             std::int64_t hidden, const LayerRequest& r,
-                             const std::string& expected_content) {
+namespace {
+
+const Json& text_config(const Json& root) {
+  return root.contains("text_config") && root["text_config"].is_object() ? root["text_config"]
+                                                                         : root;
+}
+
+// A positive size from config.json, or `fallback` when absent (0: required).
+std::int64_t config_size(const Json& c, const char* key, std::int64_t fallback) {
+  auto it = c.find(key);
+  if (it == c.end() || it->is_null()) {
+    if (fallback > 0) return fallback;
+    throw Error("request.bad_model", std::string("config.json has no ") + key);
+  }
+  if (!it->is_number_integer() || it->get<std::int64_t>() < 1 ||
+      it->get<std::int64_t>() > (std::int64_t{1} << 31))
+    throw Error("request.bad_model", std::string("config.json ") + key + " = " +
+                                         it->dump().substr(0, 80) + " is not a positive size");
+  return it->get<std::int64_t>();
+}
+
+}  // namespace
+
+std::vector<Boundary> model_boundaries(const Json& root, std::int64_t hidden) {
+  const Json& c = text_config(root);
+  std::string type = c.contains("model_type") && c["model_type"].is_string()
+                         ? c["model_type"].get<std::string>()
+                         : "";
+  bool named = type == "llama" || type == "qwen2" || type == "qwen3";
+  std::int64_t q = 0, kv = 0, inter = 0;
+  if (named) {
+    std::int64_t heads = config_size(c, "num_attention_heads", 0);
+    std::int64_t kv_heads = config_size(c, "num_key_value_heads", heads);
+    std::int64_t head_dim = config_size(c, "head_dim", std::max<std::int64_t>(1, hidden / heads));
+    q = heads * head_dim;
+    kv = kv_heads * head_dim;
+    inter = config_size(c, "intermediate_size", 0);
+  }
+  std::vector<Boundary> out;
+  for (const std::string& name : layer_boundaries(root)) {
+    bool attention = name.ends_with(".self_attn"), mlp = name.ends_with(".mlp");
+    if (named && attention) {
+      std::vector<std::pair<const char*, std::int64_t>> ops{{"q_proj", q}};
+      if (type == "qwen3") ops.emplace_back("q_norm", q);
+      ops.emplace_back("k_proj", kv);
+      if (type == "qwen3") ops.emplace_back("k_norm", kv);
+      for (auto op :
+           std::initializer_list<std::pair<const char*, std::int64_t>>{{"v_proj", kv},
+                                                                       {"q_rotary", q},
+                                                                       {"k_rotary", kv},
+                                                                       {"attention", q},
+                                                                       {"o_proj", hidden}})
+        ops.push_back(op);
+      for (auto [op, width] : ops) out.push_back({name + "." + op, width, true});
+    } else if (named && mlp) {
+      for (const char* op : {"gate_proj", "act_fn", "up_proj", "product"})
+        out.push_back({name + "." + op, inter, true});
+      out.push_back({name + ".down_proj", hidden, true});
+    }
+    out.push_back({name, hidden, false});
+  }
+  return out;
+}
+
+std::vector<Boundary> job_boundaries(const std::vector<Boundary>& model,
+                                     const std::vector<std::string>& wanted) {
+  std::vector<Boundary> out;
+  for (const Boundary& b : model)
+    if (!b.operator_level || std::find(wanted.begin(), wanted.end(), b.name) != wanted.end())
+      out.push_back(b);
+  return out;
+}
+
+std::vector<std::string> block_operators(const std::vector<Boundary>& model,
+                                         const std::string& boundary) {
+  // The block: "layers.N.self_attn" / "layers.N.mlp", from the boundary or its operator.
+  std::string block;
+  for (const char* part : {".self_attn", ".mlp"}) {
+    auto at = boundary.find(part);
+    if (boundary.starts_with("layers.") && at != std::string::npos)
+      block = boundary.substr(0, at + std::strlen(part));
+  }
+  std::vector<std::string> out;
+  if (block.empty()) return out;
+  for (const Boundary& b : model)
+    if (b.operator_level && b.name.starts_with(block + ".")) out.push_back(b.name);
+  return out;
+}
+
+EngineRows check_engine_rows(const SafetensorsIndex& index, const std::vector<Boundary>& model,
+                             const LayerRequest& r, const std::string& expected_content) {
   auto bad = [](const std::string& m) { throw Error("request.bad_layer_rows", m); };
   std::map<std::string, const TensorView*> by_name;
   for (const TensorView& t : index.tensors) by_name[t.name] = &t;
+  std::map<std::string, const Boundary*> boundary;
+  std::size_t layers = 0;
+  for (const Boundary& b : model) {
+    boundary[b.name] = &b;
+    layers += b.name.starts_with("layers.") && b.name.find('.', 7) == std::string::npos;
+  }
   for (const auto& [name, t] : by_name) {
-    if (std::find(model.begin(), model.end(), name) == model.end())
+    auto known = boundary.find(name);
+    if (known == boundary.end())
       bad("the engine's rows file has tensor \"" + name.substr(0, 200) +
           "\", which is not a boundary of this model (" + std::to_string(model.size()) +
           " boundaries: embedding, layers.0.input_layernorm .. layers." +
-          std::to_string((model.size() - 2) / 5 - 1) + ", norm)");
+          std::to_string(layers == 0 ? 0 : layers - 1) +
+          ", norm, with the operators docs/operators.md names)");
     if (t->dtype != Dtype::kF32 && t->dtype != Dtype::kBF16)
       bad("tensor \"" + name + "\" has dtype " + std::string(dtype_name(t->dtype)) +
           "; rows are F32 or BF16");
     const auto& s = t->shape;
-    std::int64_t rows = r.row_count();
-    bool ok = r.rows == LayerRows::kLast ? (s.size() == 1 && s[0] == hidden) ||
-                                               (s.size() == 2 && s[0] == 1 && s[1] == hidden)
-                                         : s.size() == 2 && s[0] == rows && s[1] == hidden;
+    const std::int64_t rows = r.row_count(), width = known->second->width;
+    bool ok = r.rows == LayerRows::kLast ? (s.size() == 1 && s[0] == width) ||
+                                               (s.size() == 2 && s[0] == 1 && s[1] == width)
+                                         : s.size() == 2 && s[0] == rows && s[1] == width;
     if (!ok) {
       std::string shape = "[";
       for (std::size_t i = 0; i < s.size(); ++i) shape += (i ? ", " : "") + std::to_string(s[i]);
       shape += "]";
       bad("tensor \"" + name + "\" has shape " + shape + "; rows \"" +
-          std::string(layer_rows_name(r.rows)) + "\" of this model are " +
+          std::string(layer_rows_name(r.rows)) + "\" of this boundary are " +
           (r.rows == LayerRows::kLast
-               ? "[" + std::to_string(hidden) + "] or [1, " + std::to_string(hidden) + "]"
-               : "[" + std::to_string(rows) + ", " + std::to_string(hidden) + "]") +
-          " (hidden_size " + std::to_string(hidden) + ", " +
-          std::to_string(r.input_token_ids.size()) + " input ids)");
+               ? "[" + std::to_string(width) + "] or [1, " + std::to_string(width) + "]"
+               : "[" + std::to_string(rows) + ", " + std::to_string(width) + "]") +
+          " (" +
+          (known->second->operator_level ? std::to_string(width) + " values per position"
+                                         : "hidden_size " + std::to_string(width)) +
+          ", " + std::to_string(r.input_token_ids.size()) + " input ids)");
     }
   }
   if (by_name.empty()) bad("the engine's rows file holds no tensor");
   EngineRows out;
-  for (const std::string& b : model) (by_name.count(b) ? out.given : out.omitted).push_back(b);
+  for (const Boundary& b : model) {
+    if (by_name.count(b.name)) {
+      out.given.push_back(b.name);
+      if (b.operator_level) out.operators_given.push_back(b.name);
+    } else if (!b.operator_level) {
+      out.omitted.push_back(b.name);
+    }
+  }
   auto meta = [&](const char* key) -> std::optional<std::string> {
     auto it = index.metadata.find(key);
     return it == index.metadata.end() ? std::nullopt : std::optional(it->second);

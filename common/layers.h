@@ -44,6 +44,9 @@ struct LayerRequest {
   LayerRows rows = LayerRows::kLast;
   double tolerance = kDefaultRelativeRmseTolerance;  // relative RMSE
   bool patching = false;
+  // "bisect" (the default): the boundaries whose rows equal the reference's need no forward and
+  // a binary search finds the first flip; "every": one forward per boundary the engine gave.
+  std::string patch_search = "bisect";
   RequestLimits limits;
   std::string request_sha256;  // RFC 8785 of the whole document
   Json document;
@@ -65,20 +68,47 @@ LayerRequest validate_layer_request(const Json& document);
 // it is used when present). Throws Error("request.bad_model") when the layer count is missing.
 std::vector<std::string> layer_boundaries(const Json& config);
 
+// A boundary of the model: its name and how many values it holds per position. Layer-level
+// boundaries (those of layer_boundaries) hold hidden_size values; operator-level ones, inside a
+// block, hold their operator's output (docs/operators.md names them and their layout).
+struct Boundary {
+  std::string name;
+  std::int64_t width = 0;
+  bool operator_level = false;
+};
+
+// Every boundary of a model in forward order: the layer-level ones of layer_boundaries with the
+// operators of each block among them, for the architectures whose operators are named
+// (model_type llama, qwen2, qwen3: q_proj, q_norm, k_proj, k_norm, v_proj, q_rotary, k_rotary,
+// attention, o_proj inside self_attn; gate_proj, act_fn, up_proj, product, down_proj inside
+// mlp). Throws Error("request.bad_model") naming a size config.json lacks or has invalid.
+std::vector<Boundary> model_boundaries(const Json& config, std::int64_t hidden_size);
+
+// The boundaries a job computes: every layer-level one and the operator-level ones in `wanted`.
+std::vector<Boundary> job_boundaries(const std::vector<Boundary>& model,
+                                     const std::vector<std::string>& wanted);
+
+// The operator-level boundaries inside the block a boundary belongs to ("layers.N.self_attn" or
+// "layers.N.mlp", or one of their operators): the rows that would narrow a departure there. Empty
+// for any other boundary, or when the model names no operators.
+std::vector<std::string> block_operators(const std::vector<Boundary>& model,
+                                         const std::string& boundary);
+
 // What an engine's rows file holds, from its header: per boundary name (in the model's order)
-// the tensor's dtype, checked against the model's boundaries, the hidden size and the rows
-// asked for. Throws Error("request.bad_layer_rows") naming the tensor: a name that is not a
-// boundary, a dtype other than F32/BF16, a shape other than [hidden] / [1, hidden] (rows last)
-// or [T, hidden] (rows all), no tensor at all, or __metadata__ input_token_ids_sha256 /
-// model_content_sha256 that differ from the expected ones (an empty expected content digest
-// skips that check).
+// the tensor's dtype, checked against the model's boundaries (layer- or operator-level), each
+// one's width and the rows asked for. Throws Error("request.bad_layer_rows") naming the tensor:
+// a name that is not a boundary, a dtype other than F32/BF16, a shape other than [width] /
+// [1, width] (rows last) or [T, width] (rows all), no tensor at all, or __metadata__
+// input_token_ids_sha256 / model_content_sha256 that differ from the expected ones (an empty
+// expected content digest skips that check).
 struct EngineRows {
-  std::vector<std::string> given;                   // boundaries present, in the model's order
-  std::vector<std::string> omitted;                 // the model's boundaries absent from the file
+  std::vector<std::string> given;    // boundaries present, in the model's order
+  std::vector<std::string> omitted;  // the model's layer-level boundaries absent from the file
+  std::vector<std::string> operators_given;         // the operator-level ones among `given`
   std::optional<std::string> model_content_sha256;  // from __metadata__, when present
 };
-EngineRows check_engine_rows(const SafetensorsIndex& index, const std::vector<std::string>& model,
-                             std::int64_t hidden_size, const LayerRequest& request,
+EngineRows check_engine_rows(const SafetensorsIndex& index, const std::vector<Boundary>& model,
+                             const LayerRequest& request,
                              const std::string& expected_content_sha256 = "");
 
 }  // namespace assay::common

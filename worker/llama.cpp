@@ -45,8 +45,9 @@ class LlamaFamily final : public Model {
     }
     head_dim_ = config_int(c, "head_dim", hidden_ / heads_, where);
     eps_ = config_double(c, "rms_norm_eps", 1e-6, where);
-    std::string act = config_string(c, "hidden_act", "silu", where);
-    if (act != "silu") unsupported(where, "hidden_act", act, "only silu");
+    act_ = config_string(c, "hidden_act", "silu", where);
+    if (act_ != "silu" && act_ != "gelu" && act_ != "gelu_pytorch_tanh")
+      unsupported(where, "hidden_act", act_, "only silu, gelu and gelu_pytorch_tanh");
     if (config_int(c, "pretraining_tp", 1, where) != 1) {
       unsupported(where, "pretraining_tp", c["pretraining_tp"], "only 1");
     }
@@ -129,23 +130,33 @@ class LlamaFamily final : public Model {
       };
       at::Tensor residual = h;
       at::Tensor x = probed(probe, name(".input_layernorm"), rms_norm(h, l.input_norm, eps_));
-      at::Tensor q = l.q(x).view({1, t, -1, head_dim_});
-      at::Tensor k = l.k(x).view({1, t, -1, head_dim_});
-      at::Tensor v = l.v(x).view({1, t, -1, head_dim_});
-      if (qk_norm_) {
-        q = rms_norm(q, l.q_norm, eps_);
-        k = rms_norm(k, l.k_norm, eps_);
-      }
-      q = apply_rotary(q.transpose(1, 2), cos, sin);
-      k = apply_rotary(k.transpose(1, 2), cos, sin);
+      // The operators in transformers' order (q, its norm, k, its norm, v), each seen as
+      // [1, T, ...] (docs/operators.md); a probe that returns its value changes no stride.
+      at::Tensor q = probed(probe, name(".self_attn.q_proj"), l.q(x)).view({1, t, -1, head_dim_});
+      if (qk_norm_) q = probed(probe, name(".self_attn.q_norm"), rms_norm(q, l.q_norm, eps_));
+      at::Tensor k = probed(probe, name(".self_attn.k_proj"), l.k(x)).view({1, t, -1, head_dim_});
+      if (qk_norm_) k = probed(probe, name(".self_attn.k_norm"), rms_norm(k, l.k_norm, eps_));
+      at::Tensor v = probed(probe, name(".self_attn.v_proj"), l.v(x)).view({1, t, -1, head_dim_});
+      q = probed(probe, name(".self_attn.q_rotary"),
+                 apply_rotary(q.transpose(1, 2), cos, sin).transpose(1, 2))
+              .transpose(1, 2);
+      k = probed(probe, name(".self_attn.k_rotary"),
+                 apply_rotary(k.transpose(1, 2), cos, sin).transpose(1, 2))
+              .transpose(1, 2);
       at::Tensor o = eager_attention(q, k, v.transpose(1, 2), mask, scaling);
-      o = probed(probe, name(".self_attn"), l.o(o.reshape({1, t, -1}).contiguous()));
+      o = probed(probe, name(".self_attn.attention"), o.reshape({1, t, -1}).contiguous());
+      o = probed(probe, name(".self_attn"), probed(probe, name(".self_attn.o_proj"), l.o(o)));
       h = residual + o;
 
       residual = h;
       x = probed(probe, name(".post_attention_layernorm"),
                  rms_norm(h, l.post_attention_norm, eps_));
-      h = residual + probed(probe, name(".mlp"), l.down(at::silu(l.gate(x)) * l.up(x)));
+      at::Tensor gate = probed(probe, name(".mlp.gate_proj"), l.gate(x));
+      at::Tensor act = probed(probe, name(".mlp.act_fn"), activation(gate));
+      at::Tensor product =
+          probed(probe, name(".mlp.product"), act * probed(probe, name(".mlp.up_proj"), l.up(x)));
+      h = residual +
+          probed(probe, name(".mlp"), probed(probe, name(".mlp.down_proj"), l.down(product)));
       h = probed(probe, name(""), h);
     }
     return probed(
@@ -156,6 +167,12 @@ class LlamaFamily final : public Model {
     return at::linear(hidden, lm_head_);
   }
 
+  // transformers' ACT2FN: nn.SiLU, GELUActivation (F.gelu), PytorchGELUTanh.
+  at::Tensor activation(const at::Tensor& x) const {
+    if (act_ == "silu") return at::silu(x);
+    return at::gelu(x, act_ == "gelu" ? "none" : "tanh");
+  }
+
   int64_t vocab_size() const override { return vocab_; }
   int64_t hidden_size() const override { return hidden_; }
   int64_t layer_count() const override { return static_cast<int64_t>(layers_.size()); }
@@ -163,7 +180,7 @@ class LlamaFamily final : public Model {
   std::string attention_implementation() const override { return "eager"; }
 
  private:
-  std::string model_type_, architecture_;
+  std::string model_type_, architecture_, act_;
   int64_t hidden_, intermediate_, layers_n_, heads_, kv_heads_, vocab_, head_dim_;
   double eps_;
   bool qk_norm_;

@@ -45,7 +45,10 @@ class Weights {
 // "layers.N.input_layernorm", "layers.N.self_attn" (or "layers.N.linear_attn"; the block's output
 // before the residual add), "layers.N.post_attention_layernorm", "layers.N.mlp" (its output
 // before the residual add), "layers.N" (the layer's output); "norm". The value is [1, T, hidden]
-// in the dtype the forward computed it in.
+// in the dtype the forward computed it in. Architectures that name their operators
+// (common/layers.h model_boundaries, docs/operators.md) also pass each block's operators, e.g.
+// "layers.N.self_attn.q_rotary", as [1, T, ...] (any trailing dims; a view, so that a probe
+// that returns what it is given changes no stride of the forward's tensors).
 class Probe {
  public:
   virtual ~Probe() = default;

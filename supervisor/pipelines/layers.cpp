@@ -39,19 +39,25 @@ class LayersPipeline final : public Pipeline {
         job_dir_(std::move(job_dir)),
         r_(common::validate_layer_request(read_request(job_dir_))),
         checks_(read_checks(job_dir_)),
-        boundaries_(common::layer_boundaries(read_model_config(r_.model_dir))),
-        hidden_(read_hidden_size(r_.model_dir)) {
+        hidden_(read_hidden_size(r_.model_dir)),
+        model_(common::model_boundaries(read_model_config(r_.model_dir), hidden_)) {
     const Json& rows = checks_.value("engine_rows", Json());
     if (!rows.is_object() || !rows.contains("given") || !rows["given"].is_array())
       throw Error("job.checks", job_dir_.string() + "/checks.json has no engine_rows.given");
     for (const Json& g : rows["given"]) given_.push_back(g.get<std::string>());
+    // Jobs accepted before operator-level rows existed have no engine_rows.operators.
+    if (rows.contains("operators") && rows["operators"].is_array())
+      for (const Json& g : rows["operators"]) operators_.push_back(g.get<std::string>());
+    for (const common::Boundary& b : common::job_boundaries(model_, operators_)) {
+      boundaries_.push_back(b.name);
+      row_width_ += b.width;
+    }
   }
 
   std::uint64_t required_bytes() override {
     // The forward, every boundary's rows kept in F32, and the engine's rows when patching.
-    std::uint64_t rows = static_cast<std::uint64_t>(boundaries_.size()) *
-                         static_cast<std::uint64_t>(r_.row_count()) *
-                         static_cast<std::uint64_t>(hidden_) * 4;
+    std::uint64_t rows =
+        static_cast<std::uint64_t>(row_width_) * static_cast<std::uint64_t>(r_.row_count()) * 4;
     return estimate_required_bytes(r_.model_dir, r_.input_token_ids.size()) +
            (r_.patching ? 3 : 1) * rows;
   }
@@ -100,7 +106,8 @@ class LayersPipeline final : public Pipeline {
           {"input_token_ids_sha256", common::token_ids_sha256(r_.input_token_ids)},
           {"rows", common::layer_rows_name(r_.rows)},
           {"tolerance", {{"relative_rmse", r_.tolerance}}},
-          {"patching", r_.patching}}},
+          {"patching", r_.patching},
+          {"patch_search", r_.patch_search}}},
         {"model_identity", fingerprint_.identity()},
         {"model_fingerprint", fingerprint_section(fingerprint_)},
         {"engine",
@@ -111,6 +118,7 @@ class LayersPipeline final : public Pipeline {
             {"sha256", r_.rows_sha256},
             {"bytes", cmp["engine_file_bytes"]}}},
           {"boundaries_given", given_.size()},
+          {"operators_given", operators_.size()},
           {"omitted", omitted}}},
         {"reference",
          {{"argmax_token_id", oracle_output_["argmax_token_id"]},
@@ -123,6 +131,7 @@ class LayersPipeline final : public Pipeline {
           {"process", oracle_evidence_->to_json()}}},
         {"boundaries", cmp["boundaries"]},
         {"first_non_bitwise", cmp["first_non_bitwise"]},
+        {"narrow_with", narrow_with(cmp["first_non_bitwise"])},
         {"first_over_tolerance", cmp["first_over_tolerance"]},
         {"largest_growth", cmp["largest_growth"]},
         {"patching", patching},
@@ -171,12 +180,14 @@ class LayersPipeline final : public Pipeline {
              {{"device", config_.oracle_device},
               {"dtype", execution_dtype(r_.model_dir)},
               {"threads", worker_threads(config_)}}}};
+    if (!operators_.empty()) in["operators"] = operators_;
     // Step::open_files come first: the engine's file is fd 3.
     if (r_.patching)
       in["patch"] = Json{{"fd", 3},
                          {"boundaries", given_},
                          {"candidate_token_id", *r_.next_token_id},
-                         {"sha256", r_.rows_sha256}};
+                         {"sha256", r_.rows_sha256},
+                         {"search", r_.patch_search}};
     return in;
   }
 
@@ -214,14 +225,33 @@ class LayersPipeline final : public Pipeline {
       if (member(p, "file_sha256") != r_.rows_sha256)
         bad("the patching read " + member(p, "file_sha256").dump() +
             ", not the engine's file of the request " + r_.rows_sha256);
+      if (member(p, "search") != r_.patch_search)
+        bad("the patching searched " + member(p, "search").dump() + ", not \"" + r_.patch_search +
+            "\"");
       const Json& done = member(p, "boundaries");
-      if (!done.is_array() || done.size() != given_.size())
-        bad("the patching covers " + std::to_string(done.size()) + " boundaries, not " +
-            std::to_string(given_.size()));
-      for (std::size_t i = 0; i < done.size(); ++i)
-        if (member(done[i], "name") != given_[i] ||
-            !member(done[i], "argmax_token_id").is_number_integer())
-          bad("patched boundary " + std::to_string(i) + " is not \"" + given_[i] + "\"");
+      bool every = r_.patch_search == "every";
+      if (!done.is_array() || (every && done.size() != given_.size()))
+        bad("the patching covers " + std::to_string(done.is_array() ? done.size() : 0) +
+            " boundaries, not " + std::to_string(given_.size()));
+      // "every": each boundary given, in order, each computed; "bisect": some of them, in order,
+      // and as many forwards as rows computed.
+      std::size_t next = 0;
+      std::int64_t computed = 0;
+      for (std::size_t i = 0; i < done.size(); ++i) {
+        const Json& name = member(done[i], "name");
+        while (next < given_.size() && name != given_[next] && !every) ++next;
+        if (next == given_.size() || name != given_[next] ||
+            !member(done[i], "argmax_token_id").is_number_integer() ||
+            !member(done[i], "computed").is_boolean() ||
+            (every && !member(done[i], "computed").get<bool>()))
+          bad("patched boundary " + std::to_string(i) + " (" + name.dump().substr(0, 80) +
+              ") is not one the engine gave, in order");
+        computed += member(done[i], "computed").get<bool>();
+        ++next;
+      }
+      if (member(p, "forwards") != computed)
+        bad("the patching reports " + member(p, "forwards").dump() + " forwards for " +
+            std::to_string(computed) + " computed boundaries");
     } else if (!p.is_null()) {
       bad("patched although the request did not ask for it");
     }
@@ -305,6 +335,23 @@ class LayersPipeline final : public Pipeline {
       if (!b["becomes_candidate"].is_boolean())
         throw Error("worker.layers_output",
                     "patching boundary " + b["index"].dump() + " has no boolean becomes_candidate");
+      // The rows a forward the search skipped would have substituted must all be bitwise equal
+      // in the comparison, which read the engine's file on its own.
+      if (b["computed"] == false) {
+        bool bitwise = b["substituted"].is_array() && !b["substituted"].empty();
+        for (const Json& name : b["substituted"].is_array() ? b["substituted"] : Json::array()) {
+          bool found = false;
+          for (const Json& c : compare_output_.value("boundaries", Json::array()))
+            if (c.value("name", Json()) == name)
+              found = c.value("bitwise_equal", Json()) == Json(true);
+          bitwise = bitwise && found;
+        }
+        if (!bitwise || b["argmax_token_id"] != oracle_output_["argmax_token_id"])
+          throw Error("worker.layers_output",
+                      "the patching skipped boundary " + b["name"].dump().substr(0, 80) +
+                          " as the reference's own rows, but the comparison finds them not "
+                          "bitwise equal (or the argmax it gives is not the reference's)");
+      }
       if (b["becomes_candidate"].get<bool>()) {
         first_flip = std::move(at);
         break;
@@ -313,6 +360,7 @@ class LayersPipeline final : public Pipeline {
     }
     return Json{{"candidate_token_id", p["candidate_token_id"]},
                 {"reference_argmax_token_id", oracle_output_["argmax_token_id"]},
+                {"search", p["search"]},
                 {"forwards", p["forwards"]},
                 {"seconds", p["seconds"]},
                 {"boundaries", p["boundaries"]},
@@ -320,12 +368,32 @@ class LayersPipeline final : public Pipeline {
                 {"last_hold", std::move(last_hold)}};
   }
 
+  // The rows that would narrow the first non-bitwise boundary, when the engine gave it at a
+  // coarser granularity than the model offers: the operators of its block (self_attn or mlp),
+  // or for a layer's output every boundary inside that layer; none the engine gave.
+  Json narrow_with(const Json& first) const {
+    Json out = Json::array();
+    if (!first.is_object() || !first["name"].is_string()) return out;
+    const std::string name = first["name"].get<std::string>();
+    std::vector<std::string> inside = common::block_operators(model_, name);
+    if (name.starts_with("layers.") && name.find('.', 7) == std::string::npos)
+      for (const common::Boundary& b : model_)
+        if (b.name.starts_with(name + ".")) inside.push_back(b.name);
+    for (const common::Boundary& b : model_)  // in forward order
+      if (std::find(inside.begin(), inside.end(), b.name) != inside.end() &&
+          std::find(given_.begin(), given_.end(), b.name) == given_.end())
+        out.push_back(b.name);
+    return out;
+  }
+
   const Config& config_;
   fs::path job_dir_;
   common::LayerRequest r_;
   Json checks_;
-  std::vector<std::string> boundaries_, given_;
   std::int64_t hidden_;
+  std::vector<common::Boundary> model_;
+  std::vector<std::string> boundaries_, given_, operators_;
+  std::int64_t row_width_ = 0;  // values per position over every boundary the job computes
   FingerprintRun fingerprint_;
   Json oracle_output_;
   std::optional<contain::Evidence> oracle_evidence_;
@@ -363,7 +431,7 @@ Admission admit_layers(const Json& document, const SubmitContext& context) {
                 "request.engine.rows_file.path " + rows.path + ": " + e.what());
   }
   common::EngineRows given = common::check_engine_rows(
-      header, common::layer_boundaries(read_model_config(model_dir)), read_hidden_size(model_dir),
+      header, common::model_boundaries(read_model_config(model_dir), read_hidden_size(model_dir)),
       r, r.model_identity ? (*r.model_identity)["content_sha256"].get<std::string>() : "");
   Admission a{common::sha256_canonical_id(
                   Json{{"request_sha256", r.request_sha256}, {"kind", "layer-attribution"}}),
@@ -376,10 +444,14 @@ Admission admit_layers(const Json& document, const SubmitContext& context) {
       Json{{"engine_rows",
             {{"given", given.given},
              {"omitted", given.omitted},
+             {"operators", given.operators_given},
              {"model_content_sha256",
               given.model_content_sha256 ? Json(*given.model_content_sha256) : Json(nullptr)}}}};
-  a.accepted_note = "engine rows: " + std::to_string(given.given.size()) + " of " +
-                    std::to_string(given.given.size() + given.omitted.size()) + " boundaries";
+  a.accepted_note =
+      "engine rows: " + std::to_string(given.given.size() - given.operators_given.size()) + " of " +
+      std::to_string(given.given.size() - given.operators_given.size() + given.omitted.size()) +
+      " layer-level boundaries, " + std::to_string(given.operators_given.size()) +
+      " operator-level";
   return a;
 }
 

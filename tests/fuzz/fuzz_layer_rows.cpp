@@ -1,8 +1,9 @@
 // An engine's layer rows file as assayd checks it at admission (supervisor/pipelines/layers.cpp
 // admit_layers): the safetensors header read from the descriptor by
-// common::read_safetensors_header with its 64 MiB bound, then common::check_engine_rows against a
-// two-layer model (one linear-attention layer, as Qwen3.5's) and a request for the last row and
-// one for all rows. What it accepts names only the model's boundaries, each exactly once.
+// common::read_safetensors_header with its 64 MiB bound, then common::check_engine_rows against
+// the layer- and operator-level boundaries of a two-layer model (one linear-attention layer, as
+// Qwen3.5's) and a request for the last row and one for all rows. What it accepts names only the
+// model's boundaries, each exactly once.
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -22,11 +23,18 @@ using assay::common::Json;
 
 constexpr std::int64_t kHidden = 8;
 
-const std::vector<std::string>& boundaries() {
-  static const auto b = assay::common::layer_boundaries(
-      Json{{"num_hidden_layers", 2},
-           {"hidden_size", kHidden},
-           {"layer_types", {"linear_attention", "full_attention"}}});
+// Layer- and operator-level boundaries (model_type qwen3: q_norm and k_norm; widths 8, 4, 16).
+const std::vector<assay::common::Boundary>& boundaries() {
+  static const auto b =
+      assay::common::model_boundaries(Json{{"model_type", "qwen3"},
+                                           {"num_hidden_layers", 2},
+                                           {"hidden_size", kHidden},
+                                           {"num_attention_heads", 2},
+                                           {"num_key_value_heads", 1},
+                                           {"head_dim", 4},
+                                           {"intermediate_size", 16},
+                                           {"layer_types", {"linear_attention", "full_attention"}}},
+                                      kHidden);
   return b;
 }
 
@@ -59,12 +67,17 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
   for (const common::LayerRequest* r : {&last, &all}) {
     try {
-      common::EngineRows given = common::check_engine_rows(header, boundaries(), kHidden, *r,
-                                                           "sha256:" + std::string(64, 'b'));
-      if (given.given.empty() || given.given.size() + given.omitted.size() != boundaries().size())
+      common::EngineRows given =
+          common::check_engine_rows(header, boundaries(), *r, "sha256:" + std::string(64, 'b'));
+      std::size_t layer_level = 0;
+      for (const auto& b : boundaries()) layer_level += !b.operator_level;
+      if (given.given.empty() ||
+          given.given.size() - given.operators_given.size() + given.omitted.size() != layer_level)
         std::abort();
       for (const auto& name : given.given)
-        if (std::count(boundaries().begin(), boundaries().end(), name) != 1) std::abort();
+        if (std::count_if(boundaries().begin(), boundaries().end(),
+                          [&](const auto& b) { return b.name == name; }) != 1)
+          std::abort();
     } catch (const common::Error& e) {
       if (e.code() != "request.bad_layer_rows") std::abort();
     }

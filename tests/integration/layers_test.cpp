@@ -161,9 +161,11 @@ TEST_CASE(
   CHECK(result["reference"]["logits_sha256"] == logits_sha);
   CHECK(result["reference"]["argmax_token_id"] == reference);
 
-  // The deliberate change, with patching.
+  // The deliberate change, with patching at every boundary (tests/layers/operators_test.py
+  // covers the default bisection).
   Json request = layer_request("changed", model, ids, changed_rows, true,
                                changed["next_token_id"].get<std::int64_t>());
+  request["patch_search"] = "every";
   Json job = run_job(d, request);
   result = result_of(d, job);
   const std::string id = job["id"];

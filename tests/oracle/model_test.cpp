@@ -379,7 +379,7 @@ TEST_CASE("hostile inputs and checkpoints give a clear error naming the offender
     expect_error(oracle_cmd(m, ids, out), out, "model.unsupported", "mixtral");
     edit_config(m, [](Json& c) {
       c["model_type"] = "llama";
-      c["hidden_act"] = "gelu";
+      c["hidden_act"] = "gelu_new";  // transformers has it; assay's Llama has silu and gelu
     });
     expect_error(oracle_cmd(m, ids, out), out, "model.unsupported", "hidden_act");
     edit_config(m, [](Json& c) {

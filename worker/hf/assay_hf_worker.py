@@ -30,8 +30,8 @@ model is built once, as for next-token, from the descriptors; DIR/loaded.json
 
 layers (assay.oracle-layers-input.v1): the same model and forward with forward hooks on the
 modules named as boundaries (embedding, per layer input_layernorm, self_attn or linear_attn,
-post_attention_layernorm, mlp and the layer, then norm) keeping their outputs' rows widened to
-float32; DIR/layers.safetensors (one F32 tensor per boundary, in forward order) and
+post_attention_layernorm, mlp and the layer, then norm; and the operators the input names,
+docs/operators.md) keeping their rows widened to float32; DIR/layers.safetensors (one F32 tensor per boundary, in forward order) and
 DIR/output.json (assay.oracle-layers-output.v1). With `patch`, one more forward per named
 boundary whose hook returns the engine's rows (read through patch.fd) in place of the module's
 output, recording the last position's argmax.
@@ -1027,6 +1027,131 @@ def substitute_hook(rows, counts):
     return hook
 
 
+OPERATOR_TYPES = ("llama", "qwen2", "qwen3")  # common/layers.h model_boundaries
+
+
+def is_operator(name):
+    """layers.N.<block>.<operator> (docs/operators.md), as opposed to a layer-level boundary."""
+    return name.startswith("layers.") and name.count(".") >= 3
+
+
+def operator_names(model, layer, n):
+    """(self_attn's, mlp's) operator boundaries of decoder layer n, in forward order, for the
+    architectures whose operators are named; ([], []) for the others."""
+    config = getattr(model.config, "text_config", None) or model.config
+    if getattr(config, "model_type", None) not in OPERATOR_TYPES or not hasattr(layer, "self_attn"):
+        return [], []
+    norms = hasattr(layer.self_attn, "q_norm")
+    attn = ["q_proj"] + (["q_norm"] if norms else []) + ["k_proj"] + (["k_norm"] if norms else [])
+    attn += ["v_proj", "q_rotary", "k_rotary", "attention", "o_proj"]
+    mlp = ["gate_proj", "act_fn", "up_proj", "product", "down_proj"]
+    return ([f"layers.{n}.self_attn.{o}" for o in attn], [f"layers.{n}.mlp.{o}" for o in mlp])
+
+
+def all_boundary_names(model):
+    """Every boundary in forward order, operators inside their blocks (model_boundaries)."""
+    stack, out = decoder_stack(model), []
+    for name, _ in boundary_modules(model):
+        if name.startswith("layers.") and name.count(".") == 2:
+            n = int(name.split(".")[1])
+            attn, mlp = operator_names(model, stack.layers[n], n)
+            out += attn if name.endswith(".self_attn") else mlp if name.endswith(".mlp") else []
+        out.append(name)
+    return out
+
+
+def attach_points(model, wanted, on_value):
+    """Calls on_value(name, value) at every boundary in `wanted` as the forward passes it, value
+    [1, T, ...] (a view; q_rotary and k_rotary as [1, T, heads, head_dim]); a tensor it returns
+    (of value's shape) replaces the value there. Layer-level boundaries and most operators are
+    module outputs, "attention" and "product" the inputs of o_proj and down_proj, q_rotary and
+    k_rotary apply_rotary_pos_emb's results. Returns the callables that detach it."""
+    import sys
+
+    stack, undo = decoder_stack(model), []
+
+    def output_hook(name):
+        def hook(module, args, output):
+            value = first_output(output)
+            new = on_value(name, value)
+            if new is None:
+                return None
+            return (new,) + tuple(output[1:]) if isinstance(output, tuple) else new
+        return hook
+
+    def input_hook(name):
+        def hook(module, args):
+            new = on_value(name, args[0])
+            return None if new is None else (new,) + tuple(args[1:])
+        return hook
+
+    for name, module in boundary_modules(model):
+        if name in wanted:
+            undo.append(module.register_forward_hook(output_hook(name)).remove)
+    rotary = {}  # per modeling module: which layer's attention is running
+    for n, layer in enumerate(stack.layers):
+        attn_ops, mlp_ops = operator_names(model, layer, n)
+        for name in attn_ops + mlp_ops:
+            if name not in wanted:
+                continue
+            block, op = name.split(".")[2:4]
+            parent = getattr(layer, block)
+            if op == "attention":
+                undo.append(parent.o_proj.register_forward_pre_hook(input_hook(name)).remove)
+            elif op == "product":
+                undo.append(parent.down_proj.register_forward_pre_hook(input_hook(name)).remove)
+            elif op in ("q_rotary", "k_rotary"):
+                rotary.setdefault(sys.modules[type(parent).__module__], set()).add(n)
+            else:
+                undo.append(getattr(parent, op).register_forward_hook(output_hook(name)).remove)
+    running = [None]
+    for n, layer in enumerate(stack.layers):
+        if any(n in layers for layers in rotary.values()):
+            undo.append(layer.self_attn.register_forward_pre_hook(
+                lambda m, a, n=n: running.__setitem__(0, n)).remove)
+    for modeling, layers in rotary.items():
+        original = modeling.apply_rotary_pos_emb
+
+        def wrapped(q, k, *args, original=original, layers=layers, **kwargs):
+            q, k = original(q, k, *args, **kwargs)
+            n = running[0]
+            if n in layers:
+                out = []
+                for part, value in (("q_rotary", q), ("k_rotary", k)):
+                    name = f"layers.{n}.self_attn.{part}"
+                    new = on_value(name, value.transpose(1, 2)) if name in wanted else None
+                    out.append(value if new is None else new.transpose(1, 2))
+                q, k = out
+            return q, k
+
+        modeling.apply_rotary_pos_emb = wrapped
+        undo.append(lambda modeling=modeling, original=original:
+                    setattr(modeling, "apply_rotary_pos_emb", original))
+    return undo
+
+
+def rows_of(value, rows):
+    """A boundary's value [1, T, ...] as float32 rows [R, width] (widened, never rounded)."""
+    import torch
+
+    kept = value[0].reshape(value.shape[1], -1)
+    kept = kept[-1:] if rows == "last" else kept
+    return kept.detach().to("cpu", torch.float32, copy=True).contiguous()
+
+
+def substitute(value, rows, counts):
+    """rows [T, width] in value's dtype, shape and strides; counts["rounded"]: how many
+    elements the conversion changed."""
+    import torch
+
+    converted = rows.to(device=value.device, dtype=value.dtype)
+    counts["rounded"] = counts.get("rounded", 0) + int(
+        (converted.to(rows.device, rows.dtype) != rows).sum())
+    out = torch.empty_like(value)
+    out.copy_(converted.reshape(value.shape))
+    return out
+
+
 def last_argmax(logits):
     """The lowest id among the largest of a last-position logits row (torch.argmax's rule)."""
     import torch
@@ -1085,9 +1210,26 @@ def read_engine_file(patch):
     return data
 
 
-def read_engine_rows(data, names, ids, hidden):
-    """The engine's rows file's bytes: every tensor named by a boundary, F32 or BF16, shape
-    [T, hidden] (or [hidden] for T = 1), finite. Returns ({name: tensor}, the file's sha256)."""
+def boundary_widths(model, names):
+    """{boundary: values per position}: hidden_size, or the operator's output width."""
+    stack, hidden, out = decoder_stack(model), int(decoder_stack(model).embed_tokens.embedding_dim), {}
+    for name in names:
+        if not is_operator(name):
+            out[name] = hidden
+            continue
+        _, n, block, op = name.split(".")
+        parent = getattr(stack.layers[int(n)], block)
+        source = {"q_norm": "q_proj", "q_rotary": "q_proj", "attention": "q_proj",
+                  "k_norm": "k_proj", "k_rotary": "k_proj", "act_fn": "gate_proj",
+                  "product": "gate_proj"}.get(op, op)
+        out[name] = int(getattr(parent, source).out_features)
+    return out
+
+
+def read_engine_rows(data, widths, ids):
+    """The engine's rows file's bytes: every tensor named by a boundary (widths: {name: values
+    per position}), F32 or BF16, shape [T, width] (or [width] for T = 1), finite. Returns
+    ({name: tensor}, the file's sha256)."""
     import safetensors.torch
     import torch
 
@@ -1101,17 +1243,18 @@ def read_engine_rows(data, names, ids, hidden):
         tensors = safetensors.torch.load(data)
     except Exception as e:  # safetensors' own error types differ across versions
         raise WorkerError("request.bad_layer_rows", f"the engine's rows file: {e}") from e
-    t, shapes = len(ids), ([len(ids), hidden],) + (([hidden],) if len(ids) == 1 else ())
+    t = len(ids)
     for name, tensor in tensors.items():
-        if name not in names:
+        if name not in widths:
             raise WorkerError("request.bad_layer_rows", f"tensor {name!r} is not a boundary of the model")
         if tensor.dtype not in (torch.float32, torch.bfloat16):
             raise WorkerError("request.bad_layer_rows",
                               f"tensor {name!r} has dtype {tensor.dtype}, not F32 or BF16")
-        if list(tensor.shape) not in shapes:
+        width = widths[name]
+        if list(tensor.shape) not in ([t, width],) + (([width],) if t == 1 else ()):
             raise WorkerError("request.bad_layer_rows",
                               f"tensor {name!r} has shape {list(tensor.shape)}; patching "
-                              f"substitutes all {t} positions and needs [{t}, {hidden}]")
+                              f"substitutes all {t} positions and needs [{t}, {width}]")
         if not torch.isfinite(tensor).all():
             raise WorkerError("request.bad_layer_rows", f"tensor {name!r} has a non-finite element")
     return tensors, sha256_id(data)
@@ -1135,31 +1278,98 @@ def patch_boundaries(patch, names, tensors):
     return [(order[n], n) for n in wanted]
 
 
-def run_patching(model, modules, ids_tensor, patch, tensors, file_sha256):
-    """One forward per boundary with the engine's rows substituted there (first_flip and
-    last_hold are the job's to derive, as from assay-oracle's)."""
+def patch_group(name, layers):
+    """-1 for embedding, N for layers.N[...], layers for norm (assay-oracle's group_of)."""
+    if name == "embedding":
+        return -1
+    if name == "norm":
+        return layers
+    return int(name.split(".")[1])
+
+
+def patch_set(given, k, layers):
+    """What a forward patched at given[k] substitutes (indices into given): the engine's output
+    of the previous layer, its rows at every boundary of the patched layer up to given[k], and
+    given[k]'s siblings (q_rotary with k_rotary), as assay-oracle's patch_set."""
+    group = patch_group(given[k], layers)
+    previous = None if group == -1 else "embedding" if group == 0 else f"layers.{group - 1}"
+    name = given[k]
+    sibling = (name.replace(".q_rotary", ".k_rotary") if name.endswith(".self_attn.q_rotary") else
+               name.replace(".k_rotary", ".q_rotary") if name.endswith(".self_attn.k_rotary") else
+               None)
+    return [j for j, g in enumerate(given)
+            if (patch_group(g, layers) == group and j <= k) or g == previous or g == sibling]
+
+
+def run_patching(model, names, ids_tensor, patch, tensors, file_sha256, reference):
+    """Forwards patched at one named boundary each, substituting the engine's state there
+    (patch_set); first_flip and last_hold are the job's to derive, as from assay-oracle's.
+    search "every": one per named boundary; "bisect": none where every substituted row is the
+    reference's bit for bit (that forward is the reference's), then the last departed boundary
+    and a binary search for the first that gives the candidate, as assay-oracle searches
+    (worker/attribution.h)."""
     import torch
 
     candidate = int(patch["candidate_token_id"])
-    by_name = dict(modules)
-    rows, start = [], time.monotonic()
-    for index, name in patch_boundaries(patch, [n for n, _ in modules], tensors):
+    search = patch.get("search", "every")
+    if search not in ("every", "bisect"):
+        raise WorkerError("input.invalid", f"patch.search {search!r} is not \"every\" or \"bisect\"")
+    targets = patch_boundaries(patch, names, tensors)
+    given = [name for _, name in targets]
+    layers = len(decoder_stack(model).layers)
+    done, start = {}, time.monotonic()
+
+    def patched(k):
+        index, name = targets[k]
         counts = {"rounded": 0}
-        handle = by_name[name].register_forward_hook(substitute_hook(tensors[name], counts))
+        substituted = [given[j] for j in patch_set(given, k, layers)]
+        undo = attach_points(model, set(substituted),
+                             lambda n, v: substitute(v, tensors[n], counts))
         began = time.monotonic()
         try:
             with torch.inference_mode():
                 out = model(input_ids=ids_tensor, use_cache=False)
         finally:
-            handle.remove()
+            for u in undo:
+                u()
         last = out.logits[0, -1].float().contiguous()
         argmax = last_argmax(last)
-        rows.append({"index": index, "name": name, "argmax_token_id": argmax,
-                     "becomes_candidate": argmax == candidate,
-                     "logits_sha256": sha256_id(last.numpy().tobytes()),
-                     "seconds": time.monotonic() - began,
-                     "rounded_elements": counts["rounded"]})
-    return {"candidate_token_id": candidate, "file_sha256": file_sha256, "forwards": len(rows),
+        done[k] = {"index": index, "name": name, "computed": True, "substituted": substituted,
+                   "argmax_token_id": argmax,
+                   "becomes_candidate": argmax == candidate,
+                   "logits_sha256": sha256_id(last.numpy().tobytes()),
+                   "seconds": time.monotonic() - began, "rounded_elements": counts["rounded"]}
+        return argmax == candidate
+
+    if search == "every":
+        for k in range(len(targets)):
+            patched(k)
+    else:
+        bitwise = [torch.equal(tensors[n].to(torch.float32).reshape(reference["rows"][n].shape),
+                               reference["rows"][n]) for n in given]
+        departed = []
+        for k, (index, name) in enumerate(targets):
+            substituted = [given[j] for j in patch_set(given, k, layers)]
+            if all(bitwise[j] for j in patch_set(given, k, layers)):
+                done[k] = {"index": index, "name": name, "computed": False,
+                           "substituted": substituted,
+                           "argmax_token_id": reference["argmax"],
+                           "becomes_candidate": reference["argmax"] == candidate,
+                           "logits_sha256": reference["logits_sha256"], "seconds": 0.0,
+                           "rounded_elements": 0}
+            else:
+                departed.append(k)
+        if departed and patched(departed[-1]):
+            lo, hi = 0, len(departed) - 1
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if patched(departed[mid]):
+                    hi = mid
+                else:
+                    lo = mid + 1
+    rows = [done[k] for k in sorted(done)]
+    return {"candidate_token_id": candidate, "file_sha256": file_sha256, "search": search,
+            "forwards": sum(r["computed"] for r in rows),
             "seconds": time.monotonic() - start, "boundaries": rows}
 
 
@@ -1174,14 +1384,22 @@ def layers(doc, workdir):
     rows = doc["rows"]
     if rows not in ("last", "all"):
         raise WorkerError("input.invalid", f"rows {rows!r} is not \"last\" or \"all\"")
-    modules = boundary_modules(model)
-    names = [name for name, _ in modules]
+    every = all_boundary_names(model)
+    operators = doc.get("operators", [])
+    if not isinstance(operators, list):
+        raise WorkerError("input.invalid", "operators must be an array")
+    for name in operators:
+        if not isinstance(name, str) or not is_operator(name) or name not in every:
+            raise WorkerError("request.bad_layer_rows",
+                              f"operator {name!r} is not a boundary of this {type(model).__name__} "
+                              "forward (docs/operators.md lists each architecture's operators)")
+    names = [n for n in every if not is_operator(n) or n in operators]
     embed = decoder_stack(model).embed_tokens
     vocab, hidden = int(embed.num_embeddings), int(embed.embedding_dim)
     ids = [int(i) for i in doc["token_ids"]]
     check_token_ids(ids, vocab, "token_ids")
-    tensors, file_sha256 = (read_engine_rows(engine_file, set(names), ids, hidden) if patch else
-                            (None, None))
+    tensors, file_sha256 = (read_engine_rows(engine_file, boundary_widths(model, names), ids)
+                            if patch else (None, None))
     if patch and not 0 <= int(patch["candidate_token_id"]) < vocab:
         raise WorkerError("request.invalid_token_id",
                           f"patch.candidate_token_id = {patch['candidate_token_id']} is outside "
@@ -1189,14 +1407,15 @@ def layers(doc, workdir):
 
     ids_tensor = torch.tensor([ids], device=built.device)
     store = {}
-    handles = capture_hooks(modules, rows, store)
+    undo = attach_points(model, set(names),
+                         lambda name, value: store.__setitem__(name, rows_of(value, rows)))
     forward_start = time.monotonic()
     try:
         with torch.inference_mode():
             out = model(input_ids=ids_tensor, use_cache=False)
     finally:
-        for handle in handles:
-            handle.remove()
+        for u in undo:
+            u()
     logits = out.logits[0, -1].float().cpu().contiguous()
     forward_seconds = time.monotonic() - forward_start
     if not torch.isfinite(logits).all():
@@ -1211,10 +1430,12 @@ def layers(doc, workdir):
                            "sha256": sha256_id(data)})
     write_safetensors(os.path.join(workdir, LAYERS_FILE), entries,
                       {"input_token_ids_sha256": canonical_ids_sha256(ids), "rows": rows})
-    del store, entries
-
-    patching = (run_patching(model, modules, ids_tensor, patch, tensors, file_sha256)
+    del entries
+    reference = {"rows": store, "argmax": argmax,
+                 "logits_sha256": sha256_id(logits.numpy().tobytes())}
+    patching = (run_patching(model, names, ids_tensor, patch, tensors, file_sha256, reference)
                 if patch else None)
+    del store
     return {
         **execution_fields(built),
         "schema": "assay.oracle-layers-output.v1",

@@ -176,8 +176,10 @@ std::vector<Boundary> model_boundaries(const Json& root, std::int64_t hidden) {
   std::string type = c.contains("model_type") && c["model_type"].is_string()
                          ? c["model_type"].get<std::string>()
                          : "";
-  bool named = type == "llama" || type == "qwen2" || type == "qwen3";
-  std::int64_t q = 0, kv = 0, inter = 0;
+  const bool llama = type == "llama" || type == "qwen2" || type == "qwen3";
+  const bool qwen3_5 = type == "qwen3_5" || type == "qwen3_5_text";
+  const bool named = llama || qwen3_5;
+  std::int64_t q = 0, kv = 0, inter = 0, key = 0, value = 0, v_heads = 0;
   if (named) {
     std::int64_t heads = config_size(c, "num_attention_heads", 0);
     std::int64_t kv_heads = config_size(c, "num_key_value_heads", heads);
@@ -186,27 +188,53 @@ std::vector<Boundary> model_boundaries(const Json& root, std::int64_t hidden) {
     kv = kv_heads * head_dim;
     inter = config_size(c, "intermediate_size", 0);
   }
+  if (qwen3_5) {
+    key = config_size(c, "linear_num_key_heads", 0) * config_size(c, "linear_key_head_dim", 0);
+    v_heads = config_size(c, "linear_num_value_heads", 0);
+    value = v_heads * config_size(c, "linear_value_head_dim", 0);
+  }
+  using Ops = std::vector<std::pair<const char*, std::int64_t>>;
   std::vector<Boundary> out;
   for (const std::string& name : layer_boundaries(root)) {
-    bool attention = name.ends_with(".self_attn"), mlp = name.ends_with(".mlp");
-    if (named && attention) {
-      std::vector<std::pair<const char*, std::int64_t>> ops{{"q_proj", q}};
+    Ops ops;
+    if (llama && name.ends_with(".self_attn")) {
+      ops = {{"q_proj", q}};
       if (type == "qwen3") ops.emplace_back("q_norm", q);
       ops.emplace_back("k_proj", kv);
       if (type == "qwen3") ops.emplace_back("k_norm", kv);
-      for (auto op :
-           std::initializer_list<std::pair<const char*, std::int64_t>>{{"v_proj", kv},
-                                                                       {"q_rotary", q},
-                                                                       {"k_rotary", kv},
-                                                                       {"attention", q},
-                                                                       {"o_proj", hidden}})
+      for (auto op : Ops{{"v_proj", kv},
+                         {"q_rotary", q},
+                         {"k_rotary", kv},
+                         {"attention", q},
+                         {"o_proj", hidden}})
         ops.push_back(op);
-      for (auto [op, width] : ops) out.push_back({name + "." + op, width, true});
-    } else if (named && mlp) {
-      for (const char* op : {"gate_proj", "act_fn", "up_proj", "product"})
-        out.push_back({name + "." + op, inter, true});
-      out.push_back({name + ".down_proj", hidden, true});
+    } else if (qwen3_5 && name.ends_with(".self_attn")) {
+      // Gated attention: q_proj holds the query and its gate, which multiplies the attention's
+      // output (output_gate, o_proj's input).
+      ops = {{"q_proj", 2 * q},  {"q_norm", q},     {"k_proj", kv},   {"k_norm", kv},
+             {"v_proj", kv},     {"q_rotary", q},   {"k_rotary", kv}, {"attention", q},
+             {"output_gate", q}, {"o_proj", hidden}};
+    } else if (qwen3_5 && name.ends_with(".linear_attn")) {
+      // Gated DeltaNet: the projections, the causal convolution (after its SiLU), the gates beta
+      // and g (the decay, float32), the recurrent output, the gated norm, out_proj.
+      ops = {{"in_proj_qkv", 2 * key + value},
+             {"in_proj_z", value},
+             {"in_proj_b", v_heads},
+             {"in_proj_a", v_heads},
+             {"conv", 2 * key + value},
+             {"beta", v_heads},
+             {"g", v_heads},
+             {"recurrent", value},
+             {"norm", value},
+             {"out_proj", hidden}};
+    } else if (named && name.ends_with(".mlp")) {
+      ops = {{"gate_proj", inter},
+             {"act_fn", inter},
+             {"up_proj", inter},
+             {"product", inter},
+             {"down_proj", hidden}};
     }
+    for (auto [op, width] : ops) out.push_back({name + "." + op, width, true});
     out.push_back({name, hidden, false});
   }
   return out;
@@ -225,7 +253,7 @@ std::vector<std::string> block_operators(const std::vector<Boundary>& model,
                                          const std::string& boundary) {
   // The block: "layers.N.self_attn" / "layers.N.mlp", from the boundary or its operator.
   std::string block;
-  for (const char* part : {".self_attn", ".mlp"}) {
+  for (const char* part : {".self_attn", ".linear_attn", ".mlp"}) {
     auto at = boundary.find(part);
     if (boundary.starts_with("layers.") && at != std::string::npos)
       block = boundary.substr(0, at + std::strlen(part));

@@ -79,9 +79,12 @@ struct Boundary {
 
 // Every boundary of a model in forward order: the layer-level ones of layer_boundaries with the
 // operators of each block among them, for the architectures whose operators are named
-// (model_type llama, qwen2, qwen3: q_proj, q_norm, k_proj, k_norm, v_proj, q_rotary, k_rotary,
-// attention, o_proj inside self_attn; gate_proj, act_fn, up_proj, product, down_proj inside
-// mlp). Throws Error("request.bad_model") naming a size config.json lacks or has invalid.
+// (docs/operators.md). model_type llama, qwen2, qwen3: q_proj, q_norm, k_proj, k_norm, v_proj,
+// q_rotary, k_rotary, attention, o_proj inside self_attn; qwen3_5(_text): the same with
+// output_gate before o_proj, and in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, conv, beta, g,
+// recurrent, norm, out_proj inside linear_attn; all of them gate_proj, act_fn, up_proj, product,
+// down_proj inside mlp. Throws Error("request.bad_model") naming a size config.json lacks or has
+// invalid.
 std::vector<Boundary> model_boundaries(const Json& config, std::int64_t hidden_size);
 
 // The boundaries a job computes: every layer-level one and the operator-level ones in `wanted`.

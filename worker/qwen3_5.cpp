@@ -416,14 +416,19 @@ class Qwen3_5Model final : public Model {
       Tensor residual = h;
       Tensor x =
           probed(probe, name(".input_layernorm"), rms_norm(h, layer.input_layernorm, c_.eps));
+      const std::string layer_name = "layers." + std::to_string(i);
       x = layer.linear
-              ? probed(probe, name(".linear_attn"), gated_delta_net(layer.gdn, x))
-              : probed(probe, name(".self_attn"), attention(layer.attn, x, cos, sin, mask));
+              ? probed(probe, name(".linear_attn"),
+                       gated_delta_net(layer.gdn, x, probe, layer_name + ".linear_attn."))
+              : probed(probe, name(".self_attn"),
+                       attention(layer.attn, x, cos, sin, mask, probe, layer_name + ".self_attn."));
       h = residual + x;
       residual = h;
       x = probed(probe, name(".post_attention_layernorm"),
                  rms_norm(h, layer.post_attention_layernorm, c_.eps));
-      h = probed(probe, name(""), residual + probed(probe, name(".mlp"), mlp(layer, x)));
+      h = probed(
+          probe, name(""),
+          residual + probed(probe, name(".mlp"), mlp(layer, x, probe, layer_name + ".mlp.")));
     }
     return probed(
         probe, [] { return "norm"; }, rms_norm(h, norm_, c_.eps));
@@ -476,19 +481,29 @@ class Qwen3_5Model final : public Model {
     return mask.unsqueeze(0).unsqueeze(0);
   }
 
-  // Qwen3_5Attention with eager_attention_forward.
+  // Qwen3_5Attention with eager_attention_forward. Operators (docs/operators.md) are probed as
+  // `at` + their name, each as [1, T, ...].
   Tensor attention(const FullAttention& a, const Tensor& h, const Tensor& cos, const Tensor& sin,
-                   const Tensor& mask) const {
+                   const Tensor& mask, Probe* probe, const std::string& prefix) const {
+    auto op = [&](const char* name) { return [&prefix, name] { return prefix + name; }; };
     const int64_t batch = h.size(0), seq_len = h.size(1), hd = c_.head_dim;
     std::vector<int64_t> hidden_shape = {batch, seq_len, -1, hd};
-    auto q_and_gate =
-        at::chunk(dense(h, a.q_proj, a.q_bias).view({batch, seq_len, -1, hd * 2}), 2, -1);
+    auto q_and_gate = at::chunk(probed(probe, op("q_proj"), dense(h, a.q_proj, a.q_bias))
+                                    .view({batch, seq_len, -1, hd * 2}),
+                                2, -1);
     Tensor query = q_and_gate[0];
     Tensor gate = q_and_gate[1].reshape({batch, seq_len, -1});
-    query = rms_norm(query.view(hidden_shape), a.q_norm, c_.eps).transpose(1, 2);
+    query = probed(probe, op("q_norm"), rms_norm(query.view(hidden_shape), a.q_norm, c_.eps))
+                .transpose(1, 2);
     Tensor key =
-        rms_norm(dense(h, a.k_proj, a.k_bias).view(hidden_shape), a.k_norm, c_.eps).transpose(1, 2);
-    Tensor value = dense(h, a.v_proj, a.v_bias).view(hidden_shape).transpose(1, 2);
+        probed(
+            probe, op("k_norm"),
+            rms_norm(probed(probe, op("k_proj"), dense(h, a.k_proj, a.k_bias)).view(hidden_shape),
+                     a.k_norm, c_.eps))
+            .transpose(1, 2);
+    Tensor value = probed(probe, op("v_proj"), dense(h, a.v_proj, a.v_bias))
+                       .view(hidden_shape)
+                       .transpose(1, 2);
 
     // apply_rotary_pos_emb with partial rotary: rotate the first cos.size(-1) dims only.
     Tensor cos_u = cos.unsqueeze(1), sin_u = sin.unsqueeze(1);
@@ -497,8 +512,10 @@ class Qwen3_5Model final : public Model {
     Tensor k_rot = key.slice(-1, 0, rotary_dim), k_pass = key.slice(-1, rotary_dim);
     Tensor q_embed = (q_rot * cos_u) + (rotate_half(q_rot) * sin_u);
     Tensor k_embed = (k_rot * cos_u) + (rotate_half(k_rot) * sin_u);
-    query = at::cat({q_embed, q_pass}, -1);
-    key = at::cat({k_embed, k_pass}, -1);
+    query = probed(probe, op("q_rotary"), at::cat({q_embed, q_pass}, -1).transpose(1, 2))
+                .transpose(1, 2);
+    key = probed(probe, op("k_rotary"), at::cat({k_embed, k_pass}, -1).transpose(1, 2))
+              .transpose(1, 2);
 
     const int64_t n_rep = c_.heads / c_.kv_heads;
     auto repeat_kv = [&](const Tensor& x) {
@@ -513,51 +530,61 @@ class Qwen3_5Model final : public Model {
         at::matmul(query, key.transpose(2, 3)) * std::pow(static_cast<double>(hd), -0.5);
     scores = scores + mask;
     Tensor probs = at::softmax(scores, -1, at::kFloat).to(query.scalar_type());
-    Tensor out = at::matmul(probs, value).transpose(1, 2).contiguous();
+    Tensor out =
+        probed(probe, op("attention"), at::matmul(probs, value).transpose(1, 2).contiguous());
     out = out.reshape({batch, seq_len, -1}).contiguous();
-    out = out * at::sigmoid(gate);
-    return dense(out, a.o_proj, a.o_bias);
+    out = probed(probe, op("output_gate"), out * at::sigmoid(gate));
+    return probed(probe, op("o_proj"), dense(out, a.o_proj, a.o_bias));
   }
 
-  // Qwen3_5GatedDeltaNet without cache (prefill).
-  Tensor gated_delta_net(const GatedDeltaNet& g, const Tensor& h) const {
+  // Qwen3_5GatedDeltaNet without cache (prefill), its operators probed as in attention().
+  Tensor gated_delta_net(const GatedDeltaNet& g, const Tensor& h, Probe* probe,
+                         const std::string& prefix) const {
+    auto op = [&](const char* name) { return [&prefix, name] { return prefix + name; }; };
     const int64_t batch = h.size(0), seq_len = h.size(1);
     const int64_t key_dim = c_.k_heads * c_.k_dim, value_dim = c_.v_heads * c_.v_dim;
-    Tensor mixed_qkv = dense(h, g.in_proj_qkv).transpose(1, 2);
-    Tensor z = dense(h, g.in_proj_z).reshape({batch, seq_len, -1, c_.v_dim});
-    Tensor b = dense(h, g.in_proj_b);
-    Tensor a = dense(h, g.in_proj_a);
+    Tensor mixed_qkv = probed(probe, op("in_proj_qkv"), dense(h, g.in_proj_qkv)).transpose(1, 2);
+    Tensor z = probed(probe, op("in_proj_z"), dense(h, g.in_proj_z))
+                   .reshape({batch, seq_len, -1, c_.v_dim});
+    Tensor b = probed(probe, op("in_proj_b"), dense(h, g.in_proj_b));
+    Tensor a = probed(probe, op("in_proj_a"), dense(h, g.in_proj_a));
 
     // causal_conv1d_fn's torch fallback: depthwise conv, left padding kernel - 1, SiLU.
     Tensor conv_weight = g.conv1d.squeeze(1).unsqueeze(1);
     mixed_qkv = at::conv1d(mixed_qkv.to(conv_weight.scalar_type()), conv_weight, {}, {1},
                            {conv_weight.size(-1) - 1}, {1}, mixed_qkv.size(1))
                     .slice(2, 0, seq_len);
-    mixed_qkv = at::silu(mixed_qkv).to(h.scalar_type());
-    mixed_qkv = mixed_qkv.transpose(1, 2);
+    mixed_qkv = probed(probe, op("conv"), at::silu(mixed_qkv).to(h.scalar_type()).transpose(1, 2));
     auto parts = at::split_with_sizes(mixed_qkv, {key_dim, key_dim, value_dim}, -1);
     Tensor query = parts[0].reshape({batch, seq_len, -1, c_.k_dim});
     Tensor key = parts[1].reshape({batch, seq_len, -1, c_.k_dim});
     Tensor value = parts[2].reshape({batch, seq_len, -1, c_.v_dim});
 
-    Tensor beta = b.sigmoid();
+    Tensor beta = probed(probe, op("beta"), b.sigmoid());
     // A_log and the softplus argument in fp32 (transformers: fp16 would overflow exp(A_log)).
-    Tensor decay = -g.a_log.to(at::kFloat).exp() * at::softplus(a.to(at::kFloat) + g.dt_bias);
+    Tensor decay = probed(
+        probe, op("g"), -g.a_log.to(at::kFloat).exp() * at::softplus(a.to(at::kFloat) + g.dt_bias));
     const int64_t rep = c_.v_heads / c_.k_heads;
     if (rep > 1) {
       query = query.repeat_interleave(rep, 2);
       key = key.repeat_interleave(rep, 2);
     }
-    Tensor core = chunk_gated_delta_rule(query, key, value, decay, beta);
+    Tensor core =
+        probed(probe, op("recurrent"), chunk_gated_delta_rule(query, key, value, decay, beta));
     core = core.reshape({-1, c_.v_dim});
     z = z.reshape({-1, c_.v_dim});
-    core = rms_norm_gated(core, z, g.norm, c_.eps);
-    core = core.reshape({batch, seq_len, -1});
-    return dense(core, g.out_proj);
+    core = probed(probe, op("norm"),
+                  rms_norm_gated(core, z, g.norm, c_.eps).reshape({batch, seq_len, -1}));
+    return probed(probe, op("out_proj"), dense(core, g.out_proj));
   }
 
-  Tensor mlp(const Layer& l, const Tensor& x) const {
-    return dense(at::silu(dense(x, l.gate_proj)) * dense(x, l.up_proj), l.down_proj);
+  Tensor mlp(const Layer& l, const Tensor& x, Probe* probe, const std::string& prefix) const {
+    auto op = [&](const char* name) { return [&prefix, name] { return prefix + name; }; };
+    Tensor act = probed(probe, op("act_fn"),
+                        at::silu(probed(probe, op("gate_proj"), dense(x, l.gate_proj))));
+    Tensor product =
+        probed(probe, op("product"), act * probed(probe, op("up_proj"), dense(x, l.up_proj)));
+    return probed(probe, op("down_proj"), dense(product, l.down_proj));
   }
 
   Config c_;

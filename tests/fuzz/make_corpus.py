@@ -647,9 +647,10 @@ def worker_output_target():
                        for i, n in enumerate(names)],
         "logits_sha256": sha256_id("logits"), "argmax_token_id": 7, "argmax_logit": 3.5,
         "patching": {"file_sha256": rows_sha, "candidate_token_id": 5, "forwards": len(given),
-                     "seconds": 0.2,
+                     "seconds": 0.2, "search": "bisect",
                      "boundaries": [{"index": names.index(n), "name": n, "argmax_token_id": 5 if n == "norm" else 7,
-                                     "becomes_candidate": n == "norm"} for n in given]},
+                                     "becomes_candidate": n == "norm", "computed": True,
+                                     "substituted": [n]} for n in given]},
         "bytes_used": bytes_used(mi, tokenizer=False), "load_seconds": 0.1, "forward_seconds": 0.1,
         "peak_rss_bytes": 100000000, "duration_seconds": 0.3})
     rows = []

@@ -9,6 +9,8 @@ Changes (CHANGES, each applied to one decoder layer):
   bf16-softmax  the attention's softmax in bfloat16 (exponentials, sum and quotient each rounded)
   q_norm-eps    q_norm's epsilon ten times the config's
   tanh-gelu     the MLP's activation as tanh-approximated GELU instead of exact GELU
+  bf16-decay    a Gated DeltaNet's decay g = -exp(A_log) softplus(a + dt_bias) with the softplus
+                rounded to bfloat16 (the rest in float32, as the reference)
 
 screen() finds ids on which a change flips the next token by one fixed rule: the first of the
 sequences seeded 0, 1, ..., N-1 (L ids each, drawn uniformly by random.Random(seed)) whose argmax
@@ -21,10 +23,14 @@ import sys
 import torch
 import transformers
 
-CHANGES = ("bf16-rope", "bf16-softmax", "q_norm-eps", "tanh-gelu")
-# The operator each change is inside: what a correct attribution names.
+CHANGES = ("bf16-rope", "bf16-softmax", "q_norm-eps", "tanh-gelu", "bf16-decay")
+# The layer each change is made in and the operator it is inside: what a correct attribution
+# names.
+CHANGED_LAYER = {"bf16-rope": 1, "bf16-softmax": 1, "q_norm-eps": 1, "tanh-gelu": 1,
+                 "bf16-decay": 0}
 CHANGED_OPERATOR = {"bf16-rope": "self_attn.q_rotary", "bf16-softmax": "self_attn.attention",
-                    "q_norm-eps": "self_attn.q_norm", "tanh-gelu": "mlp.act_fn"}
+                    "q_norm-eps": "self_attn.q_norm", "tanh-gelu": "mlp.act_fn",
+                    "bf16-decay": "linear_attn.g"}
 
 
 def load(model_dir, threads=2):
@@ -46,7 +52,7 @@ def changed(model, kind, layer):
         yield
         return
     block = model.model.layers[layer]
-    attn = block.self_attn
+    attn = getattr(block, "self_attn", None)
     undo = []
     if kind == "bf16-rope":
         modeling = sys.modules[type(attn).__module__]
@@ -85,6 +91,18 @@ def changed(model, kind, layer):
         eps = norm.variance_epsilon
         norm.variance_epsilon = eps * 10
         undo.append(lambda: setattr(norm, "variance_epsilon", eps))
+    elif kind == "bf16-decay":
+        gdn = block.linear_attn
+        original, inside = torch.nn.functional.softplus, [False]
+
+        def softplus(x, *args, **kwargs):
+            y = original(x, *args, **kwargs)
+            return y.to(torch.bfloat16).to(y.dtype) if inside[0] else y
+
+        torch.nn.functional.softplus = softplus
+        undo.append(lambda: setattr(torch.nn.functional, "softplus", original))
+        undo.append(gdn.register_forward_pre_hook(lambda m, a: inside.__setitem__(0, True)).remove)
+        undo.append(gdn.register_forward_hook(lambda m, a, o: inside.__setitem__(0, False)).remove)
     elif kind == "tanh-gelu":
         act = block.mlp.act_fn
         act.forward = lambda x: torch.nn.functional.gelu(x, approximate="tanh")

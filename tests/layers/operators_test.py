@@ -1,5 +1,6 @@
 """Operator-level attribution (issue 38), end to end on tiny models made with transformers'
-classes: a Qwen3 (q_norm, k_norm) and a Llama with exact GELU.
+classes: a Qwen3 (q_norm, k_norm), a Llama with exact GELU and a Qwen3.5 text model (a Gated
+DeltaNet layer and a gated-attention layer).
 
 Usage: operators_test.py BUILD_DIR
 
@@ -128,10 +129,11 @@ def install_kit(tmp):
     return assay_capture
 
 
-def kit_capture(kit, model, ids, path, change=None, boundaries=None):
-    """The engine's rows with `change` in layer 1, captured by the kit; its next token."""
-    with operator_engines.changed(model, change, 1):
-        cap = kit.Capture(model, layout="transformers", boundaries=boundaries)
+def kit_capture(kit, model, ids, path, change=None, boundaries=None, layout="transformers"):
+    """The engine's rows with `change` (in its layer), captured by the kit; its next token."""
+    layer = operator_engines.CHANGED_LAYER.get(change, 1)
+    with operator_engines.changed(model, change, layer):
+        cap = kit.Capture(model, layout=layout, boundaries=boundaries)
         try:
             with torch.inference_mode():
                 logits = model(input_ids=torch.tensor([ids]), use_cache=False).logits[0, -1]
@@ -239,9 +241,11 @@ def request(name, model_dir, ids, rows_path, digest, next_token):
 def changes(kit, daemon, tmp, models):
     for change in operator_engines.CHANGES:
         print(f"== change: {change}")
-        model_dir, model = models["llama-gelu" if change == "tanh-gelu" else "qwen3"]
-        operator = "layers.1." + operator_engines.CHANGED_OPERATOR[change]
-        found = operator_engines.screen(model, change)
+        model_dir, model = models[{"tanh-gelu": "llama-gelu",
+                                   "bf16-decay": "qwen3_5-text"}.get(change, "qwen3")]
+        layer = operator_engines.CHANGED_LAYER[change]
+        operator = f"layers.{layer}." + operator_engines.CHANGED_OPERATOR[change]
+        found = operator_engines.screen(model, change, layer)
         check(f"{change}: the screen finds ids the change flips", found is not None)
         if found is None:
             continue
@@ -328,7 +332,12 @@ def main(argv):
                 # Weights of std 0.1, not 0.02: the gate's pre-activations then reach where
                 # tanh-approximated and exact GELU differ in bfloat16.
                 ("llama-gelu", transformers.LlamaConfig(**SMALL, hidden_act="gelu",
-                                                        initializer_range=0.1))):
+                                                        initializer_range=0.1)),
+                # Gated DeltaNet (layer 0) and gated attention (layer 1).
+                ("qwen3_5-text", transformers.Qwen3_5TextConfig(
+                    **SMALL, head_dim=16, linear_conv_kernel_dim=4, linear_key_head_dim=16,
+                    linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+                    layer_types=["linear_attention", "full_attention"]))):
             model_dir = pathlib.Path(make_model(transformers, torch, name, config, str(tmp)))
             model, names = parity(build, tmp, name, model_dir)
             models[name] = (model_dir, model)

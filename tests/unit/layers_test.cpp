@@ -79,11 +79,38 @@ TEST_CASE("model_boundaries: Qwen3's operators inside their blocks, in transform
   CHECK(job_boundaries(bs, {"layers.1.mlp.act_fn"}).size() == 13);
 }
 
-TEST_CASE("model_boundaries: Llama has no q_norm; Qwen3.5 names no operators; sizes checked") {
+TEST_CASE(
+    "model_boundaries: Llama has no q_norm; Qwen3.5's Gated DeltaNet and gated attention; "
+    "Spark2.5 names none; sizes checked") {
   auto llama = names(model_boundaries(config("llama"), 64));
   CHECK(llama.size() == 12 + 2 * (7 + 5));
   CHECK(std::find(llama.begin(), llama.end(), "layers.0.self_attn.q_norm") == llama.end());
-  CHECK(names(model_boundaries(config("qwen3_5"), 64)) == layer_boundaries(config("qwen3_5")));
+  Json qwen3_5{{"model_type", "qwen3_5"},
+               {"text_config",
+                {{"model_type", "qwen3_5_text"},
+                 {"num_hidden_layers", 2},
+                 {"hidden_size", 64},
+                 {"num_attention_heads", 4},
+                 {"num_key_value_heads", 2},
+                 {"head_dim", 16},
+                 {"intermediate_size", 128},
+                 {"linear_num_key_heads", 2},
+                 {"linear_key_head_dim", 16},
+                 {"linear_num_value_heads", 4},
+                 {"linear_value_head_dim", 16},
+                 {"layer_types", {"linear_attention", "full_attention"}}}}};
+  auto q35 = model_boundaries(qwen3_5, 64);
+  CHECK(q35.size() == 12 + 10 + 10 + 2 * 5);
+  CHECK(q35[2].name == "layers.0.linear_attn.in_proj_qkv");
+  CHECK(q35[2].width == 2 * 32 + 64);
+  CHECK(q35[8].name == "layers.0.linear_attn.g");
+  CHECK(q35[8].width == 4);
+  auto q35_names = names(q35);
+  auto gate = std::find(q35_names.begin(), q35_names.end(), "layers.1.self_attn.output_gate");
+  REQUIRE(gate != q35_names.end());
+  CHECK(*(gate + 1) == "layers.1.self_attn.o_proj");
+  CHECK(q35[static_cast<std::size_t>(gate - q35_names.begin()) - 8].width == 128);  // q_proj
+  CHECK(names(model_boundaries(config("spark2_5"), 64)) == layer_boundaries(config("spark2_5")));
   Json bad = config("qwen3");
   bad["intermediate_size"] = "big";
   CHECK_THROWS_WITH_AS(model_boundaries(bad, 64), doctest::Contains("intermediate_size"), Error);
@@ -103,7 +130,7 @@ TEST_CASE("check_engine_rows: operator rows at their own width, at any granulari
   CHECK_NOTHROW(
       check_engine_rows(header({{"layers.0.mlp.act_fn", {128}}}), model, request("last")));
   CHECK_THROWS_WITH_AS(check_engine_rows(header({{"layers.0.mlp.act_fn", {3, 128}}}),
-                                         model_boundaries(config("qwen3_5"), 64), request("all")),
+                                         model_boundaries(config("spark2_5"), 64), request("all")),
                        doctest::Contains("not a boundary of this model"), Error);
 }
 

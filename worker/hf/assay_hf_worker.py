@@ -1027,7 +1027,7 @@ def substitute_hook(rows, counts):
     return hook
 
 
-OPERATOR_TYPES = ("llama", "qwen2", "qwen3")  # common/layers.h model_boundaries
+OPERATOR_TYPES = ("llama", "qwen2", "qwen3", "qwen3_5", "qwen3_5_text")  # model_boundaries
 
 
 def is_operator(name):
@@ -1039,13 +1039,20 @@ def operator_names(model, layer, n):
     """(self_attn's, mlp's) operator boundaries of decoder layer n, in forward order, for the
     architectures whose operators are named; ([], []) for the others."""
     config = getattr(model.config, "text_config", None) or model.config
-    if getattr(config, "model_type", None) not in OPERATOR_TYPES or not hasattr(layer, "self_attn"):
+    model_type = getattr(config, "model_type", None)
+    if model_type not in OPERATOR_TYPES:
         return [], []
+    mlp = [f"layers.{n}.mlp.{o}" for o in
+           ("gate_proj", "act_fn", "up_proj", "product", "down_proj")]
+    if hasattr(layer, "linear_attn"):
+        ops = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "conv", "beta", "g",
+               "recurrent", "norm", "out_proj")
+        return [f"layers.{n}.linear_attn.{o}" for o in ops], mlp
     norms = hasattr(layer.self_attn, "q_norm")
     attn = ["q_proj"] + (["q_norm"] if norms else []) + ["k_proj"] + (["k_norm"] if norms else [])
-    attn += ["v_proj", "q_rotary", "k_rotary", "attention", "o_proj"]
-    mlp = ["gate_proj", "act_fn", "up_proj", "product", "down_proj"]
-    return ([f"layers.{n}.self_attn.{o}" for o in attn], [f"layers.{n}.mlp.{o}" for o in mlp])
+    attn += ["v_proj", "q_rotary", "k_rotary", "attention"]
+    attn += (["output_gate"] if model_type.startswith("qwen3_5") else []) + ["o_proj"]
+    return [f"layers.{n}.self_attn.{o}" for o in attn], mlp
 
 
 def all_boundary_names(model):
@@ -1055,7 +1062,8 @@ def all_boundary_names(model):
         if name.startswith("layers.") and name.count(".") == 2:
             n = int(name.split(".")[1])
             attn, mlp = operator_names(model, stack.layers[n], n)
-            out += attn if name.endswith(".self_attn") else mlp if name.endswith(".mlp") else []
+            out += (attn if name.endswith((".self_attn", ".linear_attn")) else
+                    mlp if name.endswith(".mlp") else [])
         out.append(name)
     return out
 
@@ -1089,24 +1097,36 @@ def attach_points(model, wanted, on_value):
         if name in wanted:
             undo.append(module.register_forward_hook(output_hook(name)).remove)
     rotary = {}  # per modeling module: which layer's attention is running
+    eager = {}  # per modeling module: the layers whose eager attention output is wanted
     for n, layer in enumerate(stack.layers):
         attn_ops, mlp_ops = operator_names(model, layer, n)
+        gated = any(o.endswith(".output_gate") for o in attn_ops)
         for name in attn_ops + mlp_ops:
             if name not in wanted:
                 continue
             block, op = name.split(".")[2:4]
             parent = getattr(layer, block)
-            if op == "attention":
+            if op == "attention" and not gated:
                 undo.append(parent.o_proj.register_forward_pre_hook(input_hook(name)).remove)
-            elif op == "product":
-                undo.append(parent.down_proj.register_forward_pre_hook(input_hook(name)).remove)
+            elif op == "attention":
+                eager.setdefault(sys.modules[type(parent).__module__], set()).add(n)
+            elif op in ("output_gate", "product"):
+                target = parent.o_proj if op == "output_gate" else parent.down_proj
+                undo.append(target.register_forward_pre_hook(input_hook(name)).remove)
             elif op in ("q_rotary", "k_rotary"):
                 rotary.setdefault(sys.modules[type(parent).__module__], set()).add(n)
+            elif block == "linear_attn" and op in ("conv", "beta", "g", "recurrent", "norm"):
+                pass  # below, once per layer
             else:
                 undo.append(getattr(parent, op).register_forward_hook(output_hook(name)).remove)
+        if hasattr(layer, "linear_attn") and any(
+                f"layers.{n}.linear_attn.{o}" in wanted
+                for o in ("conv", "beta", "g", "recurrent", "norm")):
+            undo += gated_delta_points(layer.linear_attn, f"layers.{n}.linear_attn.", wanted,
+                                       on_value)
     running = [None]
     for n, layer in enumerate(stack.layers):
-        if any(n in layers for layers in rotary.values()):
+        if any(n in layers for layers in list(rotary.values()) + list(eager.values())):
             undo.append(layer.self_attn.register_forward_pre_hook(
                 lambda m, a, n=n: running.__setitem__(0, n)).remove)
     for modeling, layers in rotary.items():
@@ -1127,6 +1147,81 @@ def attach_points(model, wanted, on_value):
         modeling.apply_rotary_pos_emb = wrapped
         undo.append(lambda modeling=modeling, original=original:
                     setattr(modeling, "apply_rotary_pos_emb", original))
+    for modeling, layers in eager.items():
+        # transformers looks eager_attention_forward up in the modeling module at each call.
+        original = modeling.eager_attention_forward
+
+        def attention(*args, original=original, layers=layers, **kwargs):
+            out, weights = original(*args, **kwargs)
+            n = running[0]
+            if n in layers:
+                new = on_value(f"layers.{n}.self_attn.attention", out)
+                out = out if new is None else new
+            return out, weights
+
+        modeling.eager_attention_forward = attention
+        undo.append(lambda modeling=modeling, original=original:
+                    setattr(modeling, "eager_attention_forward", original))
+    # Reversed: wrappers of one function (torch.nn.functional.silu per Gated DeltaNet layer)
+    # nest, and come off innermost first.
+    return undo[::-1]
+
+
+def gated_delta_points(module, prefix, wanted, on_value):
+    """A Gated DeltaNet's inner operators (transformers' torch fallbacks): "conv", the first
+    F.silu inside the module (the causal convolution's activation, [1, C, T], seen as [1, T, C]);
+    "beta", "g" and "recurrent", the gates passed to and the output returned by its
+    chunk_gated_delta_rule; "norm", its gated RMSNorm's output [T * heads, dim], seen as
+    [1, T, heads * dim]. Returns the callables that undo them."""
+    import torch
+
+    state = {"inside": False, "silu": 0, "t": 0}
+
+    def enter(m, args, kwargs):
+        hidden = args[0] if args else kwargs["hidden_states"]
+        state.update(inside=True, silu=0, t=hidden.shape[1])
+
+    def leave(m, args, kwargs, out):
+        state["inside"] = False
+
+    silu = torch.nn.functional.silu
+
+    def conv_silu(x, *args, **kwargs):
+        y = silu(x, *args, **kwargs)
+        if state["inside"]:
+            state["silu"] += 1
+            if state["silu"] == 1 and prefix + "conv" in wanted:
+                new = on_value(prefix + "conv", y.transpose(1, 2))
+                y = y if new is None else new.transpose(1, 2)
+        return y
+
+    rule = module.chunk_gated_delta_rule
+
+    def chunk_rule(query, key, value, *args, **kwargs):
+        for name in ("beta", "g"):
+            if prefix + name in wanted and name in kwargs:
+                new = on_value(prefix + name, kwargs[name])
+                kwargs[name] = kwargs[name] if new is None else new
+        out = rule(query, key, value, *args, **kwargs)
+        if prefix + "recurrent" in wanted:
+            new = on_value(prefix + "recurrent", out[0])
+            out = out if new is None else (new,) + tuple(out[1:])
+        return out
+
+    def norm_hook(m, args, out):
+        if prefix + "norm" not in wanted:
+            return None
+        value = out.reshape(1, state["t"], -1)
+        new = on_value(prefix + "norm", value)
+        return None if new is None else new.reshape(out.shape)
+
+    undo = [module.register_forward_pre_hook(enter, with_kwargs=True).remove,
+            module.register_forward_hook(leave, with_kwargs=True).remove,
+            module.norm.register_forward_hook(norm_hook).remove]
+    torch.nn.functional.silu = conv_silu
+    module.chunk_gated_delta_rule = chunk_rule
+    undo.append(lambda: setattr(torch.nn.functional, "silu", silu))
+    undo.append(lambda: setattr(module, "chunk_gated_delta_rule", rule))
     return undo
 
 
@@ -1211,19 +1306,28 @@ def read_engine_file(patch):
 
 
 def boundary_widths(model, names):
-    """{boundary: values per position}: hidden_size, or the operator's output width."""
-    stack, hidden, out = decoder_stack(model), int(decoder_stack(model).embed_tokens.embedding_dim), {}
-    for name in names:
-        if not is_operator(name):
-            out[name] = hidden
-            continue
-        _, n, block, op = name.split(".")
-        parent = getattr(stack.layers[int(n)], block)
-        source = {"q_norm": "q_proj", "q_rotary": "q_proj", "attention": "q_proj",
-                  "k_norm": "k_proj", "k_rotary": "k_proj", "act_fn": "gate_proj",
-                  "product": "gate_proj"}.get(op, op)
-        out[name] = int(getattr(parent, source).out_features)
-    return out
+    """{boundary: values per position}: hidden_size, or the operator's output width (common/
+    layers.h model_boundaries)."""
+    c = getattr(model.config, "text_config", None) or model.config
+    hidden = int(decoder_stack(model).embed_tokens.embedding_dim)
+    heads = int(c.num_attention_heads)
+    head_dim = int(getattr(c, "head_dim", None) or hidden // heads)
+    q = heads * head_dim
+    kv = int(getattr(c, "num_key_value_heads", None) or heads) * head_dim
+    inter = int(getattr(c, "intermediate_size", 0) or 0)
+    v_heads = int(getattr(c, "linear_num_value_heads", 0) or 0)
+    key = int(getattr(c, "linear_num_key_heads", 0) or 0) * int(
+        getattr(c, "linear_key_head_dim", 0) or 0)
+    value = v_heads * int(getattr(c, "linear_value_head_dim", 0) or 0)
+    gated = str(getattr(c, "model_type", "")).startswith("qwen3_5")
+    widths = {"q_proj": 2 * q if gated else q, "q_norm": q, "k_proj": kv, "k_norm": kv,
+              "v_proj": kv, "q_rotary": q, "k_rotary": kv, "attention": q, "output_gate": q,
+              "o_proj": hidden, "in_proj_qkv": 2 * key + value, "in_proj_z": value,
+              "in_proj_b": v_heads, "in_proj_a": v_heads, "conv": 2 * key + value,
+              "beta": v_heads, "g": v_heads, "recurrent": value, "norm": value,
+              "out_proj": hidden, "gate_proj": inter, "act_fn": inter, "up_proj": inter,
+              "product": inter, "down_proj": hidden}
+    return {name: widths[name.split(".")[3]] if is_operator(name) else hidden for name in names}
 
 
 def read_engine_rows(data, widths, ids):

@@ -40,33 +40,49 @@ class CaptureError(Exception):
 class Tap:
     """Where one boundary's value is in the engine.
 
-    module: the module's name in model.named_modules() ("{n}" is the layer index).
+    module: the module's name in model.named_modules().
     where: "output" (a forward hook), "input" (a forward pre-hook: the first positional
-        argument) or "function" (calls of the Python function `function` of the module's
-        Python module while the module runs: transformers' apply_rotary_pos_emb).
-    index: the element of a tuple output (None: the tensor itself, or a tuple's first element).
+        argument), "function" (calls of the function `function`, a dotted name looked up in the
+        module's Python module, e.g. "apply_rotary_pos_emb" or "F.silu", while the module runs)
+        or "attribute" (calls of the module's own attribute `function`, e.g. a Gated DeltaNet's
+        chunk_gated_delta_rule).
+    index: the element of a tuple result (None: the tensor itself, or a tuple's first element).
+    argument: for "attribute" and "function", a keyword argument of the call instead of its
+        result.
+    call: for "function", keep the n-th call (1-based) in each run of the module only.
     combine: "sum" adds every tensor element of a tuple output (vLLM's (hidden, residual)).
     split: (start, stop) of the last dimension, after flattening a position's values.
-    heads_first: the value is [.., heads, T, head_dim] (transformers' rotary q and k).
+    shape: how positions sit in the value: "positions" ([T, ...] or [1, T, ...]),
+        "heads_first" ([1, heads, T, dim]: transformers' rotary q and k), "channels_first"
+        ([1, channels, T]: a convolution's) or "flat" (any shape whose rows are the positions in
+        order, e.g. [T * heads, dim]).
     """
     module: str
     where: str = "output"
     index: int = None
+    argument: str = None
+    call: int = None
     combine: str = None
     split: tuple = None
-    heads_first: bool = False
+    shape: str = "positions"
     function: str = None
 
 
 def _sizes(config):
-    c = getattr(config, "text_config", None) or config
+    c = config.get("text_config", config) if isinstance(config, dict) else (
+        getattr(config, "text_config", None) or config)
     get = (lambda k, d=None: c.get(k, d)) if isinstance(c, dict) else (
         lambda k, d=None: getattr(c, k, d))
     hidden, heads = int(get("hidden_size")), int(get("num_attention_heads"))
     head_dim = int(get("head_dim", None) or hidden // heads)
     kv = int(get("num_key_value_heads", None) or heads) * head_dim
-    return {"layers": int(get("num_hidden_layers")), "q": heads * head_dim, "kv": kv,
-            "intermediate": int(get("intermediate_size")), "qk_norm": get("model_type") == "qwen3"}
+    model_type = str(get("model_type", ""))
+    layers = int(get("num_hidden_layers"))
+    return {"layers": layers, "q": heads * head_dim, "kv": kv,
+            "intermediate": int(get("intermediate_size")),
+            "qk_norm": model_type in ("qwen3", "qwen3_5", "qwen3_5_text"),
+            "gated": model_type in ("qwen3_5", "qwen3_5_text"),
+            "layer_types": list(get("layer_types", None) or ["full_attention"] * layers)}
 
 
 def layout(name, config, prefix="model."):
@@ -86,13 +102,40 @@ def layout(name, config, prefix="model."):
         if s["qk_norm"]:
             t[f"{L}.self_attn.q_norm"] = Tap(f"{a}.q_norm", index=0)
             t[f"{L}.self_attn.k_norm"] = Tap(f"{a}.k_norm", index=0)
-        if name == "transformers":
+        if name == "transformers" and s["layer_types"][n] == "linear_attention":
+            # Qwen3.5's Gated DeltaNet (transformers' torch fallbacks) instead of self_attn.
+            g = f"{prefix}layers.{n}.linear_attn"
+            t = {k: v for k, v in t.items() if ".self_attn" not in k}
+            t[f"{L}.linear_attn"] = Tap(g)
+            for op in ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj"):
+                t[f"{L}.linear_attn.{op}"] = Tap(f"{g}.{op}")
+            t[f"{L}.linear_attn.conv"] = Tap(g, where="function", function="F.silu", call=1,
+                                             shape="channels_first")
+            for arg in ("beta", "g"):
+                t[f"{L}.linear_attn.{arg}"] = Tap(g, where="attribute",
+                                                  function="chunk_gated_delta_rule", argument=arg)
+            t[f"{L}.linear_attn.recurrent"] = Tap(g, where="attribute", index=0,
+                                                  function="chunk_gated_delta_rule")
+            t[f"{L}.linear_attn.norm"] = Tap(f"{g}.norm", shape="flat")
+        if name == "transformers" and s["layer_types"][n] != "linear_attention" and s["gated"]:
+            # Qwen3.5's gated attention: the gate multiplies eager attention's output.
+            t[f"{L}.self_attn.q_proj"] = Tap(f"{a}.q_proj")
+            for op in ("k_proj", "v_proj"):
+                t[f"{L}.self_attn.{op}"] = Tap(f"{a}.{op}")
+            for i, op in enumerate(("q_rotary", "k_rotary")):
+                t[f"{L}.self_attn.{op}"] = Tap(a, where="function", index=i, shape="heads_first",
+                                               function="apply_rotary_pos_emb")
+            t[f"{L}.self_attn.attention"] = Tap(a, where="function", index=0,
+                                                function="eager_attention_forward")
+            t[f"{L}.self_attn.output_gate"] = Tap(f"{a}.o_proj", where="input")
+        elif name == "transformers" and s["layer_types"][n] != "linear_attention":
             for op in ("q_proj", "k_proj", "v_proj"):
                 t[f"{L}.self_attn.{op}"] = Tap(f"{a}.{op}")
             for i, op in enumerate(("q_rotary", "k_rotary")):
-                t[f"{L}.self_attn.{op}"] = Tap(a, where="function", index=i, heads_first=True,
+                t[f"{L}.self_attn.{op}"] = Tap(a, where="function", index=i, shape="heads_first",
                                                function="apply_rotary_pos_emb")
             t[f"{L}.self_attn.attention"] = Tap(f"{a}.o_proj", where="input")
+        if name == "transformers":
             for op in ("gate_proj", "act_fn", "up_proj"):
                 t[f"{L}.mlp.{op}"] = Tap(f"{m}.{op}")
             t[f"{L}.mlp.product"] = Tap(f"{m}.down_proj", where="input")
@@ -147,42 +190,74 @@ class Capture:
                     lambda m, args, taps=taps: self._keep(taps, args[0]))
             elif where == "function":
                 hook = self._wrap_function(module, function, taps)
+            elif where == "attribute":
+                hook = self._wrap_attribute(module, function, taps)
             else:
                 raise CaptureError(f"boundary {taps[0][0]!r}: where {where!r} is not "
                                    "\"output\", \"input\" or \"function\"")
             self._undo.append(hook.remove)
 
     def _wrap_function(self, module, function, taps):
-        python_module = sys.modules[type(module).__module__]
-        original = getattr(python_module, function, None)
+        owner = sys.modules[type(module).__module__]
+        *path, attr = function.split(".")
+        for part in path:
+            owner = getattr(owner, part, None)
+        original = getattr(owner, attr, None) if owner is not None else None
         if original is None:
-            raise CaptureError(f"{python_module.__name__} has no function {function!r}")
-        inside = [0]
+            raise CaptureError(f"{type(module).__module__} has no function {function!r}")
+        state = {"inside": 0, "calls": 0}
 
         def wrapped(*args, **kwargs):
             result = original(*args, **kwargs)
-            if inside[0]:
-                self._keep(taps, result)
+            if state["inside"]:
+                state["calls"] += 1
+                self._keep([(b, t) for b, t in taps if t.call in (None, state["calls"])],
+                           result, kwargs)
             return result
 
-        setattr(python_module, function, wrapped)
-        enter = module.register_forward_pre_hook(lambda m, a: inside.__setitem__(0, inside[0] + 1))
-        leave = module.register_forward_hook(lambda m, a, o: inside.__setitem__(0, inside[0] - 1))
+        def enter(m, a):
+            state["inside"] += 1
+            state["calls"] = 0
+
+        setattr(owner, attr, wrapped)
+        enter = module.register_forward_pre_hook(enter)
+        leave = module.register_forward_hook(
+            lambda m, a, o: state.__setitem__("inside", state["inside"] - 1))
 
         class Undo:
             @staticmethod
             def remove():
-                setattr(python_module, function, original)
+                setattr(owner, attr, original)
                 enter.remove()
                 leave.remove()
         return Undo
 
-    def _keep(self, taps, value):
+    def _wrap_attribute(self, module, function, taps):
+        original = getattr(module, function, None)
+        if not callable(original):
+            raise CaptureError(f"{type(module).__name__} has no callable attribute {function!r}")
+
+        def wrapped(*args, **kwargs):
+            result = original(*args, **kwargs)
+            self._keep(taps, result, kwargs)
+            return result
+
+        setattr(module, function, wrapped)
+
+        class Undo:
+            @staticmethod
+            def remove():
+                setattr(module, function, original)
+        return Undo
+
+    def _keep(self, taps, value, kwargs=None):
         import torch
 
         for boundary, tap in taps:
             v = value
-            if tap.combine == "sum":
+            if tap.argument is not None:
+                v = (kwargs or {}).get(tap.argument)
+            elif tap.combine == "sum":
                 parts = [p for p in (v if isinstance(v, (tuple, list)) else (v,))
                          if isinstance(p, torch.Tensor)]
                 v = parts[0]
@@ -202,8 +277,12 @@ class Capture:
 
         out = {}
         for boundary, (v, tap) in self.values.items():
-            if tap.heads_first:
+            if tap.shape == "heads_first":
                 v = v.transpose(-3, -2)  # [.., heads, T, dim] -> [.., T, heads, dim]
+            elif tap.shape == "channels_first":
+                v = v.transpose(-2, -1)  # [.., channels, T] -> [.., T, channels]
+            elif tap.shape == "flat":
+                v = v.reshape(token_count, -1)
             if v.dim() >= 2 and v.shape[0] == 1 and v.shape[1] == token_count:
                 v = v[0]  # transformers' batch of one: [1, T, ...]
             if v.dim() < 1 or v.shape[0] != token_count:

@@ -107,9 +107,11 @@ for case in cases:
     def layer(kind, path, patching, tag, token):
         engine = {"name": "engine", "rows_file": {"path": path, "sha256": sha(path)}}
         if token is not None: engine["next_token_id"] = token
+        # patch_search "every": this bench measures one patched forward per boundary (bisection,
+        # the default, skips every boundary of an all-bitwise engine: bench/layers_operators.sh).
         return run({"schema": "assay.layer-attribution-request.v1", "id": name + "-" + kind + tag,
                     "model_dir": model, "input_token_ids": ids, "rows": kind, "engine": engine,
-                    "patching": patching})
+                    "patching": patching, "patch_search": "every"})
     # The short jobs twice each, alternating, the faster kept (a VM's first touch of memory
     # freed a while ago can cost seconds); the patching job once.
     nt_runs, last_runs = [], []
@@ -167,6 +169,17 @@ for r in rows:
         f"{'yes' if r['logits_equal'] else 'NO'} | {'yes' if r['all_bitwise'] else 'NO'} | "
         f"{'yes' if r['patched_logits_are_reference'] else 'NO'} |")
 lines += ["", "Raw rows:", "", "```"] + [json.dumps(r) for r in rows] + ["```", ""]
+# What is written by hand below the rows (the reading, operator-level rows) stays, marked as
+# written for an earlier run.
+try:
+    before = open(out).read()
+except FileNotFoundError:
+    before = ""
+if "\n## " in before:
+    kept = before[before.index("\n## ") + 1:]
+    if not kept.startswith("(Written for an earlier run"):
+        kept = "(Written for an earlier run; the rows above are newer.)\n\n" + kept
+    lines += [kept.rstrip("\n"), ""]
 open(out, "w").write("\n".join(lines))
 print("\n".join(lines))
 PY

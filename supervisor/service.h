@@ -19,8 +19,9 @@
 #include "supervisor/contain/contain.h"
 #include "supervisor/jobs/engine.h"
 #include "supervisor/jobs/events.h"
-#include "supervisor/jobs/metrics.h"
 #include "supervisor/jobs/store.h"
+#include "supervisor/metrics.h"
+#include "supervisor/peer.h"
 
 namespace assay::supervisor {
 

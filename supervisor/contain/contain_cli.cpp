@@ -20,7 +20,7 @@
 #include "common/fs.h"
 #include "supervisor/contain/contain.h"
 #include "supervisor/contain/contain_cli.h"
-#include "supervisor/executors/spawn_spec_json.h"
+#include "supervisor/contain/spawn_spec_json.h"
 
 namespace assay::supervisor {
 
@@ -184,7 +184,7 @@ void check_usage(const CLI::App& app, const CliArgs& a) {
 contain::SpawnSpec spec_from_file(const std::string& spec_file) {
   contain::SpawnSpec spec;
   try {
-    spec = executors::spawn_spec_from_json(
+    spec = contain::spawn_spec_from_json(
         common::parse_strict(common::read_file(spec_file, 4 * 1024 * 1024)));
   } catch (const common::Error& e) {
     throw common::Error("contain.usage", "--spec \"" + spec_file + "\" is unusable: " + e.what());

@@ -1,5 +1,5 @@
 // The containment runtime: picks the cgroup backend, removes orphaned cgroups and starts one
-// job per worker (job.cpp).
+// process per worker (process.cpp).
 #include <string>
 #include <thread>
 
@@ -8,7 +8,7 @@
 #include "common/error.h"
 #include "supervisor/contain/cgroup.h"
 #include "supervisor/contain/contain.h"
-#include "supervisor/contain/job.h"
+#include "supervisor/contain/process.h"
 #include "supervisor/contain/spawn.h"
 
 namespace assay::contain {
@@ -95,7 +95,7 @@ class RuntimeImpl : public Runtime {
         p->restore_affinity();  // the fresh child must inherit all of this thread's CPUs
       }
     }
-    return detail::start_job(io, backend_.get(), spec, std::move(done), std::move(child));
+    return detail::start_process(io, backend_.get(), spec, std::move(done), std::move(child));
   }
 
  private:

@@ -6,7 +6,7 @@
 // the head and the nodes) carries the spec in and the evidence out.
 //
 // Step directory <shared_dir>/slurm/<spec.name>/:
-//   spec.json       the SpawnSpec (assay.contain-spec.v1, spawn_spec_json.h)
+//   spec.json       the SpawnSpec (assay.contain-spec.v1, contain/spawn_spec_json.h)
 //   step.sh         the batch script: exec <node_assayd> contain --spec ... --evidence-out ...
 //   token           a random token in the Slurm job name (finds the job if assayd died between
 //                   sbatch's answer and the next file)

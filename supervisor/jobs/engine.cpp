@@ -55,36 +55,6 @@ void Engine::next_step(JobRun& run) {
   start_step(run, run.steps[run.next_step++]);
 }
 
-void Engine::prepare_workspace(const Step& step, const Json& input, const fs::path& ws) const {
-  std::error_code ec;
-  fs::remove_all(ws, ec);  // a previous attempt's leftovers
-  if (slurm_) {
-    // The workspace is in the shared directory (the nodes see it); the job directory links to
-    // it, so that everything after the step reads it where a local step's would be.
-    fs::path link = store_.job_dir(ws.parent_path().filename()) / ws.filename();
-    fs::create_directories(ws.parent_path(), ec);
-    ::chmod(ws.parent_path().c_str(), 0755);
-    fs::remove_all(link, ec);
-    fs::create_directory_symlink(ws, link, ec);
-    if (ec)
-      common::throw_errno("worker.workspace", "cannot link " + link.string() + " to " + ws.string(),
-                          ec.value());
-  }
-  if (::mkdir(ws.c_str(), 0700) != 0)
-    common::throw_errno("worker.workspace", "mkdir " + ws.string(), errno);
-  common::replace_file_fast(ws / protocol::kInputFile, common::canonical(input), 0600);
-  std::vector<fs::path> handed{ws, ws / protocol::kInputFile};
-  if (step.move_in) {
-    for (const auto& [source, name] : step.move_in()) {
-      if (::rename(source.c_str(), (ws / name).c_str()) != 0)
-        common::throw_errno("worker.workspace",
-                            "cannot move " + source.string() + " into " + ws.string(), errno);
-      handed.push_back(ws / name);
-    }
-  }
-  hand_to_worker(handed);
-}
-
 void Engine::hand_to_worker(const std::vector<fs::path>& paths) const {
   if (!worker_) return;
   for (const auto& p : paths)
@@ -131,41 +101,16 @@ Peer Engine::submitter_of(const Job& job) {
   return submitter_peer(job.submitter_uid, job.submitter_gid, job.submitter_admin);
 }
 
-void Engine::open_step_files(JobRun& run, const Job& job, const Step& step, Json& input,
-                             contain::SpawnSpec& spec) const {
-  Peer peer = submitter_of(job);
-  // Whether they are still what admission saw was checked when the job began (scheduler.cpp);
-  // a shard replaced between steps is the oracle's bytes_used check's to find.
-  auto hand = [&](Opened& f) {
-    spec.pass_fds.push_back(f.fd.get());
-    run.model_fds.push_back(std::move(f.fd));
-  };
-  // The step's own files first, so that their numbers (3, 4, ...) are known when its input is
-  // built; then the model's, listed in the input.
-  for (const auto& path : step.open_files) {
-    Opened f = open_file_as(path, peer, "request.bad_logits_file", "file");
-    hand(f);
-  }
-  if (!step.model_dir.empty()) {
-    OpenedModel m = open_model_as(step.model_dir, peer);
-    if (step.opened_model) step.opened_model(m);
-    Json listed = Json::array();
-    for (std::size_t i = 0; i < m.files.size(); ++i) {
-      listed.push_back(
-          Json{{"name", m.names[i]}, {"fd", 3 + static_cast<int>(run.model_fds.size())}});
-      hand(m.files[i]);
-    }
-    input["model_fds"] = std::move(listed);
-  }
-}
-
 void Engine::start_step(JobRun& run, Step& step) {
   const std::string id = run.id, role = step.role;
   Job& job = *store_.find(id);
-  fs::path ws = workspace(id, role);
   try {
-    if (run.recovered && resume_step(run, step)) return;
+    if (run.recovered && executor_->resume(id, step)) {
+      run.executor = executor_.get();
+      return;
+    }
     run.recovered = false;
+    run.executor = nullptr;
     if (::access(step.worker.c_str(), X_OK) != 0)
       throw Error("worker.missing",
                   "worker executable " + step.worker.string() + " is missing or not executable");
@@ -173,8 +118,8 @@ void Engine::start_step(JobRun& run, Step& step) {
     // back their dirty pages on this loop, about 0.6 s per GiB for a model copied in just
     // before the job: that writeback is done first on digest_pool_, and the step starts again
     // here once it is, so the settle finds clean pages and returns at once.
-    if ((step.reuse || step.opened_model) && !slurm_ && !step.model_dir.empty() &&
-        run.written_back != role) {
+    const bool local_files = executor_->local_files() && !step.model_dir.empty();
+    if ((step.reuse || step.opened_model) && local_files && run.written_back != role) {
       run.written_back = role;
       // The guard keeps io_ running (it may have no other work) until the step is handed back.
       boost::asio::post(digest_pool_, [this, id, role, dir = step.model_dir,
@@ -192,7 +137,7 @@ void Engine::start_step(JobRun& run, Step& step) {
       });
       return;
     }
-    if (step.reuse && !slurm_ && !step.model_dir.empty()) {
+    if (step.reuse && local_files) {
       // Opened as for a worker (the submitter's rights, no links), and closed again.
       OpenedModel opened = open_model_as(step.model_dir, submitter_of(job));
       bool reused = false;
@@ -206,37 +151,16 @@ void Engine::start_step(JobRun& run, Step& step) {
         return next_step(run);
       }
     }
-    Json input = step.input();
-    run.model_fds.clear();
-    if (start_resident(run, step, job, input, ws)) return;
-    contain::SpawnSpec spec = worker_spec(run, step, ws);
-    if (slurm_) {
-      // Descriptors do not cross hosts: a worker on a node reads the model by path.
-      if (!step.open_files.empty())
-        throw Error("executor.unsupported",
-                    "the slurm executor cannot hand a node the files this step reads (" +
-                        step.open_files.front() +
-                        ", ...): give the candidate as a model_dir, or "
-                        "run the job with executor local");
-    } else {
-      open_step_files(run, job, step, input, spec);
+    StepLaunch launch{id, step, submitter_of(job), step.input(),
+                      worker_spec(run, step, executor_->workspace(id, role))};
+    for (Executor* executor : {static_cast<Executor*>(resident_.get()), executor_.get()}) {
+      if (!executor) continue;
+      // Set first: an executor may report the step's end before it returns.
+      run.executor = executor;
+      if (executor->start(launch)) return;
     }
-    prepare_workspace(step, input, ws);
-    if (slurm_) {
-      // The GPUs Slurm allocates to the step are named on the node, in its environment.
-      spec.node_env = {"CUDA_VISIBLE_DEVICES"};
-      return start_slurm(run, step, spec, false);
-    }
-    set_phase(job, role, "running " + role + " worker");
-    double t0 = common::now_unix();
-    run.process = runtime_.start(io_, spec, [this, id, role, t0](contain::Evidence evidence) {
-      metrics_.durations[role].add(common::now_unix() - t0);
-      step_done(id, role, std::move(evidence));
-    });
-    if (step.progress) {
-      run.progress_timer = std::make_unique<boost::asio::steady_timer>(io_);
-      poll_progress(id, role);
-    }
+    run.executor = nullptr;
+    throw Error("supervisor.internal", "no executor took the " + role + " step");
   } catch (const Error& e) {
     fail(id, e.code(), "cannot start the " + role + " worker: " + e.what());
   } catch (const std::exception& e) {
@@ -244,13 +168,9 @@ void Engine::start_step(JobRun& run, Step& step) {
   }
 }
 
-void Engine::step_done(const std::string& id, const std::string& role, contain::Evidence evidence) {
+void Engine::ended(const std::string& id, const std::string& role, contain::Evidence evidence) {
   auto it = runs_.find(id);
   if (it == runs_.end()) return;
-  JobRun& run = *it->second;
-  run.process.reset();
-  run.model_fds.clear();
-  run.progress_timer.reset();
   fs::path ws = store_.job_dir(id) / role;
   try {
     common::replace_file_fast(ws / "evidence.json", common::canonical(evidence.to_json()), 0600);
@@ -319,15 +239,62 @@ void Engine::step_ended(const std::string& id, const std::string& role,
       throw Error("worker." + role + "_output",
                   role + " worker exited 0 but its output.json is unusable: " + e.what());
     }
-    Json kept = slurm_ ? output : Json();
+    Json kept = executor_->keeps_records() ? output : Json();
     accept_output(step, std::move(output), evidence);
-    if (slurm_) keep_step_record(id, role, kept, evidence);
+    if (executor_->keeps_records()) executor_->accepted(id, role, kept, evidence);
   } catch (const Error& e) {
     return fail(id, e.code(), e.what());
   } catch (const std::exception& e) {
     return fail(id, "supervisor.internal", e.what());
   }
   next_step(run);
+}
+
+void Engine::phase(const std::string& id, const std::string& role, const std::string& message) {
+  if (Job* job = store_.find(id)) set_phase(*job, role, message);
+}
+
+void Engine::failed(const std::string& id, const std::string& code, const std::string& message) {
+  fail(id, code, message);
+}
+
+void Engine::cancelled(const std::string& id, const std::string& message) {
+  finish(id, JobState::kCancelled, message);
+}
+
+void Engine::again(const std::string& id) {
+  auto it = runs_.find(id);
+  if (it == runs_.end() || it->second->next_step == 0) return;
+  JobRun& run = *it->second;
+  start_step(run, run.steps[run.next_step - 1]);
+}
+
+void Engine::collected(const std::string& id, const std::string& /*role*/, const Json& output,
+                       const contain::Evidence& evidence) {
+  auto it = runs_.find(id);
+  if (it == runs_.end() || it->second->next_step == 0) return;
+  JobRun& run = *it->second;
+  try {
+    accept_output(run.steps[run.next_step - 1], output, evidence, "recorded output");
+  } catch (const Error& e) {
+    return fail(id, e.code(), e.what());
+  }
+  next_step(run);
+}
+
+Step* Engine::current_step(const std::string& id) {
+  auto it = runs_.find(id);
+  if (it == runs_.end() || it->second->next_step == 0) return nullptr;
+  return &it->second->steps[it->second->next_step - 1];
+}
+
+bool Engine::cancel_requested(const std::string& id) {
+  auto it = runs_.find(id);
+  return it != runs_.end() && it->second->cancel_requested;
+}
+
+void Engine::freed() {
+  schedule();
 }
 
 RunFacts Engine::run_facts(const JobRun& run) const {

@@ -100,28 +100,4 @@ void Engine::harvest_step(const std::string& id) {
   return then == Step::Then::kAgain ? start_step(run, step) : next_step(run);
 }
 
-void Engine::poll_progress(const std::string& id, const std::string& role) {
-  auto it = runs_.find(id);
-  if (it == runs_.end() || !it->second->process || !it->second->progress_timer) return;
-  JobRun& run = *it->second;
-  Step& step = run.steps[run.next_step - 1];
-  try {
-    for (const std::string& message : step.progress(store_.job_dir(id) / role))
-      set_phase(*store_.find(id), role, message);
-    if (step.stalled) {
-      if (auto why = step.stalled()) {
-        set_phase(*store_.find(id), role, *why + ": stopping the worker");
-        run.process->kill();
-        return;  // its end comes through step_done, as any other
-      }
-    }
-  } catch (const std::exception& e) {
-    spdlog::warn("progress of {} {}: {}", id, role, e.what());
-  }
-  run.progress_timer->expires_after(kProgressPoll);
-  run.progress_timer->async_wait([this, id, role](const boost::system::error_code& ec) {
-    if (!ec) poll_progress(id, role);
-  });
-}
-
 }  // namespace assay::supervisor

@@ -11,6 +11,8 @@
 #include "common/error.h"
 #include "common/time.h"
 #include "supervisor/contain/memory.h"
+#include "supervisor/executors/local.h"
+#include "supervisor/executors/slurm_steps.h"
 #include "supervisor/jobs/engine.h"
 #include "supervisor/pipelines/admission.h"
 #include "supervisor/pipelines/steps.h"
@@ -48,17 +50,23 @@ Engine::Engine(boost::asio::io_context& io, const Config& config, JobStore& stor
       watchers_(watchers),
       metrics_(metrics),
       worker_(std::move(worker)),
-      slurm_(slurm),
       retry_timer_(io) {
+  // The host's executor takes every step; resident workers, where configured (not with Slurm),
+  // are asked first.
+  if (slurm)
+    executor_ = std::make_unique<SlurmStepExecutor>(io, config, *slurm,
+                                                    static_cast<StepHost&>(*this), metrics);
+  else
+    executor_ =
+        std::make_unique<LocalExecutor>(io, runtime, static_cast<StepHost&>(*this), metrics);
+  resident_ = std::make_unique<ResidentExecutor>(io, config, runtime, static_cast<StepHost&>(*this),
+                                                 !slurm);
   // Every result names these by digest: hashed now, off the loop, so that the first job's
   // assembly finds them in the cache (the oracle alone is tens of MB).
   std::vector<DigestFile> executables{{"/proc/self/exe", true}};
   for (const fs::path& p : {config.fingerprint_worker, config.oracle_worker, config.compare_worker})
     if (!p.empty()) executables.push_back({p, true});
   boost::asio::post(digest_pool_, [executables] { warm_digests(executables); });
-  // Resident workers' workspaces an earlier assayd left (their cgroups are cleanup_orphans').
-  std::error_code ec;
-  fs::remove_all(resident_root(), ec);
 }
 
 void Engine::recover() {
@@ -89,7 +97,12 @@ void Engine::recover() {
 void Engine::stop() {
   stopping_ = true;
   retry_timer_.cancel();
-  for (auto& [n, w] : residents_) stop_resident(*w, "assayd stops");
+  if (resident_) resident_->stop();
+  executor_->stop();
+}
+
+std::size_t Engine::residents() const {
+  return resident_ ? resident_->alive() : 0;
 }
 
 void Engine::enqueue(const std::string& id) {
@@ -115,9 +128,7 @@ bool Engine::cancel(Job& job) {
     spdlog::warn("cannot record the cancel request of {}: {}", job.id, e.what());
   }
   watchers_.publish(job);
-  if (it->second->process) it->second->process->kill();
-  if (auto r = residents_.find(it->second->resident); r != residents_.end())
-    stop_resident(*r->second, "its job " + job.id + " was cancelled");
+  if (Executor* executor = it->second->executor) executor->cancel(job.id);
   return true;
 }
 
@@ -175,9 +186,7 @@ void Engine::schedule() {
         } catch (const Error&) {
           free_now = UINT64_MAX;  // begin's preflight reports it
         }
-        for (auto& [n, r] : residents_)
-          if (r->state == ResidentWorker::State::kIdle)
-            free_now = add_saturating(free_now, r->memory_limit);
+        if (resident_) free_now = add_saturating(free_now, resident_->idle_bytes());
         measured = true;
       }
       if (w->second > free_now) {
@@ -211,7 +220,7 @@ Engine::Begun Engine::begin(const std::string& id) {
     // are still what admission checked, and still the submitter's to read.
     verify_admitted(job->admitted, submitter_of(*job));
     r.pipeline = kind.open(config_, store_.job_dir(id), job->model_dir);
-    r.recovered = recovered_.erase(id) > 0 && slurm_ != nullptr;
+    r.recovered = recovered_.erase(id) > 0 && executor_->keeps_records();
     if (!r.recovered) {
       // A fresh start: no step of an earlier attempt may be collected or re-attached.
       std::error_code ec;
@@ -269,20 +278,14 @@ Engine::Begun Engine::preflight(JobRun& run) {
   }
   // An idle resident worker that holds this job's model either runs its step or is replaced by
   // the step's own worker: its memory is this job's to use.
-  if (run.pipeline->may_use_resident())
-    if (std::uint64_t held = resident_memory_for(job.model_dir)) {
+  if (resident_ && run.pipeline->may_use_resident())
+    if (std::uint64_t held = resident_->held_for(job.model_dir)) {
       available += held;
       run.host_memory["resident_worker_bytes"] = held;
     }
   if (need <= available) return Begun::kStarted;
   // Idle resident workers give their memory back to a job that needs it.
-  bool evicted = false;
-  for (auto& [n, w] : residents_)
-    if (w->state == ResidentWorker::State::kIdle) {
-      stop_resident(*w, "job " + job.id + " needs its memory");
-      evicted = true;
-    }
-  if (evicted) {
+  if (resident_ && resident_->release_idle("job " + job.id + " needs its memory")) {
     runs_.erase(run.id);
     waiting_need_[job.id] = need;
     arm_retry();
@@ -322,8 +325,8 @@ void Engine::release(const std::string& id) {
   // vocab] floats each) are named by digest in its receipt. Logs and evidence stay.
   std::error_code ec;
   for (const auto& ws : fs::directory_iterator(store_.job_dir(id), ec)) {
-    // A symlink is a Slurm step's workspace in the shared directory (slurm_steps.cpp).
-    if (!ws.is_directory(ec) || (ws.is_symlink(ec) && !slurm_)) continue;
+    // A symlink is a workspace elsewhere (a Slurm step's in the shared directory).
+    if (!ws.is_directory(ec) || (ws.is_symlink(ec) && !executor_->linked_workspaces())) continue;
     for (const auto& file : fs::directory_iterator(ws.path(), ec))
       if (file.path().extension() == ".safetensors") fs::remove(file.path(), ec);
   }

@@ -22,16 +22,9 @@
 #include "common/worker_schemas.h"
 #include "supervisor/config.h"
 #include "supervisor/contain/evidence.h"
+#include "supervisor/peer.h"
 
 namespace assay::supervisor {
-
-// Who asked: the peer credentials of the connection, resolved once per connection.
-struct Peer {
-  uid_t uid = 0;
-  gid_t gid = 0;
-  pid_t pid = 0;
-  bool admin = false;  // root or a member of the admin group
-};
 
 // What a submission is, once checked: the durable record's fields.
 struct Admission {

@@ -21,7 +21,7 @@
 #include "common/json.h"
 #include "supervisor/executors/command.h"
 #include "supervisor/executors/slurm.h"
-#include "supervisor/executors/spawn_spec_json.h"
+#include "supervisor/contain/spawn_spec_json.h"
 
 namespace fs = std::filesystem;
 using namespace assay;
@@ -109,7 +109,7 @@ TEST_CASE("a spawn spec survives its JSON document exactly, and the reader is st
   s.uid = 65534;
   s.limits.memory_max = 64ULL << 20;
   s.hidden_paths = {"/etc/secret"};
-  auto back = executors::spawn_spec_from_json(executors::spawn_spec_to_json(s));
+  auto back = contain::spawn_spec_from_json(contain::spawn_spec_to_json(s));
   CHECK(back.name == s.name);
   CHECK(back.argv == s.argv);
   CHECK(back.workdir == s.workdir);
@@ -120,21 +120,21 @@ TEST_CASE("a spawn spec survives its JSON document exactly, and the reader is st
   CHECK(!back.gid);
   CHECK(back.limits == s.limits);
   CHECK(back.node_env.empty());
-  CHECK_FALSE(executors::spawn_spec_to_json(s).contains("node_env"));
+  CHECK_FALSE(contain::spawn_spec_to_json(s).contains("node_env"));
   s.node_env = {"CUDA_VISIBLE_DEVICES"};
-  CHECK(executors::spawn_spec_from_json(executors::spawn_spec_to_json(s)).node_env == s.node_env);
-  auto bad_env = executors::spawn_spec_to_json(s);
+  CHECK(contain::spawn_spec_from_json(contain::spawn_spec_to_json(s)).node_env == s.node_env);
+  auto bad_env = contain::spawn_spec_to_json(s);
   bad_env["node_env"] = common::Json::array({"PATH"});
-  CHECK_THROWS_WITH_AS(executors::spawn_spec_from_json(bad_env), doctest::Contains("node_env"),
+  CHECK_THROWS_WITH_AS(contain::spawn_spec_from_json(bad_env), doctest::Contains("node_env"),
                        common::Error);
   s.node_env.clear();
-  auto j = executors::spawn_spec_to_json(s);
+  auto j = contain::spawn_spec_to_json(s);
   j["limits"]["cpu_max"] = 1;
-  CHECK_THROWS_WITH_AS(executors::spawn_spec_from_json(j), doctest::Contains("limits.cpu_max"),
+  CHECK_THROWS_WITH_AS(contain::spawn_spec_from_json(j), doctest::Contains("limits.cpu_max"),
                        common::Error);
-  j = executors::spawn_spec_to_json(s);
+  j = contain::spawn_spec_to_json(s);
   j["argv"] = common::Json::array({"sh"});
-  CHECK_THROWS_WITH_AS(executors::spawn_spec_from_json(j), doctest::Contains("argv"),
+  CHECK_THROWS_WITH_AS(contain::spawn_spec_from_json(j), doctest::Contains("argv"),
                        common::Error);
 }
 

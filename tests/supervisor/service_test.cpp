@@ -13,7 +13,7 @@
 #include "common/json.h"
 #include "common/text.h"
 #include "supervisor/api/routes.h"
-#include "supervisor/jobs/metrics.h"
+#include "supervisor/metrics.h"
 #include "supervisor/pipelines/documents.h"
 #include "supervisor/service.h"
 #include "tests/support/process.h"

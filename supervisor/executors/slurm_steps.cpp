@@ -1,14 +1,14 @@
-// Steps as Slurm jobs (Config::executor "slurm"): each worker runs inside `assayd contain` on a
-// compute node (executors/slurm.h), its workspace in the shared directory; the node's evidence
-// comes back hashed, with where it ran. A restart collects the steps that ended before it from
-// their records and re-attaches to the one still in Slurm, by its job id: never run twice.
+// The Slurm step executor (slurm_steps.h).
+#include "supervisor/executors/slurm_steps.h"
+
+#include <sys/stat.h>
+
 #include <spdlog/spdlog.h>
 #include <boost/asio/post.hpp>
 
 #include "common/error.h"
 #include "common/fs.h"
 #include "common/json.h"
-#include "supervisor/jobs/engine.h"
 
 namespace assay::supervisor {
 
@@ -41,20 +41,24 @@ std::string describe(const executors::SlurmStep& s) {
 
 }  // namespace
 
-fs::path Engine::workspace(const std::string& id, const std::string& role) const {
-  if (slurm_) return config_.slurm.shared_dir / "jobs" / id / role;
-  return store_.job_dir(id) / role;
+SlurmStepExecutor::SlurmStepExecutor(boost::asio::io_context& io, const Config& config,
+                                     executors::SlurmExecutor& slurm, StepHost& host,
+                                     Metrics& metrics)
+    : io_(io), config_(config), slurm_(slurm), host_(host), metrics_(metrics) {}
+
+fs::path SlurmStepExecutor::workspace(const std::string& id, const std::string& role) const {
+  return config_.slurm.shared_dir / "jobs" / id / role;
 }
 
-void Engine::keep_step_record(const std::string& id, const std::string& role, const Json& output,
-                              const contain::Evidence& evidence) {
-  fs::path dir = store_.job_dir(id) / "steps";
+void SlurmStepExecutor::accepted(const std::string& id, const std::string& role, const Json& output,
+                                 const contain::Evidence& evidence) {
+  fs::path dir = host_.job_dir(id) / "steps";
   try {
     if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
       common::throw_errno("fs.mkdir", "mkdir " + dir.string(), errno);
     // In the state directory, not the shared one, where the workers could write.
     common::replace_file_fast(
-        step_record(store_.job_dir(id), role, ".json"),
+        step_record(host_.job_dir(id), role, ".json"),
         common::canonical(Json{{"output", output}, {"evidence", evidence.to_json()}}), 0600);
   } catch (const Error& e) {
     // Without it a restart runs the step again; nothing is lost.
@@ -62,9 +66,9 @@ void Engine::keep_step_record(const std::string& id, const std::string& role, co
   }
 }
 
-bool Engine::resume_step(JobRun& run, Step& step) {
-  const std::string id = run.id, role = step.role;
-  fs::path job_dir = store_.job_dir(id);
+bool SlurmStepExecutor::resume(const std::string& id, Step& step) {
+  const std::string role = step.role;
+  fs::path job_dir = host_.job_dir(id);
   std::error_code ec;
   // A harvesting step (a batch's oracle) has no record: its ended parts are jobs already.
   if (fs::path record = step_record(job_dir, role, ".json");
@@ -79,15 +83,9 @@ bool Engine::resume_step(JobRun& run, Step& step) {
       spdlog::warn("cannot read the record of {} {} ({}): running it again", id, role, e.what());
       return false;
     }
-    set_phase(*store_.find(id), role,
-              "the " + role + " step ended before the restart: collected, not run again");
-    try {
-      accept_output(step, doc.at("output"), *evidence, "recorded output");
-    } catch (const Error& e) {
-      fail(id, e.code(), e.what());
-      return true;
-    }
-    next_step(run);
+    host_.phase(id, role,
+                "the " + role + " step ended before the restart: collected, not run again");
+    host_.collected(id, role, doc.at("output"), *evidence);
     return true;
   }
   if (fs::exists(step_record(job_dir, role, ".slurm"), ec)) {
@@ -96,83 +94,121 @@ bool Engine::resume_step(JobRun& run, Step& step) {
     if (step.harvest) step.input();
     contain::SpawnSpec spec;
     spec.name = id + "-" + role;
-    start_slurm(run, step, spec, true);
+    submit(id, step, spec, true);
     return true;
   }
   return false;
 }
 
-void Engine::start_slurm(JobRun& run, Step& step, const contain::SpawnSpec& spec, bool attach) {
-  const std::string id = run.id, role = step.role, name = spec.name;
+bool SlurmStepExecutor::start(StepLaunch& launch) {
+  const std::string id = launch.job_id;
+  Step& step = launch.step;
+  if (!step.open_files.empty())
+    throw Error("executor.unsupported",
+                "the slurm executor cannot hand a node the files this step reads (" +
+                    step.open_files.front() +
+                    ", ...): give the candidate as a model_dir, or "
+                    "run the job with executor local");
+  // The workspace is in the shared directory (the nodes see it); the job directory links to
+  // it, so that everything after the step reads it where a local step's would be.
+  const fs::path ws = launch.spec.workdir;
+  std::error_code ec;
+  fs::remove_all(ws, ec);  // a previous attempt's leftovers
+  fs::path link = host_.job_dir(id) / step.role;
+  fs::create_directories(ws.parent_path(), ec);
+  ::chmod(ws.parent_path().c_str(), 0755);
+  fs::remove_all(link, ec);
+  fs::create_directory_symlink(ws, link, ec);
+  if (ec)
+    common::throw_errno("worker.workspace", "cannot link " + link.string() + " to " + ws.string(),
+                        ec.value());
+  prepare_workspace(step, launch.input, ws, host_);
+  // The GPUs Slurm allocates to the step are named on the node, in its environment.
+  launch.spec.node_env = {"CUDA_VISIBLE_DEVICES"};
+  submit(id, step, launch.spec, false);
+  return true;
+}
+
+void SlurmStepExecutor::submit(const std::string& id, Step& step, const contain::SpawnSpec& spec,
+                               bool attach) {
+  const std::string role = step.role, name = spec.name;
   executors::SlurmCallbacks callbacks{[this, id, role](const executors::SlurmStep& s) {
                                         ++metrics_.slurm_submitted;
-                                        if (Job* job = store_.find(id))
-                                          set_phase(*job, role, describe(s) + " submitted");
+                                        host_.phase(id, role, describe(s) + " submitted");
                                       },
                                       [this, id, role, name](const executors::SlurmStep& s) {
                                         metrics_.slurm_steps[name] = s.state;
-                                        if (Job* job = store_.find(id))
-                                          set_phase(*job, role, describe(s));
+                                        host_.phase(id, role, describe(s));
                                       },
                                       [this, id, role, name](executors::SlurmResult r) {
                                         metrics_.slurm_steps.erase(name);
-                                        slurm_done(id, role, std::move(r));
+                                        done(id, role, std::move(r));
                                       }};
+  Running& running = running_[id];
   if (step.progress) {
-    run.progress_timer = std::make_unique<boost::asio::steady_timer>(io_);
-    boost::asio::post(io_, [this, id, role] { poll_progress(id, role); });
+    running.progress = std::make_unique<ProgressPoll>(
+        io_, host_, id, role, host_.job_dir(id) / role, [this, id] { cancel(id); });
+    boost::asio::post(io_, [this, id, role] {
+      auto it = running_.find(id);
+      if (it != running_.end() && it->second.progress) it->second.progress->start();
+    });
   }
   if (attach) {
-    set_phase(*store_.find(id), role,
-              "re-attaching to the " + role + " step's Slurm job after the restart");
-    run.process = slurm_->attach(slurm_->step_dir(name), std::move(callbacks));
+    host_.phase(id, role, "re-attaching to the " + role + " step's Slurm job after the restart");
+    running.process = slurm_.attach(slurm_.step_dir(name), std::move(callbacks));
     return;
   }
   // Recorded before sbatch runs: a restart re-attaches (by the job id, or by the token in the
   // job's name when assayd died before sbatch answered) instead of submitting again.
-  fs::path dir = store_.job_dir(id) / "steps";
+  fs::path dir = host_.job_dir(id) / "steps";
   if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
     common::throw_errno("fs.mkdir", "mkdir " + dir.string(), errno);
-  common::replace_file_fast(step_record(store_.job_dir(id), role, ".slurm"), name + "\n", 0600);
-  set_phase(*store_.find(id), role, "submitting the " + role + " worker to Slurm");
-  run.process = slurm_->start(spec, std::move(callbacks), step_gres(config_, step));
+  common::replace_file_fast(step_record(host_.job_dir(id), role, ".slurm"), name + "\n", 0600);
+  host_.phase(id, role, "submitting the " + role + " worker to Slurm");
+  running.process = slurm_.start(spec, std::move(callbacks), step_gres(config_, step));
 }
 
-void Engine::slurm_done(const std::string& id, const std::string& role, executors::SlurmResult r) {
-  auto it = runs_.find(id);
-  if (it == runs_.end()) return;
-  JobRun& run = *it->second;
+bool SlurmStepExecutor::cancel(const std::string& id) {
+  auto it = running_.find(id);
+  if (it == running_.end() || !it->second.process) return false;
+  it->second.process->kill();
+  return true;
+}
+
+void SlurmStepExecutor::done(const std::string& id, const std::string& role,
+                             executors::SlurmResult r) {
+  running_.erase(id);
+  Step* step = host_.current_step(id);
+  if (!step) return;
   std::optional<contain::Evidence> evidence = std::move(r.evidence);
   if (evidence) evidence->executor = r.executor_json();
-  if (r.ok() && evidence) return step_done(id, role, std::move(*evidence));
-  run.process.reset();
+  if (r.ok() && evidence) return host_.ended(id, role, std::move(*evidence));
   std::error_code ec;
-  fs::remove(step_record(store_.job_dir(id), role, ".slurm"), ec);
-  if (run.cancel_requested)
-    return finish(id, JobState::kCancelled,
-                  "cancelled while the " + role + " step ran in Slurm (scancel)");
-  Step& step = run.steps[run.next_step - 1];
-  if (step.harvest && r.error_code != "slurm.vanished") {
+  fs::remove(step_record(host_.job_dir(id), role, ".slurm"), ec);
+  if (host_.cancel_requested(id))
+    return host_.cancelled(id, "cancelled while the " + role + " step ran in Slurm (scancel)");
+  if (step->harvest && r.error_code != "slurm.vanished") {
     // Slurm ended the worker (its time, its memory, the node): for a batch that is a worker
     // that died, whose ended states are kept and whose other states run again.
     if (!evidence) {
       evidence.emplace();
-      evidence->name = run.id + "-" + role;
+      evidence->name = id + "-" + role;
       evidence->mode = "none";
       evidence->executor = r.executor_json();
     }
     evidence->errors.push_back(r.error_code + ": " + r.error_message);
-    return step_done(id, role, std::move(*evidence));
+    return host_.ended(id, role, std::move(*evidence));
   }
   if (r.error_code == "slurm.vanished") {
     // Slurm forgot the job and no evidence was written: it did not run to an end. Again.
-    set_phase(*store_.find(id), role,
-              "Slurm job " + r.step.slurm_job_id + " vanished without evidence: submitting again");
-    return start_step(run, step);
+    host_.phase(
+        id, role,
+        "Slurm job " + r.step.slurm_job_id + " vanished without evidence: submitting again");
+    return host_.again(id);
   }
   if (evidence) {
     try {
-      common::replace_file_fast(store_.job_dir(id) / role / "evidence.json",
+      common::replace_file_fast(host_.job_dir(id) / role / "evidence.json",
                                 common::canonical(evidence->to_json()), 0600);
     } catch (const Error& e) {
       spdlog::error("cannot keep evidence of {} {}: {}", id, role, e.what());
@@ -182,7 +218,7 @@ void Engine::slurm_done(const std::string& id, const std::string& role, executor
                         r.step.state + (r.step.node.empty() ? "" : " on " + r.step.node) +
                         ") ended without a result: " + r.error_message;
   if (!r.memory_limit_hit.empty()) message += "; memory limit hit first: " + r.memory_limit_hit;
-  fail(id, r.error_code.empty() ? "slurm.failed" : r.error_code, message);
+  host_.failed(id, r.error_code.empty() ? "slurm.failed" : r.error_code, message);
 }
 
 }  // namespace assay::supervisor

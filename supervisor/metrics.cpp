@@ -1,4 +1,4 @@
-#include "supervisor/jobs/metrics.h"
+#include "supervisor/metrics.h"
 
 #include <algorithm>
 #include <vector>

@@ -16,7 +16,7 @@
 #include "common/json.h"
 #include "supervisor/contain/contain.h"
 
-namespace assay::executors {
+namespace assay::contain {
 
 inline constexpr const char* kContainSpecSchema = "assay.contain-spec.v1";
 
@@ -83,7 +83,7 @@ inline void only(const common::Json& o, const std::vector<std::string>& allowed,
 
 }  // namespace spec_json_detail
 
-inline common::Json spawn_spec_to_json(const contain::SpawnSpec& spec) {
+inline common::Json spawn_spec_to_json(const SpawnSpec& spec) {
   using spec_json_detail::optional_u64;
   common::Json hidden = common::Json::array();
   for (const auto& p : spec.hidden_paths) hidden.push_back(p.string());
@@ -117,7 +117,7 @@ inline common::Json spawn_spec_to_json(const contain::SpawnSpec& spec) {
 
 // Strict: throws common::Error("contain.bad_spec", ...) naming the field on a missing, unknown or
 // mistyped field, a relative argv[0] or workdir, or an empty argv or name.
-inline contain::SpawnSpec spawn_spec_from_json(const common::Json& j) {
+inline SpawnSpec spawn_spec_from_json(const common::Json& j) {
   using namespace spec_json_detail;
   if (!j.is_object()) bad("(document)", "is not an object");
   only(j,
@@ -126,7 +126,7 @@ inline contain::SpawnSpec spawn_spec_from_json(const common::Json& j) {
        "");
   if (string_field(j, "schema") != kContainSpecSchema)
     bad("schema", "is not \"" + std::string(kContainSpecSchema) + "\"");
-  contain::SpawnSpec spec;
+  SpawnSpec spec;
   spec.name = string_field(j, "name");
   if (spec.name.empty() || spec.name.find('/') != std::string::npos || spec.name == "." ||
       spec.name == "..")
@@ -173,4 +173,4 @@ inline contain::SpawnSpec spawn_spec_from_json(const common::Json& j) {
   return spec;
 }
 
-}  // namespace assay::executors
+}  // namespace assay::contain

@@ -1,4 +1,4 @@
-// The runtime's job: one Job per started worker, driven by its pidfd, two output pipes
+// One watched Process per started worker, driven by its pidfd, two output pipes
 // and the timeout timers on one strand; the evidence is read after the worker was reaped and
 // its cgroup emptied, and before the cgroup is removed.
 #include <sys/resource.h>
@@ -22,7 +22,7 @@
 
 #include "common/error.h"
 #include "common/fs.h"
-#include "supervisor/contain/job.h"
+#include "supervisor/contain/process.h"
 #include "supervisor/contain/seccomp.h"
 #include "supervisor/contain/spawn.h"
 
@@ -131,10 +131,10 @@ struct OutputSink {
   }
 };
 
-class Job : public std::enable_shared_from_this<Job> {
+class Process : public std::enable_shared_from_this<Process> {
  public:
-  Job(asio::io_context& io, Backend* backend, SpawnSpec spec, CompletionHandler done,
-      std::unique_ptr<detail::Prespawned> early)
+  Process(asio::io_context& io, Backend* backend, SpawnSpec spec, CompletionHandler done,
+          std::unique_ptr<detail::Prespawned> early)
       : strand_(asio::make_strand(io)),
         backend_(backend),
         spec_(std::move(spec)),
@@ -282,7 +282,7 @@ class Job : public std::enable_shared_from_this<Job> {
     } while (r < 0 && errno == EINTR);
     if (r < 0 && errno == EAGAIN && pidfd_.is_open()) {
       // The reactor made the descriptor non-blocking, and the process has not exited: that
-      // readiness was not its exit (seen once in a bench run: the job then failed with "no exit
+      // readiness was not its exit (seen once in a bench run: the worker then failed with "no exit
       // status" while its worker still ran). Asked again after 10 ms, doubling up to 1 s: not a
       // new wait on the descriptor, whose edge may already have passed.
       exit_retry_ = exit_retry_.count() ? std::min(exit_retry_ * 2, std::chrono::milliseconds(1000))
@@ -510,16 +510,18 @@ class Job : public std::enable_shared_from_this<Job> {
 
 class RunningImpl : public Running {
  public:
-  explicit RunningImpl(std::shared_ptr<Job> job) : job_(std::move(job)) {}
-  ~RunningImpl() override { job_->request_kill(); }  // a no-op once it finished
-  void kill() override { job_->request_kill(); }
-  pid_t pid() const override { return job_->pid(); }
-  Evidence snapshot(const ResidentEvidence& resident) override { return job_->snapshot(resident); }
-  std::vector<std::string> reset_peaks() override { return job_->reset_peaks(); }
-  std::optional<Counters> counters() override { return job_->counters(); }
+  explicit RunningImpl(std::shared_ptr<Process> process) : process_(std::move(process)) {}
+  ~RunningImpl() override { process_->request_kill(); }  // a no-op once it finished
+  void kill() override { process_->request_kill(); }
+  pid_t pid() const override { return process_->pid(); }
+  Evidence snapshot(const ResidentEvidence& resident) override {
+    return process_->snapshot(resident);
+  }
+  std::vector<std::string> reset_peaks() override { return process_->reset_peaks(); }
+  std::optional<Counters> counters() override { return process_->counters(); }
 
  private:
-  std::shared_ptr<Job> job_;
+  std::shared_ptr<Process> process_;
 };
 
 }  // namespace
@@ -568,12 +570,12 @@ void summarise_counters(Evidence& e) {
   }
 }
 
-std::shared_ptr<Running> start_job(boost::asio::io_context& io, Backend* backend,
-                                   const SpawnSpec& spec, CompletionHandler done,
-                                   std::unique_ptr<Prespawned> early) {
-  auto job = std::make_shared<Job>(io, backend, spec, std::move(done), std::move(early));
-  job->start();
-  return std::make_shared<RunningImpl>(job);
+std::shared_ptr<Running> start_process(boost::asio::io_context& io, Backend* backend,
+                                       const SpawnSpec& spec, CompletionHandler done,
+                                       std::unique_ptr<Prespawned> early) {
+  auto process = std::make_shared<Process>(io, backend, spec, std::move(done), std::move(early));
+  process->start();
+  return std::make_shared<RunningImpl>(process);
 }
 
 }  // namespace assay::contain::detail

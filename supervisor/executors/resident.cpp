@@ -1,8 +1,6 @@
-// Resident oracle workers (Config::resident): `assay-oracle serve` loads a model once and runs
-// next-token jobs on it one at a time, for as long as each job's fingerprint equals the bytes it
-// loaded. It is contained as every worker is (its own cgroup, namespaces, seccomp, worker user);
-// a job's evidence is its share of that worker's counters (contain::ResidentEvidence). Its
-// crash, OOM kill or a job's timeout ends the worker and fails only the job it was running.
+// The resident executor (resident.h).
+#include "supervisor/executors/resident.h"
+
 #include <fcntl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -13,16 +11,15 @@
 #include <string_view>
 
 #include <spdlog/spdlog.h>
+#include <boost/asio/post.hpp>
 
 #include "common/error.h"
 #include "common/fs.h"
 #include "common/protocol.h"
 #include "common/text.h"
 #include "common/time.h"
-#include "supervisor/jobs/engine.h"
 #include "supervisor/pipelines/admission.h"
 #include "supervisor/pipelines/documents.h"
-#include "supervisor/pipelines/steps.h"
 
 namespace assay::supervisor {
 
@@ -123,21 +120,33 @@ void copy_job_files(const fs::path& workspace, const std::string& name, const fs
 
 }  // namespace
 
-fs::path Engine::resident_root() const {
+ResidentExecutor::ResidentExecutor(boost::asio::io_context& io, const Config& config,
+                                   contain::Runtime& runtime, StepHost& host, bool enabled)
+    : io_(io), config_(config), runtime_(runtime), host_(host), enabled_(enabled) {
+  std::error_code ec;
+  fs::remove_all(root(), ec);
+}
+
+fs::path ResidentExecutor::root() const {
   return config_.state_dir / "resident";
 }
 
-bool Engine::start_resident(JobRun& run, Step& step, const Job& job, const Json& input,
-                            const fs::path& ws) {
-  if (config_.resident.count == 0 || slurm_ || !step.resident_bytes) return false;
-  const std::string key = resident_key(step.model_dir, step.worker, input);
+fs::path ResidentExecutor::workspace(const std::string& id, const std::string& role) const {
+  return host_.job_dir(id) / role;
+}
+
+bool ResidentExecutor::start(StepLaunch& launch) {
+  Step& step = launch.step;
+  if (config_.resident.count == 0 || !enabled_ || !step.resident_bytes) return false;
+  const std::string id = launch.job_id;
+  const std::string key = resident_key(step.model_dir, step.worker, launch.input);
   ResidentWorker* w = nullptr;
   for (auto& [n, r] : residents_)
     if (r->key == key && r->state != ResidentWorker::State::kStopping) w = r.get();
   // Busy with another job (device_slots > 1) or loading for one: this job loads its own.
   if (w && w->state != ResidentWorker::State::kIdle) return false;
   // The memory limit this job's own worker would get (it grows with the prompt's length).
-  const std::uint64_t limit = worker_spec(run, step, ws).limits.memory_max.value_or(0);
+  const std::uint64_t limit = launch.spec.limits.memory_max.value_or(0);
   std::string replaced, why;
   if (w) {
     try {
@@ -147,46 +156,47 @@ bool Engine::start_resident(JobRun& run, Step& step, const Job& job, const Json&
       // this job's submitter could never read (issue 36, defect 5). The figures go to assayd's
       // own log.
       why = "the job's fingerprint differs from the bytes it loaded";
-      spdlog::info("resident worker {} does not hold job {}'s bytes: {}", w->id, run.id, e.what());
+      spdlog::info("resident worker {} does not hold job {}'s bytes: {}", w->id, id, e.what());
     }
     if (why.empty() && limit > w->memory_limit)
       why = "the job needs memory.max " + std::to_string(limit) + ", above its " +
             std::to_string(w->memory_limit);
     if (!why.empty()) {
       replaced = w->id;
-      stop_resident(*w, "replaced: " + why);
+      stop_worker(*w, "replaced: " + why);
       w = nullptr;
     }
   }
   if (w) {
-    dispatch_resident(*w, run, input);
+    dispatch(*w, id, step.role, launch.input, launch.spec.limits.timeout);
     return true;
   }
-  if (!make_resident_room(limit, key)) return false;
-  ResidentWorker* fresh = spawn_resident(run, step, job, input, key);
-  fresh->job_id = run.id;
+  if (!make_room(limit, key)) return false;
+  ResidentWorker* fresh = spawn(launch, key);
+  fresh->job_id = id;
   fresh->role = step.role;
-  run.resident = fresh->number;
-  Job& j = *store_.find(run.id);
-  set_phase(j, step.role,
-            "loading the model into resident worker " + fresh->id +
-                (replaced.empty() ? std::string() : " (replacing " + replaced + ": " + why + ")"));
-  fresh->pending = input;  // runs once the worker has loaded
+  jobs_[id] = fresh->number;
+  host_.phase(
+      id, step.role,
+      "loading the model into resident worker " + fresh->id +
+          (replaced.empty() ? std::string() : " (replacing " + replaced + ": " + why + ")"));
+  fresh->pending = launch.input;  // runs once the worker has loaded
+  fresh->pending_timeout = launch.spec.limits.timeout;
   return true;
 }
 
-ResidentWorker* Engine::spawn_resident(JobRun& run, const Step& step, const Job& job,
-                                       const Json& input, const std::string& key) {
-  const int number = next_resident_++;
+ResidentWorker* ResidentExecutor::spawn(StepLaunch& launch, const std::string& key) {
+  const Step& step = launch.step;
+  const int number = next_++;
   auto w = std::make_unique<ResidentWorker>(io_);
   w->number = number;
   w->id = "r-" + std::to_string(number) + "-" + std::to_string(unix_ms());
   w->key = key;
   w->model_dir = step.model_dir;
-  w->workspace = resident_root() / w->id;
+  w->workspace = root() / w->id;
   w->last_used = common::now_unix();
-  if (::mkdir(resident_root().c_str(), 0700) != 0 && errno != EEXIST)
-    common::throw_errno("worker.workspace", "mkdir " + resident_root().string(), errno);
+  if (::mkdir(root().c_str(), 0700) != 0 && errno != EEXIST)
+    common::throw_errno("worker.workspace", "mkdir " + root().string(), errno);
   if (::mkdir(w->workspace.c_str(), 0700) != 0)
     common::throw_errno("worker.workspace", "mkdir " + w->workspace.string(), errno);
 
@@ -195,10 +205,12 @@ ResidentWorker* Engine::spawn_resident(JobRun& run, const Step& step, const Job&
     common::throw_errno("worker.spawn", "socketpair for resident worker " + w->id, errno);
   common::UniqueFd ours(pair[0]), theirs(pair[1]);
 
-  contain::SpawnSpec spec = worker_spec(run, step, w->workspace);
+  // The step's own worker's spec, in the worker's workspace, for its life.
+  contain::SpawnSpec spec = launch.spec;
   spec.name = "resident-" + std::to_string(number) + "-" + w->id.substr(w->id.rfind('-') + 1);
   spec.argv = {step.worker.string(), "serve", "--input", std::string(protocol::kInputFile),
                "--workdir",          "."};
+  spec.workdir = w->workspace;
   for (auto& kv : spec.env)
     if (kv.rfind("HOME=", 0) == 0) kv = "HOME=" + w->workspace.string();
   spec.stdout_path = w->workspace / protocol::kStdoutFile;
@@ -206,58 +218,58 @@ ResidentWorker* Engine::spawn_resident(JobRun& run, const Step& step, const Job&
   spec.limits.timeout = kResidentLifetime;
   w->memory_limit = spec.limits.memory_max.value_or(0);
   // fd 3: the control socket; 4, 5, ...: the model's files, opened as this job's submitter.
-  spec.pass_fds.push_back(theirs.get());
-  OpenedModel m = open_model_as(step.model_dir, submitter_of(job));
+  spec.pass_fds = {theirs.get()};
+  OpenedModel m = open_model_as(step.model_dir, launch.submitter);
   Json listed = Json::array();
   for (std::size_t i = 0; i < m.files.size(); ++i) {
     listed.push_back(Json{{"name", m.names[i]}, {"fd", 4 + static_cast<int>(i)}});
     spec.pass_fds.push_back(m.files[i].fd.get());
   }
   Json serve{{"schema", protocol::kOracleServeInput},
-             {"model_dir", input.at("model_dir")},
+             {"model_dir", launch.input.at("model_dir")},
              {"model_fds", std::move(listed)},
-             {"execution", input.at("execution")},
+             {"execution", launch.input.at("execution")},
              {"control_fd", 3}};
   common::replace_file_fast(w->workspace / protocol::kInputFile, common::canonical(serve), 0600);
-  hand_to_worker({w->workspace, w->workspace / protocol::kInputFile});
+  host_.hand_to_worker({w->workspace, w->workspace / protocol::kInputFile});
   w->process = runtime_.start(io_, spec, [this, number](contain::Evidence evidence) {
-    resident_exited(number, std::move(evidence));
+    exited(number, std::move(evidence));
   });
   w->control.assign(ours.release());
   spdlog::info("resident worker {} started for {} (memory.max {})", w->id, step.model_dir,
                w->memory_limit);
   ResidentWorker* out = w.get();
   residents_[number] = std::move(w);
-  read_resident(number);
+  read(number);
   return out;
 }
 
-void Engine::read_resident(int number) {
+void ResidentExecutor::read(int number) {
   auto it = residents_.find(number);
   if (it == residents_.end()) return;
   ResidentWorker& w = *it->second;
   w.control.async_read_some(boost::asio::buffer(w.buffer),
                             [this, number](boost::system::error_code ec, std::size_t n) {
                               auto it = residents_.find(number);
-                              // Closed or failed: the worker's exit (resident_exited) says why.
+                              // Closed or failed: the worker's exit (exited) says why.
                               if (ec || it == residents_.end()) return;
-                              std::string message(it->second->buffer.data(), n);
-                              resident_message(number, message);
-                              if (residents_.count(number)) read_resident(number);
+                              std::string text(it->second->buffer.data(), n);
+                              message(number, text);
+                              if (residents_.count(number)) read(number);
                             });
 }
 
-void Engine::resident_message(int number, const std::string& message) {
+void ResidentExecutor::message(int number, const std::string& message) {
   ResidentWorker& w = *residents_.at(number);
   using State = ResidentWorker::State;
   if (w.state == State::kStopping) return;
-  if (message == "loaded" && w.state == State::kLoading) return resident_loaded(w);
+  if (message == "loaded" && w.state == State::kLoading) return loaded(w);
   const bool done = message == "done " + w.job_dir, failed = message == "failed " + w.job_dir;
-  if (w.state == State::kBusy && (done || failed)) return resident_job_ended(w, done);
-  stop_resident(w, "unexpected control message \"" + common::printable(message, 80) + "\"");
+  if (w.state == State::kBusy && (done || failed)) return job_ended(w, done);
+  stop_worker(w, "unexpected control message \"" + common::printable(message, 80) + "\"");
 }
 
-void Engine::resident_loaded(ResidentWorker& w) {
+void ResidentExecutor::loaded(ResidentWorker& w) {
   w.loaded_at = common::now_rfc3339();
   try {
     Json loaded =
@@ -271,40 +283,39 @@ void Engine::resident_loaded(ResidentWorker& w) {
     w.bytes_used = loaded["bytes_used"];
     w.load_seconds = loaded.value("load_seconds", 0.0);
   } catch (const Error& e) {
-    stop_resident(w, std::string("unusable loaded.json: ") + e.what());
+    stop_worker(w, std::string("unusable loaded.json: ") + e.what());
     return;
   }
   w.state = ResidentWorker::State::kIdle;
   spdlog::info("resident worker {} loaded {} in {:.2f} s", w.id, w.model_dir, w.load_seconds);
-  auto it = runs_.find(w.job_id);
-  if (it == runs_.end() || it->second->resident != w.number || it->second->cancel_requested) {
+  const std::string id = w.job_id;
+  auto job = jobs_.find(id);
+  const bool ours = job != jobs_.end() && job->second == w.number;
+  Step* step = ours ? host_.current_step(id) : nullptr;
+  if (!step || host_.cancel_requested(id)) {
     // The job it loaded for is gone (cancelled): it waits for the next one.
-    if (it != runs_.end() && it->second->resident == w.number) {
-      it->second->resident = -1;
-      finish(w.job_id, JobState::kCancelled, "cancelled while the resident worker loaded");
+    if (ours) {
+      jobs_.erase(job);
+      if (step) host_.cancelled(id, "cancelled while the resident worker loaded");
     }
     w.job_id.clear();
-    return arm_resident_idle(w);
+    return arm_idle(w);
   }
-  JobRun& run = *it->second;
-  Step& step = run.steps[run.next_step - 1];
   try {
-    step.resident_bytes(w.bytes_used);
+    step->resident_bytes(w.bytes_used);
   } catch (const Error& e) {
     // The model changed between the fingerprint and the load: as a worker of its own would.
-    const std::string id = w.job_id;
-    run.resident = -1;
-    stop_resident(w, std::string("loaded other bytes than the job's fingerprint: ") + e.what());
-    return fail(id, e.code(), e.what());
+    jobs_.erase(id);
+    stop_worker(w, std::string("loaded other bytes than the job's fingerprint: ") + e.what());
+    return host_.failed(id, e.code(), e.what());
   }
   Json input = std::move(w.pending);
   w.pending = nullptr;
-  dispatch_resident(w, run, input);
+  dispatch(w, id, w.role, input, w.pending_timeout);
 }
 
-void Engine::dispatch_resident(ResidentWorker& w, JobRun& run, const Json& input) {
-  Step& step = run.steps[run.next_step - 1];
-  const std::string id = run.id, role = step.role;
+void ResidentExecutor::dispatch(ResidentWorker& w, const std::string& id, const std::string& role,
+                                const Json& input, std::chrono::milliseconds timeout) {
   w.timer.cancel();
   w.job_id = id;
   w.role = role;
@@ -312,7 +323,7 @@ void Engine::dispatch_resident(ResidentWorker& w, JobRun& run, const Json& input
   w.timed_out = false;
   w.job_files = job_files(input);
   w.progressed = 0;
-  run.resident = w.number;
+  jobs_[id] = w.number;
   const fs::path dir = w.workspace / w.job_dir;
   try {
     std::error_code ec;
@@ -322,13 +333,14 @@ void Engine::dispatch_resident(ResidentWorker& w, JobRun& run, const Json& input
     Json job_input = input;
     job_input.erase("model_fds");
     common::replace_file_fast(dir / protocol::kInputFile, common::canonical(job_input), 0600);
-    hand_to_worker({dir, dir / protocol::kInputFile});
+    host_.hand_to_worker({dir, dir / protocol::kInputFile});
   } catch (const Error& e) {
-    run.resident = -1;
+    jobs_.erase(id);
     w.job_id.clear();
-    arm_resident_idle(w);
-    return fail(id, e.code(),
-                "cannot start the " + role + " job on resident worker " + w.id + ": " + e.what());
+    arm_idle(w);
+    return host_.failed(
+        id, e.code(),
+        "cannot start the " + role + " job on resident worker " + w.id + ": " + e.what());
   }
   contain::ResidentEvidence job;
   job.worker = w.id;
@@ -347,40 +359,36 @@ void Engine::dispatch_resident(ResidentWorker& w, JobRun& run, const Json& input
   const std::string message = "run " + w.job_dir;
   if (::send(w.control.native_handle(), message.data(), message.size(),
              MSG_NOSIGNAL | MSG_DONTWAIT) != static_cast<ssize_t>(message.size())) {
-    // The worker is gone or wedged: its exit fails the job (resident_exited).
-    stop_resident(w, std::string("cannot send it the job: ") + std::strerror(errno));
+    // The worker is gone or wedged: its exit fails the job (exited).
+    stop_worker(w, std::string("cannot send it the job: ") + std::strerror(errno));
     return;
   }
-  contain::SpawnSpec spec = worker_spec(run, step, workspace(id, role));
   const int number = w.number;
-  w.job_timeout = spec.limits.timeout;
-  w.timer.expires_after(spec.limits.timeout);
+  w.job_timeout = timeout;
+  w.timer.expires_after(timeout);
   w.timer.async_wait([this, number](boost::system::error_code ec) {
     auto it = residents_.find(number);
     if (ec || it == residents_.end() || it->second->state != ResidentWorker::State::kBusy) return;
     it->second->timed_out = true;
-    stop_resident(*it->second, "the job's timeout passed");
+    stop_worker(*it->second, "the job's timeout passed");
   });
-  set_phase(*store_.find(id), role,
-            "running " + role + " on resident worker " + w.id + " (job " +
-                std::to_string(w.jobs + 1) + " since it loaded the model at " + w.loaded_at + ")");
-  if (step.progress) {
-    run.progress_timer = std::make_unique<boost::asio::steady_timer>(io_);
-    poll_resident_progress(id, role);
-  }
+  host_.phase(id, role,
+              "running " + role + " on resident worker " + w.id + " (job " +
+                  std::to_string(w.jobs + 1) + " since it loaded the model at " + w.loaded_at +
+                  ")");
+  if (Step* step = host_.current_step(id); step && step->progress) poll_progress(number);
 }
 
 // A batch on a resident worker: the state files that ended since the last poll are copied
 // (as at the job's end: no link followed, regular files only, bounded) into the step's
 // workspace, where the step's progress reads them; a stalled batch stops the worker.
-void Engine::poll_resident_progress(const std::string& id, const std::string& role) {
-  auto it = runs_.find(id);
-  if (it == runs_.end() || !it->second->progress_timer) return;
-  JobRun& run = *it->second;
-  auto r = residents_.find(run.resident);
+void ResidentExecutor::poll_progress(int number) {
+  auto r = residents_.find(number);
   if (r == residents_.end() || r->second->state != ResidentWorker::State::kBusy) return;
   ResidentWorker& w = *r->second;
-  Step& step = run.steps[run.next_step - 1];
+  const std::string id = w.job_id, role = w.role;
+  Step* step = host_.current_step(id);
+  if (!step || step->role != role) return;
   try {
     const fs::path ws = workspace(id, role);
     std::error_code ec;
@@ -397,24 +405,24 @@ void Engine::poll_resident_progress(const std::string& id, const std::string& ro
       common::write_unsynced(ws / name, read_opened(*state, limit, "worker.workspace"), 0600);
       ++w.progressed;
     }
-    for (const std::string& message : step.progress(ws)) set_phase(*store_.find(id), role, message);
-    if (step.stalled)
-      if (auto why = step.stalled()) {
-        set_phase(*store_.find(id), role, *why + ": stopping the worker");
-        stop_resident(w, *why);
-        return;  // its end comes through resident_exited
+    for (const std::string& message : step->progress(ws)) host_.phase(id, role, message);
+    if (step->stalled)
+      if (auto why = step->stalled()) {
+        host_.phase(id, role, *why + ": stopping the worker");
+        stop_worker(w, *why);
+        return;  // its end comes through exited
       }
   } catch (const std::exception& e) {
     spdlog::warn("progress of {} {}: {}", id, role, e.what());
   }
-  run.progress_timer->expires_after(kProgressPoll);
-  run.progress_timer->async_wait([this, id, role](const boost::system::error_code& ec) {
-    if (!ec) poll_resident_progress(id, role);
+  w.progress.expires_after(kProgressPoll);
+  w.progress.async_wait([this, number](const boost::system::error_code& ec) {
+    if (!ec) poll_progress(number);
   });
 }
 
-contain::Evidence Engine::resident_job_evidence(const ResidentWorker& w,
-                                                contain::Evidence evidence) const {
+contain::Evidence ResidentExecutor::job_evidence(const ResidentWorker& w,
+                                                 contain::Evidence evidence) const {
   evidence.resident = w.job;
   if (evidence.limits) evidence.limits->timeout = w.job_timeout;
   evidence.timed_out = evidence.timed_out || w.timed_out;
@@ -425,28 +433,30 @@ contain::Evidence Engine::resident_job_evidence(const ResidentWorker& w,
   return evidence;
 }
 
-void Engine::resident_job_ended(ResidentWorker& w, bool done) {
+void ResidentExecutor::job_ended(ResidentWorker& w, bool done) {
   w.timer.cancel();
-  contain::Evidence evidence = resident_job_evidence(w, w.process->snapshot(w.job));
+  w.progress.cancel();
+  contain::Evidence evidence = job_evidence(w, w.process->snapshot(w.job));
   const std::string id = w.job_id, role = w.role, name = w.job_dir;
   w.jobs += 1;
   w.state = ResidentWorker::State::kIdle;
   w.last_used = common::now_unix();
   w.job_id.clear();
-  arm_resident_idle(w);
-  auto it = runs_.find(id);
-  if (it == runs_.end()) return;
-  it->second->resident = -1;
+  arm_idle(w);
+  auto job = jobs_.find(id);
+  if (job == jobs_.end() || job->second != w.number) return;
+  jobs_.erase(job);
+  if (!host_.current_step(id)) return;
   fs::path ws = workspace(id, role);
   try {
     copy_job_files(w.workspace, name, ws, w.job_files);
   } catch (const Error& e) {
-    stop_resident(w, std::string("its job directory is unusable: ") + e.what());
-    return fail(
+    stop_worker(w, std::string("its job directory is unusable: ") + e.what());
+    return host_.failed(
         id, "worker." + role + "_output",
         role + " (resident worker " + w.id + ") left an unusable job directory: " + e.what());
   }
-  if (done) return step_done(id, role, std::move(evidence));
+  if (done) return host_.ended(id, role, std::move(evidence));
   try {
     common::replace_file_fast(ws / "evidence.json", common::canonical(evidence.to_json()), 0600);
   } catch (const Error& e) {
@@ -459,29 +469,29 @@ void Engine::resident_job_ended(ResidentWorker& w, bool done) {
     if (error.value("message", Json()).is_string()) what = error["message"];
   } catch (const Error&) {
   }
-  if (it->second->cancel_requested)
-    return finish(id, JobState::kCancelled, "cancelled while the " + role + " worker ran");
-  fail(id, "worker." + role + "_failed",
-       role + " (resident worker " + w.id + ") failed: [" + common::printable(code, 100) + "] " +
-           what);
+  if (host_.cancel_requested(id))
+    return host_.cancelled(id, "cancelled while the " + role + " worker ran");
+  host_.failed(id, "worker." + role + "_failed",
+               role + " (resident worker " + w.id + ") failed: [" + common::printable(code, 100) +
+                   "] " + what);
 }
 
-void Engine::resident_exited(int number, contain::Evidence evidence) {
+void ResidentExecutor::exited(int number, contain::Evidence evidence) {
   auto node = residents_.extract(number);
   if (node.empty()) return;
   std::unique_ptr<ResidentWorker> w = std::move(node.mapped());
   spdlog::info("resident worker {} ended ({}){}", w->id,
                evidence.failure_reason().empty() ? "exited" : evidence.failure_reason(),
                w->stop_reason.empty() ? "" : ": " + w->stop_reason);
-  auto it = runs_.find(w->job_id);
+  auto job = jobs_.find(w->job_id);
   // assayd stops: a job the worker was running stays running in the store, and the next start
   // queues it again, as it does any job a stop cut off.
-  if (!stopping_ && !w->job_id.empty() && it != runs_.end() && it->second->resident == number) {
+  if (!stopping_ && !w->job_id.empty() && job != jobs_.end() && job->second == number) {
     // It ended with a job: while loading for it (its whole life was that job's), or running it
     // (the job's evidence is its share of the worker's counters). The job fails, with the
     // worker's stderr and what it finished (a batch's ended states, each checked as ever).
-    it->second->resident = -1;
-    if (!w->job_dir.empty()) evidence = resident_job_evidence(*w, std::move(evidence));
+    jobs_.erase(job);
+    if (!w->job_dir.empty()) evidence = job_evidence(*w, std::move(evidence));
     const std::string id = w->job_id, role = w->role;
     fs::path ws = workspace(id, role);
     std::error_code ec;
@@ -502,38 +512,39 @@ void Engine::resident_exited(int number, contain::Evidence evidence) {
                                 tail_file(w->workspace / protocol::kStderrFile, 64u << 10), 0600);
     } catch (const Error&) {
     }
-    step_done(id, role, std::move(evidence));
+    if (host_.current_step(id)) host_.ended(id, role, std::move(evidence));
   }
   std::error_code ec;
   fs::remove_all(w->workspace, ec);
   // Another job may be waiting for the memory or the slot it held.
-  boost::asio::post(io_, [this] { schedule(); });
+  boost::asio::post(io_, [this] { host_.freed(); });
 }
 
-void Engine::stop_resident(ResidentWorker& w, const std::string& why) {
+void ResidentExecutor::stop_worker(ResidentWorker& w, const std::string& why) {
   if (w.state == ResidentWorker::State::kStopping) return;
   if (w.state != ResidentWorker::State::kBusy) w.job_dir.clear();
   spdlog::info("stopping resident worker {}: {}", w.id, why);
   w.stop_reason = why;
   w.state = ResidentWorker::State::kStopping;
   w.timer.cancel();
+  w.progress.cancel();
   boost::system::error_code ignored;
   w.control.close(ignored);  // the worker exits at the end of the socket; the kill makes sure
   w.process->kill();
 }
 
-void Engine::arm_resident_idle(ResidentWorker& w) {
+void ResidentExecutor::arm_idle(ResidentWorker& w) {
   const int number = w.number;
   w.timer.expires_after(
       std::chrono::milliseconds(static_cast<long long>(config_.resident.idle_seconds * 1000)));
   w.timer.async_wait([this, number](boost::system::error_code ec) {
     auto it = residents_.find(number);
     if (ec || it == residents_.end() || it->second->state != ResidentWorker::State::kIdle) return;
-    stop_resident(*it->second, "idle for " + std::to_string(config_.resident.idle_seconds) + " s");
+    stop_worker(*it->second, "idle for " + std::to_string(config_.resident.idle_seconds) + " s");
   });
 }
 
-bool Engine::make_resident_room(std::uint64_t bytes, const std::string& keep_key) {
+bool ResidentExecutor::make_room(std::uint64_t bytes, const std::string& keep_key) {
   using State = ResidentWorker::State;
   if (config_.resident.memory_bytes && bytes > *config_.resident.memory_bytes) return false;
   for (;;) {
@@ -552,11 +563,11 @@ bool Engine::make_resident_room(std::uint64_t bytes, const std::string& keep_key
         !config_.resident.memory_bytes || held + bytes <= *config_.resident.memory_bytes;
     if (live < config_.resident.count && fits) return true;
     if (!oldest) return false;
-    stop_resident(*oldest, "evicted to make room for another model's worker");
+    stop_worker(*oldest, "evicted to make room for another model's worker");
   }
 }
 
-std::uint64_t Engine::resident_memory_for(const std::string& model_dir) {
+std::uint64_t ResidentExecutor::held_for(const std::string& model_dir) {
   for (auto& [n, r] : residents_) {
     if (r->model_dir != model_dir || r->state != ResidentWorker::State::kIdle) continue;
     auto counters = r->process->counters();
@@ -567,6 +578,37 @@ std::uint64_t Engine::resident_memory_for(const std::string& model_dir) {
     }
   }
   return 0;
+}
+
+std::uint64_t ResidentExecutor::idle_bytes() const {
+  std::uint64_t bytes = 0;
+  for (const auto& [n, r] : residents_)
+    if (r->state == ResidentWorker::State::kIdle) bytes += r->memory_limit;
+  return bytes;
+}
+
+bool ResidentExecutor::release_idle(const std::string& why) {
+  bool any = false;
+  for (auto& [n, w] : residents_)
+    if (w->state == ResidentWorker::State::kIdle) {
+      stop_worker(*w, why);
+      any = true;
+    }
+  return any;
+}
+
+bool ResidentExecutor::cancel(const std::string& id) {
+  auto job = jobs_.find(id);
+  if (job == jobs_.end()) return false;
+  auto r = residents_.find(job->second);
+  if (r == residents_.end()) return false;
+  stop_worker(*r->second, "its job " + id + " was cancelled");
+  return true;
+}
+
+void ResidentExecutor::stop() {
+  stopping_ = true;
+  for (auto& [n, w] : residents_) stop_worker(*w, "assayd stops");
 }
 
 }  // namespace assay::supervisor

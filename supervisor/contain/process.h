@@ -1,4 +1,4 @@
-// The runtime's per-worker job (job.cpp), shared with the backend selection in runtime.cpp.
+// The runtime's per-worker process (process.cpp), shared with the backend selection in runtime.cpp.
 #pragma once
 
 #include <chrono>
@@ -21,8 +21,8 @@ void summarise_counters(Evidence& e);
 // Starts one worker: checks its spec, spawns it (into a cgroup of `backend`, none in mode
 // none; `early`: a child prespawned without a cgroup, or null) and watches it on a strand of
 // `io` until `done` gets its evidence.
-std::shared_ptr<Running> start_job(boost::asio::io_context& io, Backend* backend,
-                                   const SpawnSpec& spec, CompletionHandler done,
-                                   std::unique_ptr<Prespawned> early);
+std::shared_ptr<Running> start_process(boost::asio::io_context& io, Backend* backend,
+                                       const SpawnSpec& spec, CompletionHandler done,
+                                       std::unique_ptr<Prespawned> early);
 
 }  // namespace assay::contain::detail

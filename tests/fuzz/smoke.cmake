@@ -17,9 +17,9 @@ set(_fuzz_build ${CMAKE_BINARY_DIR}/fuzz)
 # targets. They share one build tree, so they run one at a time (RESOURCE_LOCK) and in order
 # (each step's fixture is the next one's requirement).
 set(_fuzz_libs_common assay_base,assay_common,assay_fingerprint_lib,assay_fuzz_oracle_core)
-set(_fuzz_libs_client assay_contain,assay_executors,assay_client)
+set(_fuzz_libs_client assay_contain,assay_executors,assay_fuzz_client)
 set(_fuzz_libs_pipelines assay_supervisor_pipelines)
-set(_fuzz_libs_supervisor assay_supervisor)
+set(_fuzz_libs_supervisor assay_fuzz_supervisor)
 set(_fuzz_previous "")
 foreach(name common client pipelines supervisor)
   add_test(NAME fuzz_build_${name}

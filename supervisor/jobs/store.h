@@ -13,6 +13,7 @@
 #include <sys/types.h>
 
 #include "common/json.h"
+#include "supervisor/pipelines/pipeline.h"  // CommitFiles
 
 namespace assay::supervisor {
 
@@ -62,14 +63,6 @@ struct Job {
   static Job from_json(const common::Json& j);
   // Public view for the API: to_json() plus links, without the event list.
   common::Json summary() const;
-};
-
-// Files that become durable together with a job's terminal state.
-struct CommitFiles {
-  // name in the job directory -> content, written with mode 0644 (results are public to readers
-  // of the job directory; job.json stays 0600)
-  std::vector<std::pair<std::string, std::string>> write;
-  std::vector<std::filesystem::path> in_place;  // already at their final path: only fsynced
 };
 
 class JobStore {

@@ -122,6 +122,15 @@ inline void accept_output(Step& step, common::Json output, const contain::Eviden
   step.accept(std::move(output), evidence);
 }
 
+// Files that become durable together with a job's terminal state (JobStore::commit): what
+// sealing a result makes (steps.h, seal).
+struct CommitFiles {
+  // name in the job directory -> content, written with mode 0644 (results are public to readers
+  // of the job directory; job.json stays 0600)
+  std::vector<std::pair<std::string, std::string>> write;
+  std::vector<std::filesystem::path> in_place;  // already at their final path: only fsynced
+};
+
 // What the engine seals: the result document (without result_sha256) and its artifact.
 struct Sealed {
   common::Json result;

@@ -11,7 +11,6 @@
 
 #include "common/json.h"
 #include "common/sign.h"
-#include "supervisor/jobs/store.h"
 #include "supervisor/pipelines/fingerprint_step.h"
 #include "supervisor/pipelines/pipeline.h"
 

@@ -19,8 +19,8 @@
 #include "common/error.h"
 #include "common/fs.h"
 #include "common/identity.h"
-#include "supervisor/executors/command.h"
 #include "supervisor/contain/spawn_spec_json.h"
+#include "supervisor/executors/command.h"
 
 namespace assay::executors {
 
@@ -152,7 +152,8 @@ std::shared_ptr<contain::Running> SlurmExecutor::Impl::start(const contain::Spaw
       common::throw_errno("slurm.step_dir", "cannot remove the earlier " + dir.string(),
                           ec.value());
     fs::create_directories(dir);
-    common::atomic_write_file(dir / "spec.json", contain::spawn_spec_to_json(spec).dump(2) + "\n", 0644);
+    common::atomic_write_file(dir / "spec.json", contain::spawn_spec_to_json(spec).dump(2) + "\n",
+                              0644);
     common::atomic_write_file(dir / "step.sh", script(dir), 0755);
     common::atomic_write_file(dir / "token", token + "\n", 0644);
   } catch (const Error& e) {

@@ -144,28 +144,30 @@ void SlurmStepExecutor::submit(const std::string& id, Step& step, const contain:
                                         metrics_.slurm_steps.erase(name);
                                         done(id, role, std::move(r));
                                       }};
-  Running& running = running_[id];
+  // Kept only once the step is in Slurm: a submission that throws leaves nothing behind.
+  Running running;
+  if (attach) {
+    host_.phase(id, role, "re-attaching to the " + role + " step's Slurm job after the restart");
+    running.process = slurm_.attach(slurm_.step_dir(name), std::move(callbacks));
+  } else {
+    // Recorded before sbatch runs: a restart re-attaches (by the job id, or by the token in the
+    // job's name when assayd died before sbatch answered) instead of submitting again.
+    fs::path dir = host_.job_dir(id) / "steps";
+    if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
+      common::throw_errno("fs.mkdir", "mkdir " + dir.string(), errno);
+    common::replace_file_fast(step_record(host_.job_dir(id), role, ".slurm"), name + "\n", 0600);
+    host_.phase(id, role, "submitting the " + role + " worker to Slurm");
+    running.process = slurm_.start(spec, std::move(callbacks), step_gres(config_, step));
+  }
   if (step.progress) {
     running.progress = std::make_unique<ProgressPoll>(
         io_, host_, id, role, host_.job_dir(id) / role, [this, id] { cancel(id); });
-    boost::asio::post(io_, [this, id, role] {
+    boost::asio::post(io_, [this, id] {
       auto it = running_.find(id);
       if (it != running_.end() && it->second.progress) it->second.progress->start();
     });
   }
-  if (attach) {
-    host_.phase(id, role, "re-attaching to the " + role + " step's Slurm job after the restart");
-    running.process = slurm_.attach(slurm_.step_dir(name), std::move(callbacks));
-    return;
-  }
-  // Recorded before sbatch runs: a restart re-attaches (by the job id, or by the token in the
-  // job's name when assayd died before sbatch answered) instead of submitting again.
-  fs::path dir = host_.job_dir(id) / "steps";
-  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
-    common::throw_errno("fs.mkdir", "mkdir " + dir.string(), errno);
-  common::replace_file_fast(step_record(host_.job_dir(id), role, ".slurm"), name + "\n", 0600);
-  host_.phase(id, role, "submitting the " + role + " worker to Slurm");
-  running.process = slurm_.start(spec, std::move(callbacks), step_gres(config_, step));
+  running_[id] = std::move(running);
 }
 
 bool SlurmStepExecutor::cancel(const std::string& id) {

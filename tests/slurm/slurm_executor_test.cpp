@@ -19,9 +19,9 @@
 #include "common/fs.h"
 #include "common/identity.h"
 #include "common/json.h"
+#include "supervisor/contain/spawn_spec_json.h"
 #include "supervisor/executors/command.h"
 #include "supervisor/executors/slurm.h"
-#include "supervisor/contain/spawn_spec_json.h"
 
 namespace fs = std::filesystem;
 using namespace assay;
@@ -134,8 +134,7 @@ TEST_CASE("a spawn spec survives its JSON document exactly, and the reader is st
                        common::Error);
   j = contain::spawn_spec_to_json(s);
   j["argv"] = common::Json::array({"sh"});
-  CHECK_THROWS_WITH_AS(contain::spawn_spec_from_json(j), doctest::Contains("argv"),
-                       common::Error);
+  CHECK_THROWS_WITH_AS(contain::spawn_spec_from_json(j), doctest::Contains("argv"), common::Error);
 }
 
 TEST_CASE("a step runs on the node inside assayd contain and its evidence comes back hashed") {

@@ -5,5 +5,6 @@
 namespace assay::supervisor {
 
 int serve_main(int argc, char** argv);  // supervisor/serve.cpp
+int node_main(int argc, char** argv);   // supervisor/pool_node.cpp: one node of a Slurm pool
 
 }  // namespace assay::supervisor

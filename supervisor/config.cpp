@@ -234,7 +234,7 @@ void Config::load_slurm(const Json& j) {
   if (!j.is_object()) throw Error("config.invalid", "config.slurm must be an object");
   common::reject_unknown_fields(j,
                                 {"shared_dir", "partition", "account", "qos", "sbatch_args",
-                                 "node_assayd", "contain_args", "oracle_gpus", "poll_ms"},
+                                 "node_assayd", "contain_args", "oracle_gpus", "poll_ms", "pool"},
                                 "config.slurm");
   std::string s;
   if (take_string(j, "shared_dir", s = slurm.shared_dir.string()), !s.empty()) slurm.shared_dir = s;
@@ -259,6 +259,41 @@ void Config::load_slurm(const Json& j) {
   }
   take_uint(j, "oracle_gpus", slurm.oracle_gpus);
   take_uint(j, "poll_ms", slurm.poll_ms);
+  if (auto it = j.find("pool"); it != j.end()) load_pool(*it);
+}
+
+void Config::load_pool(const Json& j) {
+  if (!j.is_object()) throw Error("config.invalid", "config.slurm.pool must be an object");
+  common::reject_unknown_fields(j,
+                                {"nodes", "listen", "idle_seconds", "sbatch_args", "memory_bytes",
+                                 "time_minutes", "resident_models", "start_timeout_seconds"},
+                                "config.slurm.pool");
+  auto& pool = slurm.pool;
+  take_uint(j, "nodes", pool.nodes);
+  take_string(j, "listen", pool.listen);
+  take_uint(j, "memory_bytes", pool.memory_bytes);
+  take_uint(j, "time_minutes", pool.time_minutes);
+  take_uint(j, "resident_models", pool.resident_models);
+  for (auto [key, out] : {std::pair{"idle_seconds", &pool.idle_seconds},
+                          std::pair{"start_timeout_seconds", &pool.start_timeout_seconds}}) {
+    auto it = j.find(key);
+    if (it == j.end()) continue;
+    if (!it->is_number() || !(it->get<double>() >= 1 && it->get<double>() <= 7 * 86400.0))
+      throw Error("config.invalid", std::string("config.slurm.pool.") + key +
+                                        " must be a number in [1, 604800], got " + it->dump());
+    *out = it->get<double>();
+  }
+  if (auto it = j.find("sbatch_args"); it != j.end()) {
+    if (!it->is_array())
+      throw Error("config.invalid", "config.slurm.pool.sbatch_args must be an array");
+    pool.sbatch_args.clear();
+    for (const Json& a : *it) {
+      if (!a.is_string())
+        throw Error("config.invalid",
+                    "config.slurm.pool.sbatch_args holds a non-string: " + a.dump());
+      pool.sbatch_args.push_back(a.get<std::string>());
+    }
+  }
 }
 
 void Config::load_limits(const Json& j) {
@@ -388,6 +423,26 @@ void Config::finalize_executor() {
   if (slurm.oracle_gpus > 64)
     throw Error("config.invalid",
                 "slurm.oracle_gpus must be in 0..64, got " + std::to_string(slurm.oracle_gpus));
+  const auto& pool = slurm.pool;
+  if (pool.nodes == 0) return;
+  if (pool.nodes > 1024)
+    throw Error("config.invalid",
+                "slurm.pool.nodes must be in 0..1024, got " + std::to_string(pool.nodes));
+  const auto colon = pool.listen.rfind(':');
+  if (pool.listen.empty() || colon == std::string::npos || colon == 0 ||
+      pool.listen.find_first_not_of("0123456789", colon + 1) != std::string::npos ||
+      colon + 1 == pool.listen.size() || pool.listen.size() - colon > 6 ||
+      std::stoul(pool.listen.substr(colon + 1)) > 65535)
+    throw Error("config.invalid",
+                "slurm.pool.listen must be \"ADDRESS:PORT\" (an address the nodes reach this host "
+                "at; port 0: any free one), got \"" +
+                    pool.listen + "\"");
+  if (pool.resident_models < 1 || pool.resident_models > 64)
+    throw Error("config.invalid", "slurm.pool.resident_models must be in 1..64, got " +
+                                      std::to_string(pool.resident_models));
+  if (pool.memory_bytes < (64ULL << 20))
+    throw Error("config.invalid", "slurm.pool.memory_bytes must be at least 64 MiB, got " +
+                                      std::to_string(pool.memory_bytes));
 }
 
 std::string Config::describe() const {

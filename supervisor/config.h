@@ -103,7 +103,29 @@ struct Config {
     // Oracle steps ask for --gres=gpu:N when oracle_device is a GPU.
     unsigned oracle_gpus = 1;
     std::uint32_t poll_ms = 1000;  // squeue interval (one call for every step)
+    // Worker pools ("pool": {...}; executors/pool.h): long-lived Slurm jobs, one per node, each
+    // running `assayd node`, which hosts resident workers and takes every step from this host
+    // over an authenticated TCP channel. Off unless `nodes` > 0.
+    struct Pool {
+      unsigned nodes = 0;  // pool jobs at most (one node each); 0: every step its own sbatch
+      // "ADDRESS:PORT" this host listens on for its nodes (an address they reach; port 0: any
+      // free port, told to the nodes through the pool's directory).
+      std::string listen;
+      double idle_seconds = 300;                 // a node without a step this long is released
+      std::vector<std::string> sbatch_args;      // a pool job's own, after slurm.sbatch_args
+      std::uint64_t memory_bytes = 16ULL << 30;  // --mem of a pool job (its workers together)
+      unsigned time_minutes = 0;                 // --time of a pool job; 0: the partition's
+      unsigned resident_models = 1;              // resident workers on each node
+      // A pool job that has not dialled in this long after sbatch is given up (and scancel'd).
+      double start_timeout_seconds = 600;
+    } pool;
   } slurm;
+
+  // Whether a step that may run on a resident worker gets the chance: local resident workers,
+  // or a Slurm pool's (whose nodes host them).
+  bool resident_steps() const {
+    return resident.count > 0 || (executor == "slurm" && slurm.pool.nodes > 0);
+  }
 
   // JSON keys are the field names above; "containment" is "auto|v2|v1|none".
   void load_file(const std::filesystem::path& path);
@@ -116,6 +138,7 @@ struct Config {
   void load_limits(const nlohmann::json& j);    // the numeric keys of load_file
   void load_slurm(const nlohmann::json& j);     // "slurm": {...}
   void load_resident(const nlohmann::json& j);  // "resident_models": {...}
+  void load_pool(const nlohmann::json& j);      // "slurm": {"pool": {...}}
   void finalize_executor();
 };
 

@@ -26,6 +26,7 @@ constexpr const char* kUsage =
     "commands:\n"
     "  serve     run the supervisor daemon (HTTP/1.1 over a unix socket)\n"
     "  contain   run one command in a fresh contained cgroup and print the evidence JSON\n"
+    "  node      one node of a Slurm worker pool (run by the pool's batch script)\n"
     "\n"
     "Run `assayd <command> --help` for the options of a command.\n";
 
@@ -41,7 +42,7 @@ std::vector<std::filesystem::path> serve_candidates() {
 }
 
 int exec_serve(int argc, char** argv) {
-  std::vector<char*> args(argv + 1, argv + argc);  // "serve", options...
+  std::vector<char*> args(argv + 1, argv + argc);  // "serve" or "node", options...
   args.push_back(nullptr);
   std::string tried;
   int err = ENOENT;
@@ -70,7 +71,8 @@ int main(int argc, char** argv) {
     std::puts("assayd " ASSAY_VERSION);
     return 0;
   }
-  if (!std::strcmp(argv[1], "serve")) return exec_serve(argc, argv);
+  if (!std::strcmp(argv[1], "serve") || !std::strcmp(argv[1], "node"))
+    return exec_serve(argc, argv);
   if (!std::strcmp(argv[1], "contain")) return assay::supervisor::contain_main(argc - 1, argv + 1);
   std::fprintf(stderr, "assayd: unknown command \"%s\"\n%s", argv[1], kUsage);
   return 2;

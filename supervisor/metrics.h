@@ -26,6 +26,10 @@ struct Metrics {
   // The Slurm executor: steps submitted, and each followed step's last Slurm state by name.
   std::uint64_t slurm_submitted = 0;
   std::map<std::string, std::string> slurm_steps;
+  // Slurm worker pools: nodes by state (connected and free, busy, launching: submitted and not
+  // yet dialled in), and nodes lost (channel closed or silent) over the daemon's life.
+  std::map<std::string, std::uint64_t> pool_nodes;
+  std::uint64_t pool_nodes_lost = 0;
 };
 
 }  // namespace assay::supervisor

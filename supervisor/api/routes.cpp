@@ -287,6 +287,14 @@ std::string render_metrics(Service& service) {
        "# TYPE assay_slurm_steps gauge\n";
   for (const auto& [state, n] : slurm_states)
     o << "assay_slurm_steps{state=\"" << state << "\"} " << n << "\n";
+  if (!m.pool_nodes.empty()) {
+    o << "# HELP assay_pool_nodes Nodes of the Slurm worker pool now: free, busy, launching "
+         "(submitted, not yet dialled in).\n# TYPE assay_pool_nodes gauge\n";
+    for (const auto& [state, n] : m.pool_nodes)
+      o << "assay_pool_nodes{state=\"" << state << "\"} " << n << "\n";
+    counter("assay_pool_nodes_lost_total",
+            "Pool nodes lost (channel closed or silent) while assayd ran.", m.pool_nodes_lost);
+  }
   o << "# HELP assay_duration_seconds Job and phase durations (quantile over the last "
     << Durations::kWindow << ").\n# TYPE assay_duration_seconds summary\n";
   for (const auto& [phase, d] : m.durations)

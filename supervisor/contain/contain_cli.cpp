@@ -193,13 +193,6 @@ contain::SpawnSpec spec_from_file(const std::string& spec_file) {
     throw common::Error("contain.usage", "--spec \"" + spec_file + "\": workdir \"" +
                                              spec.workdir.string() + "\" is not a directory");
   }
-  // What only this node knows (the GPUs Slurm allocated here), replacing the head's value.
-  for (const auto& key : spec.node_env) {
-    const char* value = std::getenv(key.c_str());
-    if (!value) continue;
-    std::erase_if(spec.env, [&](const std::string& kv) { return kv.starts_with(key + "="); });
-    spec.env.push_back(key + "=" + value);
-  }
   return spec;
 }
 
@@ -220,6 +213,21 @@ void give_to_default_worker(contain::SpawnSpec& spec) {
                                                std::to_string(who.uid) +
                                                "): " + std::strerror(errno));
 }
+
+}  // namespace
+
+void adopt_remote_spec(contain::SpawnSpec& spec) {
+  // What only this node knows (the GPUs Slurm allocated here), replacing the head's value.
+  for (const auto& key : spec.node_env) {
+    const char* value = std::getenv(key.c_str());
+    if (!value) continue;
+    std::erase_if(spec.env, [&](const std::string& kv) { return kv.starts_with(key + "="); });
+    spec.env.push_back(key + "=" + value);
+  }
+  if (!spec.uid && !spec.allow_root && ::geteuid() == 0) give_to_default_worker(spec);
+}
+
+namespace {
 
 // The spawn spec the options describe.
 contain::SpawnSpec spec_from_options(const CliArgs& a) {
@@ -381,7 +389,7 @@ int contain_main(int argc, char** argv) {
     options.delegated = a.delegated;
     if (!a.spec_file.empty()) {
       spec = spec_from_file(a.spec_file);
-      if (!spec.uid && !spec.allow_root && ::geteuid() == 0) give_to_default_worker(spec);
+      adopt_remote_spec(spec);
     } else if (!a.cleanup) {
       spec = spec_from_options(a);
     }

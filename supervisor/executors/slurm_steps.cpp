@@ -41,6 +41,20 @@ std::string describe(const executors::SlurmStep& s) {
 
 }  // namespace
 
+void link_shared_workspace(StepHost& host, const std::string& id, const std::string& role,
+                           const fs::path& ws) {
+  std::error_code ec;
+  fs::remove_all(ws, ec);  // a previous attempt's leftovers
+  fs::path link = host.job_dir(id) / role;
+  fs::create_directories(ws.parent_path(), ec);
+  ::chmod(ws.parent_path().c_str(), 0755);
+  fs::remove_all(link, ec);
+  fs::create_directory_symlink(ws, link, ec);
+  if (ec)
+    common::throw_errno("worker.workspace", "cannot link " + link.string() + " to " + ws.string(),
+                        ec.value());
+}
+
 SlurmStepExecutor::SlurmStepExecutor(boost::asio::io_context& io, const Config& config,
                                      executors::SlurmExecutor& slurm, StepHost& host,
                                      Metrics& metrics)
@@ -109,19 +123,9 @@ bool SlurmStepExecutor::start(StepLaunch& launch) {
                     step.open_files.front() +
                     ", ...): give the candidate as a model_dir, or "
                     "run the job with executor local");
-  // The workspace is in the shared directory (the nodes see it); the job directory links to
-  // it, so that everything after the step reads it where a local step's would be.
+  // The workspace is in the shared directory (the nodes see it).
   const fs::path ws = launch.spec.workdir;
-  std::error_code ec;
-  fs::remove_all(ws, ec);  // a previous attempt's leftovers
-  fs::path link = host_.job_dir(id) / step.role;
-  fs::create_directories(ws.parent_path(), ec);
-  ::chmod(ws.parent_path().c_str(), 0755);
-  fs::remove_all(link, ec);
-  fs::create_directory_symlink(ws, link, ec);
-  if (ec)
-    common::throw_errno("worker.workspace", "cannot link " + link.string() + " to " + ws.string(),
-                        ec.value());
+  link_shared_workspace(host_, id, step.role, ws);
   prepare_workspace(step, launch.input, ws, host_);
   // The GPUs Slurm allocates to the step are named on the node, in its environment.
   launch.spec.node_env = {"CUDA_VISIBLE_DEVICES"};

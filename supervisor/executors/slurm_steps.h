@@ -19,6 +19,12 @@
 
 namespace assay::supervisor {
 
+// Makes `ws` (in the shared directory) afresh and links STATE/jobs/ID/ROLE to it, so that
+// everything after the step reads it where a local step's would be. Throws
+// common::Error("worker.workspace").
+void link_shared_workspace(StepHost& host, const std::string& id, const std::string& role,
+                           const std::filesystem::path& ws);
+
 class SlurmStepExecutor : public Executor {
  public:
   SlurmStepExecutor(boost::asio::io_context& io, const Config& config,

@@ -153,7 +153,8 @@ void Engine::start_step(JobRun& run, Step& step) {
     }
     StepLaunch launch{id, step, submitter_of(job), step.input(),
                       worker_spec(run, step, executor_->workspace(id, role))};
-    for (Executor* executor : {static_cast<Executor*>(resident_.get()), executor_.get()}) {
+    for (Executor* executor :
+         {static_cast<Executor*>(resident_.get()), pool_.get(), executor_.get()}) {
       if (!executor) continue;
       // Set first: an executor may report the step's end before it returns.
       run.executor = executor;

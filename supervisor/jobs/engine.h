@@ -148,9 +148,11 @@ class Engine : private StepHost {
   // Who workers run as: set whenever assayd is root (never root itself unless
   // allow_root_workers); unset when assayd is not root and workers run as assayd's user.
   std::optional<contain::WorkerIdentity> worker_;
-  // Where steps run: resident workers first where they may (null: none configured), then the
-  // host's executor (the local runtime, or Slurm steps), which takes every step it is given.
+  // Where steps run: resident workers first where they may (null: none configured), then a
+  // Slurm worker pool where one is configured, then the host's executor (the local runtime, or
+  // Slurm steps), which takes every step it is given.
   std::unique_ptr<ResidentExecutor> resident_;  // takes no step unless configured
+  std::unique_ptr<Executor> pool_;              // Slurm worker pools (slurm.pool.nodes > 0)
   std::unique_ptr<Executor> executor_;
   std::set<std::string> recovered_;  // jobs recover() re-queued, until they begin
 

@@ -12,6 +12,7 @@
 #include "common/time.h"
 #include "supervisor/contain/memory.h"
 #include "supervisor/executors/local.h"
+#include "supervisor/executors/pool.h"
 #include "supervisor/executors/slurm_steps.h"
 #include "supervisor/jobs/engine.h"
 #include "supervisor/pipelines/admission.h"
@@ -61,6 +62,8 @@ Engine::Engine(boost::asio::io_context& io, const Config& config, JobStore& stor
         std::make_unique<LocalExecutor>(io, runtime, static_cast<StepHost&>(*this), metrics);
   resident_ = std::make_unique<ResidentExecutor>(io, config, runtime, static_cast<StepHost&>(*this),
                                                  !slurm);
+  if (slurm && config.slurm.pool.nodes > 0)
+    pool_ = std::make_unique<PoolExecutor>(io, config, static_cast<StepHost&>(*this), metrics);
   // Every result names these by digest: hashed now, off the loop, so that the first job's
   // assembly finds them in the cache (the oracle alone is tens of MB).
   std::vector<DigestFile> executables{{"/proc/self/exe", true}};
@@ -98,6 +101,7 @@ void Engine::stop() {
   stopping_ = true;
   retry_timer_.cancel();
   if (resident_) resident_->stop();
+  if (pool_) pool_->stop();
   executor_->stop();
 }
 

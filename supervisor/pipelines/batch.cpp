@@ -66,7 +66,7 @@ class BatchPipeline final : public Pipeline {
   }
   common::RequestLimits limits() const override { return request_.limits; }
   bool may_use_resident() const override {
-    return config_.resident.count > 0 && !request_.limits.memory_bytes;
+    return config_.resident_steps() && !request_.limits.memory_bytes;
   }
   std::size_t part_count() const override { return request_.states.size(); }
   void part_recorded(const PartRecord& record) override {
@@ -282,6 +282,7 @@ class BatchPipeline final : public Pipeline {
   std::size_t harvested_ = 0;         // of those, how many the harvest has looked at
   std::size_t ended_ = 0;             // of those, how many had ended
   std::vector<std::size_t> left_;     // of those, the ones without a file
+  bool elsewhere_ = false;            // of those, some were given to another node's run
   std::chrono::steady_clock::time_point last_progress_;  // the run's start or its last state
   bool stalled_ = false;  // the engine stopped this run: no state ended within one timeout
   int attempt_ = 0;
@@ -336,10 +337,22 @@ Part BatchPipeline::state_part(const RunFacts& facts, std::size_t index, const f
 
 std::vector<Part> BatchPipeline::harvest(const RunFacts& facts, const fs::path& ws,
                                          const contain::Evidence& evidence, Step::Then& then) {
+  // A worker of a Slurm pool was given some of the run's states (a shard: executors/pool.h);
+  // the others run on other nodes and come in runs of their own.
+  std::optional<std::set<std::size_t>> given;
+  if (evidence.executor && evidence.executor->contains("states")) {
+    given.emplace();
+    for (const Json& index : (*evidence.executor)["states"])
+      given->insert(index.get<std::size_t>());
+  }
   // A few states per call: the engine answers other requests between calls.
   std::vector<Part> parts;
   while (harvested_ < running_.size() && parts.size() < kStatesPerHarvest) {
     std::size_t index = running_[harvested_++];
+    if (given && !given->count(index)) {
+      elsewhere_ = true;
+      continue;
+    }
     if (fs::exists(ws / state_file(index, ".json"))) {
       parts.push_back(state_part(facts, index, ws, evidence));
       ++ended_;
@@ -354,14 +367,17 @@ std::vector<Part> BatchPipeline::harvest(const RunFacts& facts, const fs::path& 
   // The whole run is in: what comes next.
   std::vector<std::size_t> left = std::move(left_);
   std::size_t ended = ended_;
+  const bool elsewhere = elsewhere_;
   left_.clear();
   harvested_ = ended_ = 0;
+  elsewhere_ = false;
   attempts_.push_back(Json{{"attempt", attempt_},
-                           {"states_given", running_.size()},
+                           {"states_given", given ? given->size() : running_.size()},
                            {"states_ended", ended},
                            {"exit", exit_of(evidence)},
                            {"process", evidence.to_json()}});
-  then = Step::Then::kNext;
+  // States still on other nodes: the engine asks for them again (the pool runs none twice).
+  then = elsewhere ? Step::Then::kAgain : Step::Then::kNext;
   if (left.empty()) return parts;
   if (evidence.succeeded())
     throw Error("worker.oracle_output", "the batch worker exited 0 without state " +

@@ -47,7 +47,7 @@ class NextTokenPipeline final : public Pipeline {
   // Either backend's oracle may run on a resident worker (assay-oracle serve, assay-hf-worker
   // serve) that holds exactly this job's bytes.
   bool may_use_resident() const override {
-    return config_.resident.count > 0 && !request_.limits.memory_bytes;
+    return config_.resident_steps() && !request_.limits.memory_bytes;
   }
 
   std::vector<Step> plan() override {

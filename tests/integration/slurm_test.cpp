@@ -4,6 +4,8 @@
 // `assayd contain` on the node; the results verify offline like local ones.
 #include <doctest/doctest.h>
 
+#include <map>
+#include <set>
 #include <thread>
 
 #include "common/identity.h"
@@ -233,4 +235,260 @@ TEST_CASE(
   }
   std::string events = request_get(*d, "/v1/jobs/" + id).json()["events"].dump();
   CHECK(events.find("re-attaching") != std::string::npos);
+}
+
+namespace {
+
+// A daemon whose steps run on a Slurm worker pool: one pool job (one node), a resident worker
+// on it.
+std::unique_ptr<Daemon> pool_daemon(const TempDir& tmp, const std::string& oracle,
+                                    unsigned nodes = 1, const std::string& listen = "127.0.0.1:0") {
+  fs::path shared = shared_of(tmp);
+  fs::create_directories(shared);
+  Json config{{"executor", "slurm"},
+              {"device_slots", nodes},
+              {"slurm",
+               {{"shared_dir", shared.string()},
+                {"node_assayd", ASSAYD_PATH},
+                {"poll_ms", 200},
+                {"pool",
+                 {{"nodes", nodes},
+                  {"listen", listen},
+                  {"idle_seconds", 120},
+                  {"memory_bytes", 2ULL << 30}}}}}};
+  spit(tmp.path / "config.json", config.dump());
+  return std::make_unique<Daemon>(
+      tmp.path / "state", tmp.path / "assayd.sock",
+      std::vector<std::string>{"--config", (tmp.path / "config.json").string(), "--containment",
+                               containment(), "--fingerprint-worker", kFingerprint,
+                               "--oracle-worker", oracle, "--compare-worker", kCompare});
+}
+
+}  // namespace
+
+TEST_CASE(
+    "slurm: a worker pool runs every step of two disputes on one long-lived pool job; the model "
+    "is loaded once on the node, the evidence names the pool, node and resident worker, and the "
+    "results verify offline; the pool job ends with assayd") {
+  if (!have_cluster()) return;
+  TempDir tmp;
+  fs::path model = readable_model(tmp);
+  auto d = pool_daemon(tmp, kOracle);
+  REQUIRE_MESSAGE(d->start(), d->log());
+
+  std::vector<Json> results;
+  std::vector<std::string> ids;
+  for (const char* name : {"pool-first", "pool-second"}) {
+    auto sub = request_json(*d, next_token_request(name, model));
+    REQUIRE_MESSAGE(sub.status == 201, sub.body);
+    std::string id = sub.json()["id"];
+    Json job = wait_job(d->socket(), id, terminal, 300);
+    REQUIRE_MESSAGE(job["state"] == "succeeded", job.dump(2) << "\n" << d->log());
+    auto reply = request_get(*d, "/v1/jobs/" + id + "/result");
+    REQUIRE(reply.status == 200);
+    results.push_back(reply.json());
+    ids.push_back(id);
+    if (have(kClient)) {
+      spit(tmp.path / "result.json", reply.body);
+      spit(tmp.path / "result.dsse.json", request_get(*d, "/v1/jobs/" + id + "/attestation").body);
+      std::string v =
+          run_capture(kClient + " verify " + (tmp.path / "result.json").string() + " --pubkey " +
+                      (d->state() / "keys" / "host.pub").string() + " --artifact " +
+                      (d->state() / "jobs" / id / "logits.safetensors").string());
+      CHECK_MESSAGE(v.rfind("0:", 0) == 0, v);
+    }
+  }
+  std::string pool_job;
+  for (const Json& result : results)
+    for (const Json* process :
+         {&result["model_fingerprint"]["process"], &result["oracle"]["process"]}) {
+      const Json& e = (*process)["executor"];
+      CHECK(e["kind"] == "slurm-pool");
+      CHECK(e["node"].is_string());
+      if (pool_job.empty()) pool_job = e["slurm_job_id"];
+      CHECK(e["slurm_job_id"] == pool_job);  // one pool job ran all four steps
+      CHECK((*process)["mode"] != "none");
+      CHECK(e["evidence_sha256"] == common::sha256_canonical_id([&] {
+              Json node = *process;
+              node.erase("executor");
+              return node;
+            }()));
+    }
+  // The second dispute ran on the worker the first loaded: the model was loaded once.
+  const Json& first = results[0]["oracle"]["process"]["resident"];
+  const Json& second = results[1]["oracle"]["process"]["resident"];
+  REQUIRE_MESSAGE(first.is_object(), results[0]["oracle"]["process"].dump(2));
+  REQUIRE(second.is_object());
+  CHECK(second["worker"] == first["worker"]);
+  CHECK(first["jobs_before"] == 0);
+  CHECK(second["jobs_before"] == 1);
+  CHECK(results[0]["oracle"]["argmax"] == results[1]["oracle"]["argmax"]);
+  // One sbatch for the whole pool.
+  std::string metrics = request_get(*d, "/metrics").body;
+  CHECK(metrics.find("assay_slurm_steps_submitted_total 1") != std::string::npos);
+  std::string events = request_get(*d, "/v1/jobs/" + ids[1]).json()["events"].dump();
+  CHECK(events.find("pool node") != std::string::npos);
+  std::string validate = validate_schemas(
+      {{"next-token-oracle-result", (d->state() / "jobs" / ids[1] / "result.json")}});
+  CHECK_MESSAGE(validate.rfind("0:", 0) == 0, validate);
+
+  // assayd stops: the node loses its head and exits, and its Slurm job ends.
+  d->stop();
+  std::string state;
+  for (int i = 0; i < 300; ++i) {
+    state = squeue_state(pool_job);
+    if (state != "RUNNING" && state != "COMPLETING") break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  CHECK_MESSAGE((state == "COMPLETED" || state.empty()), state);
+}
+
+// The three-node cases: tests/slurm/pool_run.sh starts a cluster of three slurmd nodes, each in
+// network and UTS namespaces of its own, and runs these (-tc="pool:*") inside the cluster's hub
+// namespace, where the head listens on the bridge's address (ASSAY_TEST_POOL_LISTEN).
+namespace {
+
+bool have_pool_cluster() {
+  if (!std::getenv("ASSAY_TEST_POOL_LISTEN") || !std::getenv("ASSAY_TEST_CLUSTER")) {
+    MESSAGE("skipped: no three-node cluster (tests/slurm/pool_run.sh runs these)");
+    return false;
+  }
+  return have_cluster();
+}
+
+Json batch_request(const fs::path& model, int count) {
+  Json states = Json::array();
+  for (int i = 0; i < count; ++i) {
+    Json s = next_token_request("state-" + std::to_string(i), model);
+    s.erase("model_dir");
+    s["input_token_ids"] = {72, 101 + i % 7, 108 + i / 7, 33};
+    states.push_back(s);
+  }
+  return Json{{"schema", "assay.next-token-batch-request.v1"}, {"id", "sweep"}, {"states", states}};
+}
+
+// Checks a finished batch: every state once, succeeded, its result's evidence naming the pool
+// node and resident worker that computed it; returns the states' nodes.
+std::map<std::string, int> check_batch(Daemon& d, const std::string& id, int count,
+                                       const TempDir& tmp) {
+  Json summary = request_get(d, "/v1/jobs/" + id + "/result").json();
+  CHECK(summary["counts"]["succeeded"] == count);
+  std::set<int> indices;
+  std::map<std::string, int> nodes;
+  int verified = 0;
+  for (const Json& s : summary["states"]) {
+    CHECK(indices.insert(s["index"].get<int>()).second);  // recorded once
+    const std::string job = s["job_id"];
+    auto reply = request_get(d, "/v1/jobs/" + job + "/result");
+    REQUIRE(reply.status == 200);
+    Json result = reply.json();
+    const Json& process = result["oracle"]["process"];
+    CHECK(process["executor"]["kind"] == "slurm-pool");
+    CHECK(process["resident"]["worker"].is_string());
+    const Json& given = process["executor"]["states"];
+    CHECK(std::find(given.begin(), given.end(), s["index"]) != given.end());
+    nodes[process["executor"]["node"].get<std::string>()] += 1;
+    // Every state verifies offline; a few are enough to show it for each node.
+    if (have(kClient) && verified < 6) {
+      ++verified;
+      spit(tmp.path / "state.json", reply.body);
+      spit(tmp.path / "state.dsse.json", request_get(d, "/v1/jobs/" + job + "/attestation").body);
+      std::string v =
+          run_capture(kClient + " verify " + (tmp.path / "state.json").string() + " --pubkey " +
+                      (d.state() / "keys" / "host.pub").string() + " --artifact " +
+                      (d.state() / "jobs" / job / "logits.safetensors").string());
+      CHECK_MESSAGE(v.rfind("0:", 0) == 0, v);
+    }
+  }
+  CHECK(indices.size() == static_cast<std::size_t>(count));
+  if (have(kClient)) {
+    spit(tmp.path / "summary.json", request_get(d, "/v1/jobs/" + id + "/result").body);
+    spit(tmp.path / "summary.dsse.json", request_get(d, "/v1/jobs/" + id + "/attestation").body);
+    spit(tmp.path / "summary.artifact", request_get(d, "/v1/jobs/" + id + "/artifact").body);
+    std::string v = run_capture(kClient + " verify " + (tmp.path / "summary.json").string() +
+                                " --pubkey " + (d.state() / "keys" / "host.pub").string() +
+                                " --envelope " + (tmp.path / "summary.dsse.json").string() +
+                                " --artifact " + (tmp.path / "summary.artifact").string());
+    CHECK_MESSAGE(v.rfind("0:", 0) == 0, v);
+  }
+  return nodes;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "pool: a batch is sharded across three nodes; every state is recorded once, names its node "
+    "and worker, and verifies offline") {
+  if (!have_pool_cluster()) return;
+  TempDir tmp;
+  fs::path model = readable_model(tmp);
+  // Each node's resident worker takes 3 s more to start: the pool's other nodes join while the
+  // first loads, and a node is lost while its shard is surely still on it.
+  fs::path slow = slow_wrapper(tmp.path, kOracle, 3);
+  auto d = pool_daemon(tmp, slow.string(), 3, std::getenv("ASSAY_TEST_POOL_LISTEN"));
+  REQUIRE_MESSAGE(d->start(), d->log());
+  const int count = 48;
+  auto sub = request(d->socket(), "POST", "/v1/jobs?model_dir=" + model.string(),
+                     batch_request(model, count).dump());
+  REQUIRE_MESSAGE(sub.status == 201, sub.body);
+  std::string id = sub.json()["id"];
+  Json job = wait_job(d->socket(), id, terminal, 400);
+  REQUIRE_MESSAGE(job["state"] == "succeeded", job.dump(2) << "\n" << d->log());
+  std::map<std::string, int> nodes = check_batch(*d, id, count, tmp);
+  std::string split;
+  for (const auto& [node, n] : nodes) split += node + ": " + std::to_string(n) + " ";
+  MESSAGE("states per node: " << split);
+  CHECK_MESSAGE(nodes.size() == 3, split);
+  std::string metrics = request_get(*d, "/metrics").body;
+  CHECK(metrics.find("assay_slurm_steps_submitted_total 3") != std::string::npos);
+  CHECK(metrics.find("assay_pool_nodes{state=\"free\"} 3") != std::string::npos);
+  CHECK(metrics.find("assay_pool_nodes_lost_total 0") != std::string::npos);
+}
+
+TEST_CASE(
+    "pool: a node killed mid-batch (slurmd, its job and its workers) loses and duplicates no "
+    "state: its shard runs on the other nodes") {
+  if (!have_pool_cluster()) return;
+  TempDir tmp;
+  fs::path model = readable_model(tmp);
+  // Each node's resident worker takes 3 s more to start: the pool's other nodes join while the
+  // first loads, and a node is lost while its shard is surely still on it.
+  fs::path slow = slow_wrapper(tmp.path, kOracle, 3);
+  auto d = pool_daemon(tmp, slow.string(), 3, std::getenv("ASSAY_TEST_POOL_LISTEN"));
+  REQUIRE_MESSAGE(d->start(), d->log());
+  const int count = 48;
+  auto sub = request(d->socket(), "POST", "/v1/jobs?model_dir=" + model.string(),
+                     batch_request(model, count).dump());
+  REQUIRE_MESSAGE(sub.status == 201, sub.body);
+  std::string id = sub.json()["id"];
+  // The moment the batch's first shard goes to a node (whose resident worker then loads the
+  // model), that node is lost: every process of its namespace and below is killed, as by a
+  // power cut.
+  std::string lost;
+  const std::string sent = "sent to pool node assay-node";
+  for (int i = 0; i < 3000 && lost.empty(); ++i) {
+    std::string events = request_get(*d, "/v1/jobs/" + id).json()["events"].dump();
+    if (auto at = events.find(sent); at != std::string::npos) {
+      lost = "assay-node" + events.substr(at + sent.size(), 1);
+      std::string out =
+          run_capture(std::string(ASSAY_SOURCE_DIR) + "/tests/slurm/cluster.sh kill-node " +
+                      std::getenv("ASSAY_TEST_CLUSTER") + " " + lost.substr(lost.size() - 1));
+      CHECK_MESSAGE(out.rfind("0:", 0) == 0, out);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  REQUIRE_MESSAGE(!lost.empty(), d->log());
+  Json job = wait_job(d->socket(), id, terminal, 400);
+  REQUIRE_MESSAGE(job["state"] == "succeeded", job.dump(2) << "\n" << d->log());
+  std::map<std::string, int> nodes = check_batch(*d, id, count, tmp);
+  std::string events = request_get(*d, "/v1/jobs/" + id).json()["events"].dump();
+  CHECK_MESSAGE(events.find("pool node " + lost + " was lost") != std::string::npos, events);
+  // What the lost node held was never handed over: no state names it.
+  std::string split;
+  for (const auto& [node, n] : nodes) split += node + ": " + std::to_string(n) + " ";
+  MESSAGE("lost " << lost << "; states per node: " << split);
+  CHECK_MESSAGE(nodes.count(lost) == 0, split);
+  CHECK_MESSAGE(nodes.size() == 2, split);
+  std::string metrics = request_get(*d, "/metrics").body;
+  CHECK(metrics.find("assay_pool_nodes_lost_total 1") != std::string::npos);
 }

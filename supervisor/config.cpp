@@ -264,13 +264,16 @@ void Config::load_slurm(const Json& j) {
 
 void Config::load_pool(const Json& j) {
   if (!j.is_object()) throw Error("config.invalid", "config.slurm.pool must be an object");
-  common::reject_unknown_fields(j,
-                                {"nodes", "listen", "idle_seconds", "sbatch_args", "memory_bytes",
-                                 "time_minutes", "resident_models", "start_timeout_seconds"},
-                                "config.slurm.pool");
+  common::reject_unknown_fields(
+      j,
+      {"nodes", "listen", "idle_seconds", "sbatch_args", "memory_bytes", "time_minutes",
+       "resident_models", "start_timeout_seconds", "partition", "gpus"},
+      "config.slurm.pool");
   auto& pool = slurm.pool;
   take_uint(j, "nodes", pool.nodes);
   take_string(j, "listen", pool.listen);
+  take_string(j, "partition", pool.partition);
+  take_uint(j, "gpus", pool.gpus);
   take_uint(j, "memory_bytes", pool.memory_bytes);
   take_uint(j, "time_minutes", pool.time_minutes);
   take_uint(j, "resident_models", pool.resident_models);
@@ -437,6 +440,9 @@ void Config::finalize_executor() {
                 "slurm.pool.listen must be \"ADDRESS:PORT\" (an address the nodes reach this host "
                 "at; port 0: any free one), got \"" +
                     pool.listen + "\"");
+  if (pool.gpus > 64)
+    throw Error("config.invalid",
+                "slurm.pool.gpus must be in 0..64, got " + std::to_string(pool.gpus));
   if (pool.resident_models < 1 || pool.resident_models > 64)
     throw Error("config.invalid", "slurm.pool.resident_models must be in 1..64, got " +
                                       std::to_string(pool.resident_models));

@@ -111,7 +111,9 @@ struct Config {
       // "ADDRESS:PORT" this host listens on for its nodes (an address they reach; port 0: any
       // free port, told to the nodes through the pool's directory).
       std::string listen;
-      double idle_seconds = 300;                 // a node without a step this long is released
+      double idle_seconds = 300;  // a node without a step this long is released
+      std::string partition;      // the pool jobs' partition; empty: slurm.partition
+      unsigned gpus = 0;          // --gres=gpu:N for each pool job (its node's oracles share them)
       std::vector<std::string> sbatch_args;      // a pool job's own, after slurm.sbatch_args
       std::uint64_t memory_bytes = 16ULL << 30;  // --mem of a pool job (its workers together)
       unsigned time_minutes = 0;                 // --time of a pool job; 0: the partition's

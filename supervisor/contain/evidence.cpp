@@ -510,9 +510,11 @@ Evidence Evidence::from_json(const Json& document) {
   }
   e.errors = doc["errors"].strings();
   if (executor && !executor->is_null()) {
-    if (!executor->is_object() || executor->value("kind", Json()) != "slurm")
+    const Json kind = executor->is_object() ? executor->value("kind", Json()) : Json();
+    if (kind != "slurm" && kind != "slurm-pool")
       throw common::Error("contain.bad_evidence",
-                          "evidence field \"executor\" is not the Slurm executor's object");
+                          "evidence field \"executor\" is not the Slurm executor's or a Slurm "
+                          "pool's object");
     e.executor = *executor;
   }
   if (resident) {

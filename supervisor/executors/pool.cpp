@@ -680,7 +680,10 @@ void PoolExecutor::submit_pool_job() {
       "--output=" + (dir_ / "node-%j.out").string(), "--error=" + (dir_ / "node-%j.err").string(),
       "--chdir=" + dir_.string()};
   if (slurm.pool.time_minutes) argv.push_back("--time=" + std::to_string(slurm.pool.time_minutes));
-  if (!slurm.partition.empty()) argv.push_back("--partition=" + slurm.partition);
+  const std::string& partition =
+      slurm.pool.partition.empty() ? slurm.partition : slurm.pool.partition;
+  if (!partition.empty()) argv.push_back("--partition=" + partition);
+  if (slurm.pool.gpus) argv.push_back("--gres=gpu:" + std::to_string(slurm.pool.gpus));
   if (!slurm.account.empty()) argv.push_back("--account=" + slurm.account);
   if (!slurm.qos.empty()) argv.push_back("--qos=" + slurm.qos);
   argv.insert(argv.end(), slurm.sbatch_args.begin(), slurm.sbatch_args.end());

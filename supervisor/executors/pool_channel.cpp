@@ -141,6 +141,7 @@ void PoolChannel::handle(Message on_message, Closed on_closed) {
 
 void PoolChannel::rekey(std::string key) {
   key_ = std::move(key);
+  keyed_ = true;
 }
 
 void PoolChannel::send(const Json& message) {
@@ -224,7 +225,9 @@ void PoolChannel::ping() {
           "nothing heard for " +
           std::to_string(std::chrono::duration_cast<std::chrono::seconds>(kPoolSilence).count()) +
           " s");
-    self->send(Json{{"type", "ping"}});
+    // Only once the handshake is done: a ping under the pool key crossing the welcome would
+    // fail the peer's session key. Silence before it ends a stranger's connection all the same.
+    if (self->keyed_) self->send(Json{{"type", "ping"}});
     self->ping();
   });
 }

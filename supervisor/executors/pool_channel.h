@@ -5,8 +5,9 @@
 // frames (the node's hello, the head's welcome) are keyed with the pool's key, which the head
 // wrote to the pool's directory in the shared file system for the pool's Slurm jobs to read;
 // every later frame with a session key derived from it and both frames' random nonces, so that
-// a recorded session cannot be replayed into a new one. Both sides send a ping every
-// kPoolPing; a channel silent for kPoolSilence ends (a node lost without a FIN).
+// a recorded session cannot be replayed into a new one. Once keyed, both sides send a ping
+// every kPoolPing; a channel silent for kPoolSilence ends (a node lost without a FIN, or a
+// stranger that connects and says nothing).
 #pragma once
 
 #include <array>
@@ -79,6 +80,7 @@ class PoolChannel : public std::enable_shared_from_this<PoolChannel> {
   Message on_message_;
   Closed on_closed_;
   bool open_ = true;
+  bool keyed_ = false;  // rekey()ed: the handshake is done
   std::string peer_;
 };
 

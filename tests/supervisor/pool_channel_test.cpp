@@ -179,6 +179,10 @@ TEST_CASE("config: slurm.pool's keys are checked and name the bad value") {
             .find("resident_models must be in 1..64, got 0") != std::string::npos);
   CHECK(error_of(Json{{"nodes", 1}, {"listen", "h:1"}, {"sbatch_args", {1}}})
             .find("holds a non-string: 1") != std::string::npos);
+  CHECK(error_of(Json{{"nodes", 1}, {"listen", "h:1"}, {"gpus", 65}})
+            .find("gpus must be in 0..64, got 65") != std::string::npos);
+  CHECK(error_of(Json{{"nodes", 1}, {"listen", "h:1"}, {"gpus", 2}, {"partition", "gpu"}}) ==
+        "accepted");
   CHECK(error_of(Json{{"nodes", 1}, {"listen", "h:1"}, {"bogus", 1}}).find("bogus") !=
         std::string::npos);
   fs::remove_all(dir);

@@ -160,8 +160,11 @@ class PoolNode final : public StepHost {
     const std::string nonce = random_hex(16);
     channel_ = std::make_shared<PoolChannel>(std::move(socket), key_, 'n');
     const char* slurm = std::getenv("SLURM_JOB_ID");
+    // The node as Slurm names it (sinfo, scontrol), else its host name.
     char host[256] = {};
     ::gethostname(host, sizeof host - 1);
+    if (const char* name = std::getenv("SLURMD_NODENAME"); name && *name)
+      std::snprintf(host, sizeof host, "%s", name);
     channel_->start(
         [this, nonce](Json m) { message(std::move(m), nonce); },
         [this](const std::string& why) { stop("the channel to the head ended: " + why); });

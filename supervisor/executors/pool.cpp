@@ -68,7 +68,13 @@ std::string shell_quote(const std::string& s) {
 
 PoolExecutor::PoolExecutor(boost::asio::io_context& io, const Config& config, StepHost& host,
                            Metrics& metrics)
-    : io_(io), config_(config), host_(host), metrics_(metrics), acceptor_(io), poll_(io) {
+    : io_(io),
+      config_(config),
+      host_(host),
+      metrics_(metrics),
+      acceptor_(io),
+      poll_(io),
+      watch_(io) {
   const auto& pool = config_.slurm.pool;
   pool_ =
       std::to_string(static_cast<std::uint64_t>(common::now_unix() * 1000)) + "-" + random_hex(4);
@@ -167,6 +173,7 @@ void PoolExecutor::hello(const std::shared_ptr<PoolChannel>& channel, Json m) {
   node->channel = channel;
   node->slurm_job_id = slurm_id;
   node->name = common::printable(m.value("node", std::string("?")), 64);
+  if (nodes_.empty()) watch_nodes();
   spdlog::info("pool {}: node {} (Slurm job {}, {}) joined", pool_, node->name, slurm_id,
                channel->peer());
   channel->handle([this, number](Json message) { this->message(number, std::move(message)); },
@@ -232,7 +239,7 @@ void PoolExecutor::dispatch() {
     }
     Node* chosen = nullptr;
     for (auto& [n, node] : nodes_) {
-      if (!node->job.empty() || !node->channel->open()) continue;
+      if (!node->job.empty() || !node->channel->open() || !node->draining.empty()) continue;
       if (!s->second.key.empty() && node->holds.count(s->second.key)) {
         chosen = node.get();
         break;
@@ -254,11 +261,15 @@ void PoolExecutor::dispatch() {
 }
 
 void PoolExecutor::count_nodes() {
-  std::uint64_t busy = 0;
+  std::uint64_t busy = 0, draining = 0;
   for (const auto& [n, node] : nodes_)
-    if (!node->job.empty()) ++busy;
-  metrics_.pool_nodes["free"] = nodes_.size() - busy;
+    if (!node->job.empty())
+      ++busy;
+    else if (!node->draining.empty())
+      ++draining;
+  metrics_.pool_nodes["free"] = nodes_.size() - busy - draining;
   metrics_.pool_nodes["busy"] = busy;
+  metrics_.pool_nodes["draining"] = draining;
   metrics_.pool_nodes["launching"] = launching_.size() + static_cast<std::uint64_t>(submitting_);
 }
 
@@ -580,6 +591,15 @@ void PoolExecutor::message(int number, Json m) {
 void PoolExecutor::free_node(Node& node) {
   if (stopping_) return;
   const int number = node.number;
+  if (!node.draining.empty()) {
+    // Its Slurm node is draining: the step it ran is done; no other goes there.
+    boost::asio::post(io_, [this, number, why = node.draining] {
+      auto it = nodes_.find(number);
+      if (it != nodes_.end() && it->second->job.empty()) release(*it->second, why);
+      dispatch();
+    });
+    return;
+  }
   node.idle.expires_after(
       std::chrono::milliseconds(static_cast<long long>(config_.slurm.pool.idle_seconds * 1000)));
   node.idle.async_wait([this, number](boost::system::error_code ec) {
@@ -652,11 +672,57 @@ void PoolExecutor::node_closed(int number, const std::string& why) {
   boost::asio::post(io_, [this, id] { host_.again(id); });
 }
 
+// Every few seconds while nodes are in the pool: Slurm's view of their nodes. A node an
+// administrator drains (or Slurm marks down or failing) takes no new step; the one it runs
+// ends there, and then it is released. A node whose Slurm node is gone from sinfo's answer is
+// left to its channel (a lost node's ends within kPoolSilence).
+void PoolExecutor::watch_nodes() {
+  watch_.expires_after(kWatchNodes);
+  watch_.async_wait([this](boost::system::error_code ec) {
+    if (ec || stopping_ || nodes_.empty()) return;
+    executors::run_command(
+        io_, {"sinfo", "-h", "-N", "-o", "%N %T"},
+        [this](executors::CommandResult r) {
+          if (stopping_) return;
+          if (r.status == 0) {
+            std::map<std::string, std::string> states;
+            std::istringstream lines(r.out);
+            std::string line;
+            while (std::getline(lines, line)) {
+              std::istringstream words(line);
+              std::string name, state;
+              words >> name >> state;
+              states[name] = state;
+            }
+            for (auto& [n, node] : nodes_) {
+              auto it = states.find(node->name);
+              if (it == states.end() || !node->draining.empty()) continue;
+              const std::string& state = it->second;
+              if (state.find("drain") == std::string::npos && !state.starts_with("down") &&
+                  !state.starts_with("fail"))
+                continue;
+              node->draining = "its Slurm node is " + state;
+              spdlog::info("pool {}: node {} takes no more steps: {}", pool_, node->name,
+                           node->draining);
+              if (node->job.empty()) free_node(*node);
+            }
+            grow();
+            count_nodes();
+          }
+          watch_nodes();
+        },
+        std::chrono::seconds(30));
+  });
+}
+
 void PoolExecutor::grow() {
   if (stopping_) return;
-  std::size_t free = 0;
-  for (auto& [n, node] : nodes_)
+  std::size_t free = 0, serving = 0;  // draining nodes neither serve nor count
+  for (auto& [n, node] : nodes_) {
+    if (!node->draining.empty()) continue;
+    ++serving;
     if (node->job.empty()) ++free;
+  }
   const std::size_t coming = launching_.size() + static_cast<std::size_t>(submitting_);
   // A batch wants as many nodes as it has states waiting.
   std::size_t waiting = 0;
@@ -664,9 +730,8 @@ void PoolExecutor::grow() {
     if (auto s = steps_.find(id); s != steps_.end())
       waiting += s->second.batch ? s->second.batch->queue.size() : 1;
   std::size_t want = waiting > free + coming ? waiting - free - coming : 0;
-  const std::size_t room = config_.slurm.pool.nodes > nodes_.size() + coming
-                               ? config_.slurm.pool.nodes - nodes_.size() - coming
-                               : 0;
+  const std::size_t room =
+      config_.slurm.pool.nodes > serving + coming ? config_.slurm.pool.nodes - serving - coming : 0;
   for (std::size_t i = 0; i < std::min(want, room); ++i) submit_pool_job();
 }
 
@@ -828,6 +893,7 @@ void PoolExecutor::stop() {
   if (stopping_) return;
   stopping_ = true;
   poll_.cancel();
+  watch_.cancel();
   boost::system::error_code ignored;
   acceptor_.close(ignored);
   // A node exits when its channel ends: its Slurm job ends with it. Jobs not yet dialled in

@@ -37,6 +37,8 @@
 
 namespace assay::supervisor {
 
+inline constexpr auto kWatchNodes = std::chrono::seconds(2);
+
 class PoolExecutor : public Executor {
  public:
   // Makes the pool's directory and key and listens on slurm.pool.listen; throws common::Error
@@ -69,6 +71,7 @@ class PoolExecutor : public Executor {
     std::map<std::string, common::Json> holds;  // resident key -> the bytes_used it loaded
     boost::asio::steady_timer idle;
     std::uint64_t steps = 0;
+    std::string draining;  // why it takes no new step (its Slurm node drains), empty: it does
   };
   // A batch's states, sharded across nodes: each free node pulls the next few of its waiting
   // states (a smaller share as fewer are left, so that a slow node takes fewer), runs them on
@@ -125,6 +128,7 @@ class PoolExecutor : public Executor {
   void poll_launching();
   void release(Node& node, const std::string& why);
   void count_nodes();  // the pool's gauges in /metrics
+  void watch_nodes();  // Slurm's state of the pool's nodes (a drained node leaves the pool)
   void scancel(const std::string& slurm_job_id);
   void fail_waiting(const std::string& code, const std::string& message);
   std::string node_log_tail(const std::string& slurm_job_id) const;
@@ -135,6 +139,7 @@ class PoolExecutor : public Executor {
   Metrics& metrics_;
   boost::asio::ip::tcp::acceptor acceptor_;
   boost::asio::steady_timer poll_;
+  boost::asio::steady_timer watch_;
   std::string pool_, key_, head_;  // pool id, key (raw), "ADDRESS:PORT" the nodes dial
   std::filesystem::path dir_;
   std::map<int, std::unique_ptr<Node>> nodes_;

@@ -160,6 +160,9 @@ void PoolChannel::write_next() {
   if (!open_ || outbox_.empty()) return;
   boost::asio::async_write(socket_, boost::asio::buffer(outbox_.front()),
                            [self = shared_from_this()](boost::system::error_code ec, std::size_t) {
+                             // Closed meanwhile (a release sends "stop" and closes at once):
+                             // the frame's bytes stay in outbox_ until the channel goes.
+                             if (!self->open_) return;
                              if (ec) return self->close("write: " + ec.message());
                              self->outbox_.pop_front();
                              self->write_next();
@@ -239,7 +242,6 @@ void PoolChannel::close(const std::string& why) {
   ping_.cancel();
   socket_.shutdown(boost::asio::ip::tcp::socket::shutdown_both, ignored);
   socket_.close(ignored);
-  outbox_.clear();
   if (on_closed_) {
     Closed closed = std::move(on_closed_);
     on_closed_ = nullptr;

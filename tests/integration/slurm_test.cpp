@@ -4,6 +4,7 @@
 // `assayd contain` on the node; the results verify offline like local ones.
 #include <doctest/doctest.h>
 
+#include <functional>
 #include <map>
 #include <set>
 #include <thread>
@@ -404,7 +405,7 @@ bool have_pool_cluster() {
   return have_cluster();
 }
 
-Json batch_request(const fs::path& model, int count) {
+Json batch_request(const fs::path& model, int count, const std::string& name = "sweep") {
   Json states = Json::array();
   for (int i = 0; i < count; ++i) {
     Json s = next_token_request("state-" + std::to_string(i), model);
@@ -412,7 +413,7 @@ Json batch_request(const fs::path& model, int count) {
     s["input_token_ids"] = {72, 101 + i % 7, 108 + i / 7, 33};
     states.push_back(s);
   }
-  return Json{{"schema", "assay.next-token-batch-request.v1"}, {"id", "sweep"}, {"states", states}};
+  return Json{{"schema", "assay.next-token-batch-request.v1"}, {"id", name}, {"states", states}};
 }
 
 // Checks a finished batch: every state once, succeeded, its result's evidence naming the pool
@@ -470,6 +471,29 @@ std::map<std::string, int> check_batch(Daemon& d, const std::string& id, int cou
   return nodes;
 }
 
+// Submits a batch to a three-node pool and, the moment its first shard goes to a node, does
+// `act` to that node (its name); returns the batch's id and the node.
+std::pair<std::string, std::string> batch_then(Daemon& d, const fs::path& model, int count,
+                                               const std::function<void(const std::string&)>& act,
+                                               const std::string& name = "sweep") {
+  auto sub = request(d.socket(), "POST", "/v1/jobs?model_dir=" + model.string(),
+                     batch_request(model, count, name).dump());
+  REQUIRE_MESSAGE(sub.status == 201, sub.body);
+  std::string id = sub.json()["id"];
+  const std::string sent = "sent to pool node assay-node";
+  for (int i = 0; i < 3000; ++i) {
+    std::string events = request_get(d, "/v1/jobs/" + id).json()["events"].dump();
+    if (auto at = events.find(sent); at != std::string::npos) {
+      std::string node = "assay-node" + events.substr(at + sent.size(), 1);
+      act(node);
+      return {id, node};
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  FAIL("no shard was sent: " << d.log());
+  return {};
+}
+
 }  // namespace
 
 TEST_CASE(
@@ -513,27 +537,15 @@ TEST_CASE(
   auto d = pool_daemon(tmp, slow.string(), 3, std::getenv("ASSAY_TEST_POOL_LISTEN"));
   REQUIRE_MESSAGE(d->start(), d->log());
   const int count = 48;
-  auto sub = request(d->socket(), "POST", "/v1/jobs?model_dir=" + model.string(),
-                     batch_request(model, count).dump());
-  REQUIRE_MESSAGE(sub.status == 201, sub.body);
-  std::string id = sub.json()["id"];
   // The moment the batch's first shard goes to a node (whose resident worker then loads the
   // model), that node is lost: every process of its namespace and below is killed, as by a
   // power cut.
-  std::string lost;
-  const std::string sent = "sent to pool node assay-node";
-  for (int i = 0; i < 3000 && lost.empty(); ++i) {
-    std::string events = request_get(*d, "/v1/jobs/" + id).json()["events"].dump();
-    if (auto at = events.find(sent); at != std::string::npos) {
-      lost = "assay-node" + events.substr(at + sent.size(), 1);
-      std::string out =
-          run_capture(std::string(ASSAY_SOURCE_DIR) + "/tests/slurm/cluster.sh kill-node " +
-                      std::getenv("ASSAY_TEST_CLUSTER") + " " + lost.substr(lost.size() - 1));
-      CHECK_MESSAGE(out.rfind("0:", 0) == 0, out);
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  REQUIRE_MESSAGE(!lost.empty(), d->log());
+  auto [id, lost] = batch_then(*d, model, count, [](const std::string& node) {
+    std::string out =
+        run_capture(std::string(ASSAY_SOURCE_DIR) + "/tests/slurm/cluster.sh kill-node " +
+                    std::getenv("ASSAY_TEST_CLUSTER") + " " + node.substr(node.size() - 1));
+    CHECK_MESSAGE(out.rfind("0:", 0) == 0, out);
+  });
   Json job = wait_job(d->socket(), id, terminal, 400);
   REQUIRE_MESSAGE(job["state"] == "succeeded", job.dump(2) << "\n" << d->log());
   std::map<std::string, int> nodes = check_batch(*d, id, count, tmp);
@@ -547,4 +559,55 @@ TEST_CASE(
   CHECK_MESSAGE(nodes.size() == 2, split);
   std::string metrics = request_get(*d, "/metrics").body;
   CHECK(metrics.find("assay_pool_nodes_lost_total 1") != std::string::npos);
+}
+
+TEST_CASE(
+    "pool: a node drained mid-batch finishes its shard and leaves the pool; a pool job cancelled "
+    "mid-batch (scancel) gives its shard to the others; no state is lost or recorded twice") {
+  if (!have_pool_cluster()) return;
+  TempDir tmp;
+  fs::path model = readable_model(tmp);
+  fs::path slow = slow_wrapper(tmp.path, kOracle, 3);
+  auto d = pool_daemon(tmp, slow.string(), 3, std::getenv("ASSAY_TEST_POOL_LISTEN"));
+  REQUIRE_MESSAGE(d->start(), d->log());
+  const int count = 36;
+
+  // Drained: Slurm lets the pool job run; the pool sends it nothing more and releases it.
+  auto [drained_id, drained] = batch_then(*d, model, count, [](const std::string& node) {
+    std::string out =
+        run_capture("scontrol update nodename=" + node + " state=drain reason=assay-test");
+    CHECK_MESSAGE(out.rfind("0:", 0) == 0, out);
+  });
+  Json job = wait_job(d->socket(), drained_id, terminal, 400);
+  run_capture("scontrol update nodename=" + drained + " state=resume");
+  REQUIRE_MESSAGE(job["state"] == "succeeded", job.dump(2) << "\n" << d->log());
+  std::map<std::string, int> nodes = check_batch(*d, drained_id, count, tmp);
+  std::string split;
+  for (const auto& [node, n] : nodes) split += node + ": " + std::to_string(n) + " ";
+  MESSAGE("drained " << drained << "; states per node: " << split);
+  // Its first shard ended there (with the shard's evidence); it got no second.
+  CHECK_MESSAGE(nodes.count(drained) == 1, split);
+  CHECK_MESSAGE(d->log().find("node " + drained + " takes no more steps: its Slurm node is dr") !=
+                    std::string::npos,
+                d->log());
+  CHECK(d->log().find("releasing node " + drained) != std::string::npos);
+
+  // Cancelled: the node's assayd gets SIGTERM, stops its worker and exits; its shard runs on
+  // the others.
+  auto [cancelled_id, cancelled] = batch_then(
+      *d, model, count,
+      [&](const std::string& node) {
+        std::string ids = run_capture("squeue -h -w " + node + " -o %i -t running");
+        ids = ids.substr(ids.find(':') + 1);
+        while (!ids.empty() && (ids.back() == '\n' || ids.back() == ' ')) ids.pop_back();
+        REQUIRE_MESSAGE(!ids.empty(), "no pool job on " << node);
+        std::string out = run_capture("scancel " + ids);
+        CHECK_MESSAGE(out.rfind("0:", 0) == 0, out);
+      },
+      "sweep-cancelled");
+  job = wait_job(d->socket(), cancelled_id, terminal, 400);
+  REQUIRE_MESSAGE(job["state"] == "succeeded", job.dump(2) << "\n" << d->log());
+  nodes = check_batch(*d, cancelled_id, count, tmp);
+  std::string events = request_get(*d, "/v1/jobs/" + cancelled_id).json()["events"].dump();
+  CHECK_MESSAGE(events.find("pool node " + cancelled + " was lost") != std::string::npos, events);
 }

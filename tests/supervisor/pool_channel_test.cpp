@@ -187,3 +187,20 @@ TEST_CASE("config: slurm.pool's keys are checked and name the bad value") {
         std::string::npos);
   fs::remove_all(dir);
 }
+
+TEST_CASE("pool channel: a frame sent and the channel closed at once (a release) is harmless") {
+  // The write of the last frame completes after close(): its handler must not touch the
+  // queue close() left (it popped an empty deque and crashed the head on a node's release).
+  for (int i = 0; i < 50; ++i) {
+    Pair p;
+    auto head = std::make_shared<PoolChannel>(std::move(p.a), kKey, 'h');
+    std::string why;
+    head->start([](Json) {}, [&](const std::string& w) { why = w; });
+    head->send(Json{{"type", "stop"}, {"pad", std::string(1 << 16, 'x')}});
+    head->send(Json{{"type", "stop"}});
+    head->close("released");
+    p.run_for(std::chrono::milliseconds(20));
+    CHECK(why == "released");
+    CHECK_FALSE(head->open());
+  }
+}

@@ -176,7 +176,7 @@ over1 = one["wall"] - one["worker_seconds"]
 over3 = three["wall"] - max(three["busy"].values())
 per_shard = max(0.0, (three["wall"] - three["worker_seconds"] / len(three["busy"])) / three["shards"])
 md = ["# Slurm worker pools (bench/slurm_pool.sh)", "",
-      "Run %s UTC. CPU: %s, %d CPUs (shared by the head, the three nodes and their workers); "
+      "Run %s UTC. CPU: %s, %d CPUs (shared by the head, the nodes and their workers); "
       "`ATEN_CPU_CAPABILITY` %s; 2-thread bf16 GEMM (1024^3) %s GFLOP/s; load average %s before, "
       "%s after. Slurm 22.05, four-node test cluster (`tests/slurm/cluster.sh --nodes 4`: each "
       "slurmd in network and UTS namespaces of its own, veth pairs to a bridge; a pool job takes "

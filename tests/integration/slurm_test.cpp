@@ -333,6 +333,42 @@ TEST_CASE(
       {{"next-token-oracle-result", (d->state() / "jobs" / ids[1] / "result.json")}});
   CHECK_MESSAGE(validate.rfind("0:", 0) == 0, validate);
 
+  // Strangers on the pool's port: bytes that fail the MAC, and a hello under the right key
+  // (read, as root, from the pool's directory) for a Slurm job that is none of this pool's.
+  // Each is dropped, and the daemon and its node go on.
+  fs::path pool_dir = fs::directory_iterator(shared_of(tmp) / "pools")->path();
+  Json node_json = Json::parse(slurp(pool_dir / "node.json"));
+  const std::string probe = R"PY(
+import hashlib, hmac, json, socket, struct, sys
+host, port = sys.argv[1].rsplit(":", 1)
+key, pool = bytes.fromhex(sys.argv[2]), sys.argv[3]
+def dropped(data):
+    s = socket.create_connection((host, int(port)), timeout=20)
+    s.sendall(data)
+    try:
+        return s.recv(16) == b""
+    except ConnectionResetError:
+        return True
+print(dropped(b"\x00\x00\x00\x05" + b"x" * 37))
+hello = json.dumps({"type": "hello", "pool": pool, "node": "intruder",
+                    "slurm_job_id": "999999", "nonce": "00"}).encode()
+mac = hmac.new(key, b"n" + struct.pack(">Q", 0) + hello, hashlib.sha256).digest()
+print(dropped(struct.pack(">I", len(hello)) + mac + hello))
+)PY";
+  spit(tmp.path / "probe.py", probe);
+  std::string probed = run_capture(
+      "python3 " + (tmp.path / "probe.py").string() + " " + node_json["head"].get<std::string>() +
+      " " + read_line(pool_dir / "key") + " " + node_json["pool"].get<std::string>());
+  CHECK_MESSAGE(probed == "0:True\nTrue\n", probed);
+  CHECK_MESSAGE(d->log().find("failed its HMAC") != std::string::npos, d->log());
+  CHECK_MESSAGE(d->log().find("refused a node") != std::string::npos, d->log());
+  auto third = request_json(*d, next_token_request("pool-third", model));
+  REQUIRE_MESSAGE(third.status == 201, third.body);
+  Json third_job = wait_job(d->socket(), third.json()["id"], terminal, 300);
+  CHECK_MESSAGE(third_job["state"] == "succeeded", third_job.dump(2) << "\n" << d->log());
+  CHECK(request_get(*d, "/metrics").body.find("assay_pool_nodes_lost_total 0") !=
+        std::string::npos);
+
   // assayd stops: the node loses its head and exits, and its Slurm job ends.
   d->stop();
   std::string state;

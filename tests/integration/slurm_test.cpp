@@ -647,3 +647,36 @@ TEST_CASE(
   std::string events = request_get(*d, "/v1/jobs/" + cancelled_id).json()["events"].dump();
   CHECK_MESSAGE(events.find("pool node " + cancelled + " was lost") != std::string::npos, events);
 }
+
+TEST_CASE(
+    "pool: cancelling a batch sharded across the nodes stops its shards on every node; the job "
+    "ends cancelled and the nodes, freed, take the next batch") {
+  if (!have_pool_cluster()) return;
+  TempDir tmp;
+  fs::path model = readable_model(tmp);
+  fs::path slow = slow_wrapper(tmp.path, kOracle, 3);
+  auto d = pool_daemon(tmp, slow.string(), 3, std::getenv("ASSAY_TEST_POOL_LISTEN"));
+  REQUIRE_MESSAGE(d->start(), d->log());
+  auto [id, node] = batch_then(
+      *d, model, 48,
+      [](const std::string&) {
+        // Until the other nodes have theirs too: the shards are loading on three nodes.
+        std::this_thread::sleep_for(std::chrono::seconds(1));
+      },
+      "sweep-to-cancel");
+  auto cancel = request(d->socket(), "DELETE", "/v1/jobs/" + id);
+  CHECK_MESSAGE(cancel.status / 100 == 2, cancel.body);
+  Json job = wait_job(d->socket(), id, terminal, 120);
+  CHECK_MESSAGE(job["state"] == "cancelled", job.dump(2) << "\n" << d->log());
+  // Nothing of it runs on any node any more: the next batch has all three free at once.
+  const int count = 24;
+  auto sub = request(d->socket(), "POST", "/v1/jobs?model_dir=" + model.string(),
+                     batch_request(model, count, "after-cancel").dump());
+  REQUIRE_MESSAGE(sub.status == 201, sub.body);
+  std::string next = sub.json()["id"];
+  Json after = wait_job(d->socket(), next, terminal, 400);
+  REQUIRE_MESSAGE(after["state"] == "succeeded", after.dump(2) << "\n" << d->log());
+  check_batch(*d, next, count, tmp);
+  std::string metrics = request_get(*d, "/metrics").body;
+  CHECK(metrics.find("assay_pool_nodes_lost_total 0") != std::string::npos);
+}

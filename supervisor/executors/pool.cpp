@@ -282,7 +282,8 @@ bool PoolExecutor::continue_batch(const std::string& id, StepLaunch& launch) {
   bool queued = std::find(queue_.begin(), queue_.end(), id) != queue_.end();
   for (const Json& state : launch.input.at("states")) {
     const std::size_t index = state.at("index").get<std::size_t>();
-    if (batch.flying.count(index) ||
+    // On a node, waiting for a node, or ended and waiting to be handed over: not again.
+    if (batch.flying.count(index) || batch.unharvested.count(index) ||
         std::find(batch.queue.begin(), batch.queue.end(), index) != batch.queue.end())
       continue;
     batch.states[index] = state;
@@ -448,6 +449,7 @@ void PoolExecutor::shard_message(Node& node, const std::string& wire, const Json
     if (fs::is_regular_file(fs::symlink_status(done.workspace / name, ec)))
       fs::rename(done.workspace / name, ws / name, ec);
   fs::remove_all(done.workspace.parent_path(), ec);
+  for (std::size_t index : done.states) batch.unharvested.insert(index);
   batch.ready.push_back(std::move(evidence));
   hand_over(id);
 }
@@ -460,6 +462,8 @@ void PoolExecutor::hand_over(const std::string& id) {
   if (batch.handing || batch.ready.empty() || batch.cancelling) return;
   contain::Evidence evidence = std::move(batch.ready.front());
   batch.ready.pop_front();
+  for (const Json& index : (*evidence.executor)["states"])
+    batch.unharvested.erase(index.get<std::size_t>());
   batch.handing = true;
   const std::string role = s->second.role;
   // The last shard: nothing of the batch is left here (a state it left comes back by start).
@@ -869,6 +873,7 @@ bool PoolExecutor::cancel(const std::string& id) {
     batch->cancelling = true;
     batch->queue.clear();
     batch->ready.clear();
+    batch->unharvested.clear();
     std::erase(queue_, id);
     for (auto& [wire, shard] : shards_)
       if (shard.job == id)

@@ -83,6 +83,7 @@ class PoolExecutor : public Executor {
     std::deque<std::size_t> queue;               // waiting for a node
     std::set<std::size_t> flying;                // in shards on nodes
     std::deque<contain::Evidence> ready;         // ended shards, their files in the workspace
+    std::set<std::size_t> unharvested;           // the states of those, not yet handed over
     bool handing = false;  // a shard handed to the engine, which has not asked for more yet
     bool cancelling = false;
     int shards = 0;

@@ -485,15 +485,29 @@ std::map<std::string, int> check_batch(Daemon& d, const std::string& id, int cou
   }
   CHECK(indices.size() == static_cast<std::size_t>(count));
   // The summary names every run of the worker: its node, its resident worker, its states.
-  std::size_t given = 0;
+  // Each state ended in exactly one run (only a run whose worker died gives its other states
+  // to a later run).
+  std::size_t given = 0, ended = 0;
+  std::string runs;
   for (const Json& run : summary["oracle_runs"]) {
     CHECK(run["process"]["executor"]["kind"] == "slurm-pool");
     CHECK(run["process"]["executor"]["node"].is_string());
     CHECK(run["process"]["resident"]["worker"].is_string());
     given += run["states_given"].get<std::size_t>();
+    ended += run["states_ended"].get<std::size_t>();
     CHECK(run["states_given"] == run["process"]["executor"]["states"].size());
+    // A run whose worker did not die ended every state it was given: none was computed twice
+    // (a state ended on one node and not yet harvested was once given to another node too).
+    if (run["exit"] == "succeeded")
+      CHECK_MESSAGE(run["states_given"] == run["states_ended"], run.dump());
+    runs += run["process"]["executor"]["node"].get<std::string>() + " " +
+            run["process"]["resident"]["worker"].get<std::string>() + " given " +
+            run["states_given"].dump() + " ended " + run["states_ended"].dump() + " " +
+            run["exit"].dump() + "\n";
   }
-  CHECK(given == static_cast<std::size_t>(count));  // each state given to exactly one run
+  CHECK_MESSAGE(ended == static_cast<std::size_t>(count), runs);
+  CHECK_MESSAGE(given >= ended, runs);
+  if (given != ended) MESSAGE("runs that left states to others:\n" << runs);
   if (have(kClient)) {
     spit(tmp.path / "summary.json", request_get(d, "/v1/jobs/" + id + "/result").body);
     spit(tmp.path / "summary.dsse.json", request_get(d, "/v1/jobs/" + id + "/attestation").body);

@@ -213,7 +213,13 @@ void PoolChannel::read_payload(std::uint32_t length) {
           return self->close("an authenticated frame without a \"type\"");
         if (message["type"] != "ping" && self->on_message_) {
           Message handler = self->on_message_;  // it may replace itself
-          handler(std::move(message));
+          // A peer that holds the key may still send what its reader cannot use (a field of
+          // the wrong type): the channel ends, the process goes on.
+          try {
+            handler(std::move(message));
+          } catch (const std::exception& e) {
+            return self->close(std::string("an unusable message: ") + e.what());
+          }
         }
         if (self->open_) self->read_header();
       });

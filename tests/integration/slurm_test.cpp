@@ -333,9 +333,9 @@ TEST_CASE(
       {{"next-token-oracle-result", (d->state() / "jobs" / ids[1] / "result.json")}});
   CHECK_MESSAGE(validate.rfind("0:", 0) == 0, validate);
 
-  // Strangers on the pool's port: bytes that fail the MAC, and a hello under the right key
-  // (read, as root, from the pool's directory) for a Slurm job that is none of this pool's.
-  // Each is dropped, and the daemon and its node go on.
+  // Strangers on the pool's port: bytes that fail the MAC, a hello under the right key (read,
+  // as root, from the pool's directory) for a Slurm job that is none of this pool's, and one
+  // whose fields have the wrong types. Each is dropped, and the daemon and its node go on.
   fs::path pool_dir = fs::directory_iterator(shared_of(tmp) / "pools")->path();
   Json node_json = Json::parse(slurp(pool_dir / "node.json"));
   const std::string probe = R"PY(
@@ -352,14 +352,21 @@ def dropped(data):
 print(dropped(b"\x00\x00\x00\x05" + b"x" * 37))
 hello = json.dumps({"type": "hello", "pool": pool, "node": "intruder",
                     "slurm_job_id": "999999", "nonce": "00"}).encode()
-mac = hmac.new(key, b"n" + struct.pack(">Q", 0) + hello, hashlib.sha256).digest()
-print(dropped(struct.pack(">I", len(hello)) + mac + hello))
+def keyed(message):
+    payload = json.dumps(message).encode()
+    mac = hmac.new(key, b"n" + struct.pack(">Q", 0) + payload, hashlib.sha256).digest()
+    return struct.pack(">I", len(payload)) + mac + payload
+print(dropped(keyed(json.loads(hello))))
+# Under the key, but a field of the wrong type: the head's reader must not fall over.
+print(dropped(keyed({"type": "hello", "pool": pool, "node": 7, "slurm_job_id": 5,
+                     "nonce": []})))
 )PY";
   spit(tmp.path / "probe.py", probe);
   std::string probed = run_capture(
       "python3 " + (tmp.path / "probe.py").string() + " " + node_json["head"].get<std::string>() +
       " " + read_line(pool_dir / "key") + " " + node_json["pool"].get<std::string>());
-  CHECK_MESSAGE(probed == "0:True\nTrue\n", probed);
+  CHECK_MESSAGE(probed == "0:True\nTrue\nTrue\n", probed);
+  CHECK_MESSAGE(d->log().find("an unusable message") != std::string::npos, d->log());
   CHECK_MESSAGE(d->log().find("failed its HMAC") != std::string::npos, d->log());
   CHECK_MESSAGE(d->log().find("refused a node") != std::string::npos, d->log());
   auto third = request_json(*d, next_token_request("pool-third", model));

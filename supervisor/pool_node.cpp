@@ -61,13 +61,7 @@ class PoolNode final : public StepHost {
 
   void dial(std::chrono::steady_clock::time_point until) {
     const std::string head = node_.at("head").get<std::string>();
-    const auto colon = head.rfind(':');
-    std::string host = head.substr(0, colon);
-    if (host.size() > 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
-    boost::system::error_code ec;
-    tcp::endpoint endpoint(boost::asio::ip::make_address(host, ec),
-                           static_cast<unsigned short>(std::stoul(head.substr(colon + 1))));
-    if (ec) throw Error("pool.node", "node.json's head \"" + head + "\" is not ADDRESS:PORT");
+    const tcp::endpoint endpoint = parse_endpoint(head, "node.json's head");
     auto socket = std::make_shared<tcp::socket>(io_);
     socket->async_connect(endpoint, [this, socket, until, head](boost::system::error_code ec) {
       if (!ec) return connected(std::move(*socket));

@@ -38,6 +38,7 @@
 namespace assay::supervisor {
 
 inline constexpr auto kWatchNodes = std::chrono::seconds(2);
+inline constexpr int kMostLost = 3;  // nodes lost under one step (or batch) before it fails
 
 class PoolExecutor : public Executor {
  public:
@@ -109,6 +110,7 @@ class PoolExecutor : public Executor {
   void node_closed(int number, const std::string& why);
   void dispatch();
   void send_step(Node& node, const std::string& id, Pending& pending);
+  // A batch's shards (pool_batch.cpp).
   bool continue_batch(const std::string& id, StepLaunch& launch);
   void send_shard(Node& node, const std::string& id, Pending& pending);
   void shard_message(Node& node, const std::string& wire, const common::Json& m);

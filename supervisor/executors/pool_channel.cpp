@@ -16,6 +16,7 @@
 
 #include "common/error.h"
 #include "common/fs.h"
+#include "common/identity.h"
 
 namespace assay::supervisor {
 
@@ -23,16 +24,6 @@ using common::Error;
 using common::Json;
 
 namespace {
-
-std::string to_hex(const std::string& raw) {
-  static const char* digits = "0123456789abcdef";
-  std::string out;
-  for (unsigned char c : raw) {
-    out.push_back(digits[c >> 4]);
-    out.push_back(digits[c & 15]);
-  }
-  return out;
-}
 
 std::string from_hex(const std::string& hex) {
   auto value = [](char c) -> int {
@@ -57,7 +48,7 @@ std::string fmt_octal(unsigned mode) {
 
 }  // namespace
 
-std::string random_hex(std::size_t n) {
+std::string random_bytes(std::size_t n) {
   std::string raw(n, '\0');
   std::size_t got = 0;
   while (got < n) {
@@ -66,7 +57,27 @@ std::string random_hex(std::size_t n) {
     if (r < 0) common::throw_errno("pool.random", "getrandom", errno);
     got += static_cast<std::size_t>(r);
   }
-  return to_hex(raw);
+  return raw;
+}
+
+std::string random_hex(std::size_t n) {
+  const std::string raw = random_bytes(n);
+  return common::hex({reinterpret_cast<const std::uint8_t*>(raw.data()), raw.size()});
+}
+
+boost::asio::ip::tcp::endpoint parse_endpoint(const std::string& text, const std::string& what) {
+  const auto colon = text.rfind(':');
+  const std::string port = colon == std::string::npos ? std::string() : text.substr(colon + 1);
+  std::string host = colon == std::string::npos ? text : text.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
+  boost::system::error_code ec;
+  auto address = boost::asio::ip::make_address(host, ec);
+  if (ec || port.empty() || port.size() > 5 ||
+      port.find_first_not_of("0123456789") != std::string::npos || std::stoul(port) > 65535)
+    throw Error("pool.address",
+                what + " \"" + text + "\" is not ADDRESS:PORT with an IP address and a port");
+  return {address, static_cast<unsigned short>(std::stoul(port))};
 }
 
 std::string hmac_sha256(const std::string& key, const std::string& data) {

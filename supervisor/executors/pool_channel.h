@@ -31,8 +31,12 @@ inline constexpr std::size_t kPoolKeyBytes = 32;
 inline constexpr std::size_t kPoolMaxFrame = 256u << 20;
 inline constexpr std::size_t kPoolMaxHello = 64u << 10;
 
-// Random bytes from the kernel, as lowercase hex (2 * n characters).
+// n random bytes from the kernel, raw, or as lowercase hex (2 * n characters).
+std::string random_bytes(std::size_t n);
 std::string random_hex(std::size_t n);
+// "ADDRESS:PORT" (an IPv6 address in brackets) as an endpoint; throws
+// common::Error("pool.address") naming `what` and the text.
+boost::asio::ip::tcp::endpoint parse_endpoint(const std::string& text, const std::string& what);
 // HMAC-SHA256 of `data` under `key`: 32 raw bytes.
 std::string hmac_sha256(const std::string& key, const std::string& data);
 // The session key of a channel: HMAC(pool key, "assay-pool-session" + node nonce + head nonce).

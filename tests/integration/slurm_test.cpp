@@ -448,6 +448,21 @@ bool have_pool_cluster() {
   return have_cluster();
 }
 
+// A three-node pool whose nodes' resident workers each take 3 s more to start: the pool's
+// other nodes join while the first loads, and a node acted on the moment it is given a shard
+// surely still has it.
+std::unique_ptr<Daemon> pool3_daemon(const TempDir& tmp) {
+  fs::path slow = slow_wrapper(tmp.path, kOracle, 3);
+  return pool_daemon(tmp, slow.string(), 3, std::getenv("ASSAY_TEST_POOL_LISTEN"));
+}
+
+// "node: states ..." for messages.
+std::string split_of(const std::map<std::string, int>& nodes) {
+  std::string split;
+  for (const auto& [node, n] : nodes) split += node + ": " + std::to_string(n) + " ";
+  return split;
+}
+
 Json batch_request(const fs::path& model, int count, const std::string& name = "sweep") {
   Json states = Json::array();
   for (int i = 0; i < count; ++i) {
@@ -559,10 +574,7 @@ TEST_CASE(
   if (!have_pool_cluster()) return;
   TempDir tmp;
   fs::path model = readable_model(tmp);
-  // Each node's resident worker takes 3 s more to start: the pool's other nodes join while the
-  // first loads, and a node is lost while its shard is surely still on it.
-  fs::path slow = slow_wrapper(tmp.path, kOracle, 3);
-  auto d = pool_daemon(tmp, slow.string(), 3, std::getenv("ASSAY_TEST_POOL_LISTEN"));
+  auto d = pool3_daemon(tmp);
   REQUIRE_MESSAGE(d->start(), d->log());
   const int count = 48;
   auto sub = request(d->socket(), "POST", "/v1/jobs?model_dir=" + model.string(),
@@ -572,8 +584,7 @@ TEST_CASE(
   Json job = wait_job(d->socket(), id, terminal, 400);
   REQUIRE_MESSAGE(job["state"] == "succeeded", job.dump(2) << "\n" << d->log());
   std::map<std::string, int> nodes = check_batch(*d, id, count, tmp);
-  std::string split;
-  for (const auto& [node, n] : nodes) split += node + ": " + std::to_string(n) + " ";
+  const std::string split = split_of(nodes);
   MESSAGE("states per node: " << split);
   CHECK_MESSAGE(nodes.size() == 3, split);
   std::string metrics = request_get(*d, "/metrics").body;
@@ -588,10 +599,7 @@ TEST_CASE(
   if (!have_pool_cluster()) return;
   TempDir tmp;
   fs::path model = readable_model(tmp);
-  // Each node's resident worker takes 3 s more to start: the pool's other nodes join while the
-  // first loads, and a node is lost while its shard is surely still on it.
-  fs::path slow = slow_wrapper(tmp.path, kOracle, 3);
-  auto d = pool_daemon(tmp, slow.string(), 3, std::getenv("ASSAY_TEST_POOL_LISTEN"));
+  auto d = pool3_daemon(tmp);
   REQUIRE_MESSAGE(d->start(), d->log());
   const int count = 48;
   // The moment the batch's first shard goes to a node (whose resident worker then loads the
@@ -609,8 +617,7 @@ TEST_CASE(
   std::string events = request_get(*d, "/v1/jobs/" + id).json()["events"].dump();
   CHECK_MESSAGE(events.find("pool node " + lost + " was lost") != std::string::npos, events);
   // What the lost node held was never handed over: no state names it.
-  std::string split;
-  for (const auto& [node, n] : nodes) split += node + ": " + std::to_string(n) + " ";
+  const std::string split = split_of(nodes);
   MESSAGE("lost " << lost << "; states per node: " << split);
   CHECK_MESSAGE(nodes.count(lost) == 0, split);
   CHECK_MESSAGE(nodes.size() == 2, split);
@@ -624,8 +631,7 @@ TEST_CASE(
   if (!have_pool_cluster()) return;
   TempDir tmp;
   fs::path model = readable_model(tmp);
-  fs::path slow = slow_wrapper(tmp.path, kOracle, 3);
-  auto d = pool_daemon(tmp, slow.string(), 3, std::getenv("ASSAY_TEST_POOL_LISTEN"));
+  auto d = pool3_daemon(tmp);
   REQUIRE_MESSAGE(d->start(), d->log());
   const int count = 36;
 
@@ -639,8 +645,7 @@ TEST_CASE(
   run_capture("scontrol update nodename=" + drained + " state=resume");
   REQUIRE_MESSAGE(job["state"] == "succeeded", job.dump(2) << "\n" << d->log());
   std::map<std::string, int> nodes = check_batch(*d, drained_id, count, tmp);
-  std::string split;
-  for (const auto& [node, n] : nodes) split += node + ": " + std::to_string(n) + " ";
+  const std::string split = split_of(nodes);
   MESSAGE("drained " << drained << "; states per node: " << split);
   // Its first shard ended there (with the shard's evidence); it got no second.
   CHECK_MESSAGE(nodes.count(drained) == 1, split);
@@ -675,8 +680,7 @@ TEST_CASE(
   if (!have_pool_cluster()) return;
   TempDir tmp;
   fs::path model = readable_model(tmp);
-  fs::path slow = slow_wrapper(tmp.path, kOracle, 3);
-  auto d = pool_daemon(tmp, slow.string(), 3, std::getenv("ASSAY_TEST_POOL_LISTEN"));
+  auto d = pool3_daemon(tmp);
   REQUIRE_MESSAGE(d->start(), d->log());
   auto [id, node] = batch_then(
       *d, model, 48,
